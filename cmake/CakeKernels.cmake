@@ -1,0 +1,49 @@
+# Kernel forms -> one generated .cu per form -> `nvcc -fatbin` per (form, arch), SASS only (no
+# PTX: an older driver loads newer SASS but cannot JIT newer PTX) -> embedded with a manifest.
+function(cake_build_kernels out_var)
+  set(src "${CMAKE_CURRENT_SOURCE_DIR}")
+  set(gen "${CMAKE_CURRENT_BINARY_DIR}/gen")
+  string(REPLACE "," ";" archs "${CAKE_MOE_CUDA_ARCHS}")
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" "${src}/tools/gen_kernels.py" --out "${gen}" --archs "${archs}"
+    RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "cake-moe: kernel generation failed")
+  endif()
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+    "${src}/cpp/kernels/forms.py" "${src}/tools/gen_kernels.py")
+  include("${gen}/forms.cmake")
+  file(GLOB_RECURSE device_headers CONFIGURE_DEPENDS "${src}/cpp/kernels/*.cuh" "${src}/cpp/kernels/*.hpp")
+
+  set(nvcc_flags -std=c++17 -O3 -ccbin "${CMAKE_CXX_COMPILER}" -I "${src}/cpp/kernels" -I "${src}/cpp"
+                 --expt-relaxed-constexpr -Xptxas=-warn-spills -Wno-deprecated-gpu-targets)
+  if(CAKE_CCCL_INCLUDE_DIR)
+    list(APPEND nvcc_flags -I "${CAKE_CCCL_INCLUDE_DIR}")
+  endif()
+  set(fatbins "")
+  file(MAKE_DIRECTORY "${gen}/fatbin")
+  foreach(form IN LISTS CAKE_MOE_FORMS)
+    foreach(arch IN LISTS archs)
+      set(fb "${gen}/fatbin/${form}.sm_${arch}.fatbin")
+      add_custom_command(
+        OUTPUT "${fb}"
+        COMMAND "${CAKE_NVCC}" ${nvcc_flags} -fatbin -gencode "arch=compute_${arch},code=sm_${arch}"
+                -o "${fb}" "${gen}/${form}.cu"
+        DEPENDS "${gen}/${form}.cu" ${device_headers}
+        COMMENT "nvcc -fatbin ${form} sm_${arch}"
+        VERBATIM)
+      list(APPEND fatbins "${fb}")
+    endforeach()
+  endforeach()
+  set(embedded "${gen}/embedded_images.cpp")
+  add_custom_command(
+    OUTPUT "${embedded}"
+    COMMAND "${Python_EXECUTABLE}" "${src}/tools/embed_images.py" --gen "${gen}" --out "${embedded}"
+            --version "${SKBUILD_PROJECT_VERSION}" --nvcc-version "${CAKE_NVCC_VERSION}"
+    DEPENDS ${fatbins} "${gen}/forms.json" "${src}/tools/embed_images.py"
+    COMMENT "embedding ${CMAKE_MATCH_COUNT} kernel images"
+    VERBATIM)
+  # .incbin reads the fatbins at assembly time: rebuild the embedding object when they change
+  set_source_files_properties("${embedded}" PROPERTIES OBJECT_DEPENDS "${fatbins}" GENERATED TRUE)
+  set(${out_var} "${embedded}" PARENT_SCOPE)
+endfunction()

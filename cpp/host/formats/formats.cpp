@@ -1,0 +1,78 @@
+#include "host/formats/formats.hpp"
+
+#include <string>
+#include <vector>
+
+#include "runtime/driver.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/images.hpp"
+#include "runtime/launch.hpp"
+
+namespace cake_moe::formats {
+namespace {
+
+constexpr unsigned kThreads = 256;   // matches __launch_bounds__ in forms.py
+constexpr int kChunkElems = 8;       // elements per thread (formats/chunk_io.cuh)
+constexpr int kQuantizeUnroll = 2;   // chunks per thread in quantize (formats/quantize.cuh)
+
+const char* fmt_name(Fmt f) { return f == Fmt::kMxfp8 ? "mxfp8" : (f == Fmt::kMxfp4 ? "mxfp4" : "nvfp4"); }
+
+// Kernels of one op indexed by (fmt, bf16?, swizzled?), named as generated from forms.py.
+class Table {
+ public:
+  explicit Table(const std::string& op) {
+    for (int f = 0; f < 3; ++f)
+      for (int t = 0; t < 2; ++t)
+        for (int s = 0; s < 2; ++s)
+          refs_.emplace_back("fmt_" + std::string(fmt_name(Fmt(f))) + "_" + op,
+                             "cake_fmt_" + std::string(fmt_name(Fmt(f))) + "_" + op + "_" + (t ? "bf16" : "f32") +
+                                 "_" + (s ? "swizzled" : "linear"));
+  }
+  runtime::KernelRef& at(Fmt f, bool bf16, bool swizzled) { return refs_[int(f) * 4 + int(bf16) * 2 + int(swizzled)]; }
+
+ private:
+  std::vector<runtime::KernelRef> refs_;
+};
+
+unsigned blocks_for(int64_t items) {
+  int64_t b = (items + kThreads - 1) / kThreads;
+  if (b > int64_t(0x7FFFFFFF)) throw ValueError("tensor too large for the format kernels");
+  return unsigned(b < 1 ? 1 : b);
+}
+
+}  // namespace
+
+int64_t scale_bytes(Fmt fmt, int64_t rows, int64_t cols, bool swizzled) {
+  const int64_t cols_sf = cols / block_size(fmt);
+  return swizzled ? round_up(rows, 128) * round_up(cols_sf, 4) : rows * cols_sf;
+}
+
+void launch_quantize(Fmt fmt, bool in_bf16, bool swizzled, const QuantizeArgs& args, int device,
+                     std::uintptr_t stream) {
+  static Table table("quantize");
+  const int64_t chunks = args.rows * args.cols / kChunkElems;
+  if (chunks == 0 && !swizzled) return;
+  runtime::KernelRef& k = table.at(fmt, in_bf16, swizzled);
+  runtime::ScopedDevice scope(device);
+  runtime::LaunchConfig cfg;
+  cfg.grid[0] = blocks_for((chunks + kQuantizeUnroll - 1) / kQuantizeUnroll);
+  cfg.block[0] = kThreads;
+  cfg.stream = stream;
+  runtime::launch(k.get(device), cfg, &args, k.name());
+}
+
+void launch_dequantize(Fmt fmt, bool out_bf16, bool swizzled, const DequantizeArgs& args, int device,
+                       std::uintptr_t stream) {
+  static Table table("dequantize");
+  const int64_t chunks = args.rows * args.cols / kChunkElems;
+  if (chunks == 0) return;
+  runtime::KernelRef& k = table.at(fmt, out_bf16, swizzled);
+  runtime::ScopedDevice scope(device);
+  runtime::LaunchConfig cfg;
+  cfg.grid[0] = blocks_for(chunks);
+  cfg.block[0] = kThreads;
+  cfg.stream = stream;
+  runtime::launch(k.get(device), cfg, &args, k.name());
+}
+
+}  // namespace cake_moe::formats

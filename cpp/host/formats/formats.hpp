@@ -1,0 +1,19 @@
+// Host launchers of the number-format kernels (device code: cpp/kernels/formats/).
+#pragma once
+#include <cstdint>
+
+#include "formats/args.hpp"
+
+namespace cake_moe::formats {
+
+// `in_bf16`: the input is BF16 (else FP32). The caller has validated shapes and alignment.
+void launch_quantize(Fmt fmt, bool in_bf16, bool swizzled, const QuantizeArgs& args, int device, std::uintptr_t stream);
+
+// `out_bf16`: the output is BF16 (else FP32).
+void launch_dequantize(Fmt fmt, bool out_bf16, bool swizzled, const DequantizeArgs& args, int device,
+                       std::uintptr_t stream);
+
+// Bytes of the scale tensor for `rows` x `cols` elements (padded when swizzled).
+int64_t scale_bytes(Fmt fmt, int64_t rows, int64_t cols, bool swizzled);
+
+}  // namespace cake_moe::formats

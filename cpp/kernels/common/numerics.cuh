@@ -1,0 +1,78 @@
+// Bit-exact number-format primitives (SPEC §3). Every rounding here is explicit (__fmul_rn,
+// __fdiv_rn) so nvcc cannot contract or approximate it: the pure-torch reference quantizers in
+// python/cake_moe/reference/formats.py perform the same IEEE operations in the same order.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace cake_moe::numerics {
+
+constexpr float kE4m3Max = 448.0f;
+constexpr float kE2m1Max = 6.0f;
+constexpr int kE4m3Emax = 8;  // 448 = 1.75 * 2^8
+constexpr int kE2m1Emax = 2;  // 6 = 1.5 * 2^2
+constexpr uint32_t kUe8m0Nan = 0xFF;
+constexpr uint8_t kE4m3Nan = 0x7F;
+
+// UE8M0 code of the smallest power of two >= t (t >= 0, may be +inf), saturating at 254
+// (2^127). Code 0 is reserved for t == 0 (an all-zero block): for subnormal t the code is 1.
+__device__ __forceinline__ uint32_t ue8m0_round_up(float t) {
+  const uint32_t b = __float_as_uint(t);
+  const uint32_t c = (b >> 23) + ((b & 0x7FFFFFu) != 0u);
+  return c > 254u ? 254u : c;
+}
+
+// OCP MX rule: 2^(floor(log2 amax) - emax), clamped to codes [1, 254]; 0 for amax == 0.
+__device__ __forceinline__ uint32_t ue8m0_ocp_floor(float amax, int emax) {
+  const uint32_t b = __float_as_uint(amax);
+  if (b == 0u) return 0u;
+  const int e = int(b >> 23);
+  const int floor_log2 = e != 0 ? e - 127 : (31 - __clz(int(b & 0x7FFFFFu))) - 149;
+  const int c = floor_log2 - emax + 127;
+  return uint32_t(c < 1 ? 1 : (c > 254 ? 254 : c));
+}
+
+// 2^(127 - code) for code in [1, 254]: the factor that maps a block into the element range.
+__device__ __forceinline__ float ue8m0_inverse(uint32_t code) {
+  return code == 254u ? __uint_as_float(0x00400000u) : __uint_as_float((254u - code) << 23);
+}
+
+// 2^(code - 127) (dequantization); NaN for 0xFF. Code 0 decodes to 2^-127 (its elements are 0).
+__device__ __forceinline__ float ue8m0_value(uint32_t code) {
+  if (code == kUe8m0Nan) return __uint_as_float(0x7FC00000u);
+  return code == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(code << 23);
+}
+
+// E2M1 code (sign in bit 3) of v, round-to-nearest-even, saturating at 6. Thresholds are the
+// midpoints of {0, .5, 1, 1.5, 2, 3, 4, 6}; ties go to the even mantissa. NaN encodes as +-0.
+__device__ __forceinline__ uint32_t e2m1_encode(float v) {
+  const float a = fabsf(v);
+  const uint32_t c = uint32_t(a > 0.25f) + uint32_t(a >= 0.75f) + uint32_t(a > 1.25f) + uint32_t(a >= 1.75f) +
+                     uint32_t(a > 2.5f) + uint32_t(a >= 3.5f) + uint32_t(a > 5.0f);
+  return c | ((__float_as_uint(v) >> 28) & 8u);
+}
+
+__device__ __forceinline__ float e2m1_decode(uint32_t code) {
+  const uint32_t m = code & 7u;
+  // codes 2..7 are normal: 2^((m>>1)-1) * (1 + (m&1)/2); code 1 is the subnormal 0.5
+  uint32_t bits = m >= 2u ? ((((m >> 1) + 126u) << 23) | ((m & 1u) << 22)) : (m == 1u ? 0x3F000000u : 0u);
+  return __uint_as_float(bits | ((code & 8u) << 28));
+}
+
+__device__ __forceinline__ uint32_t e4m3_encode(float v) {
+  return uint32_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+// Two E4M3 codes, `lo` in the low byte.
+__device__ __forceinline__ uint32_t e4m3_encode2(float lo, float hi) {
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ float e4m3_decode(uint32_t code) {
+  __half_raw h = __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(code), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+}  // namespace cake_moe::numerics

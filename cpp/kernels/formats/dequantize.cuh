@@ -1,0 +1,42 @@
+// Dequantization of MXFP8 / MXFP4 / NVFP4 to BF16 or FP32: value = element * scale, computed
+// exactly in FP32 (NVFP4: (e2m1 * s) / q), then rounded once to the output type.
+#pragma once
+#include "common/numerics.cuh"
+#include "formats/args.hpp"
+#include "formats/chunk_io.cuh"
+
+namespace cake_moe::formats {
+
+template <Fmt F, typename Out, bool kSwizzled>
+__device__ __forceinline__ void dequantize(const DequantizeArgs& a) {
+  using namespace numerics;
+  constexpr int kBlock = block_size(F);
+  const int64_t chunks = a.rows * a.cols / kChunk;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= chunks) return;
+  const int64_t elem = c * kChunk;
+  const int64_t r = elem / a.cols, cols_sf = a.cols / kBlock, sc = (elem % a.cols) / kBlock;
+  const uint32_t code = a.scale[kSwizzled ? swizzled_scale_offset(r, sc, round_up(cols_sf, 4)) : r * cols_sf + sc];
+
+  float v[kChunk];
+  if constexpr (F == Fmt::kMxfp8) {
+    const uint2 q = __ldcs(reinterpret_cast<const uint2*>(a.q) + c);
+    const float s = ue8m0_value(code);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) v[i] = __fmul_rn(e4m3_decode(((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xFFu), s);
+  } else {
+    const uint32_t q = __ldcs(reinterpret_cast<const unsigned int*>(a.q) + c);
+    if constexpr (F == Fmt::kMxfp4) {
+      const float s = ue8m0_value(code);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) v[i] = __fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s);
+    } else {
+      const float s = e4m3_decode(code), g = *a.global_scale;
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) v[i] = __fdiv_rn(__fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s), g);
+    }
+  }
+  store_chunk<Out>(a.out, c, v);
+}
+
+}  // namespace cake_moe::formats

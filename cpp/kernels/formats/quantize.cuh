@@ -1,0 +1,144 @@
+// MXFP8 / MXFP4 / NVFP4 quantization (SPEC §3), bit-identical to cake_moe.reference.formats.
+//
+// One thread owns one 8-element chunk; the 4 (MX, block 32) or 2 (NVFP4, block 16) lanes of a
+// scale block meet through warp shuffles for the amax. Memory-bound: each thread issues its
+// loads for kUnroll chunks before any arithmetic so enough bytes are in flight to reach HBM
+// bandwidth; the scale byte is written by the block's first lane.
+#pragma once
+#include "common/numerics.cuh"
+#include "formats/args.hpp"
+#include "formats/chunk_io.cuh"
+
+namespace cake_moe::formats {
+
+namespace detail {
+
+constexpr int kUnroll = 2;
+constexpr float kInv448 = 1.0f / 448.0f;  // rounded once to FP32, as in the reference
+
+// Encodes one chunk and returns its packed element bytes (FP8: 8 bytes in a uint2; FP4: 4 bytes
+// in .x). `code` is the block's scale byte, already decided.
+template <Fmt F>
+__device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan, uint32_t scale_code,
+                                              float to_elem, float nv_global, float nv_scale) {
+  using namespace numerics;
+  uint32_t w[2] = {0u, 0u};
+  if constexpr (F == Fmt::kMxfp8) {
+    if (nan) return make_uint2(0x7F7F7F7Fu, 0x7F7F7F7Fu);
+    if (scale_code == 0u) return make_uint2(0u, 0u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i / 2] |= e4m3_encode2(__fmul_rn(v[2 * i], to_elem), __fmul_rn(v[2 * i + 1], to_elem)) << (16 * (i % 2));
+  } else if constexpr (F == Fmt::kMxfp4) {
+    if (nan || scale_code == 0u) return make_uint2(0u, 0u);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) w[0] |= e2m1_encode(__fmul_rn(v[i], to_elem)) << (4 * i);
+  } else {
+    if (nan || nv_scale == 0.0f) return make_uint2(0u, 0u);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) w[0] |= e2m1_encode(__fdiv_rn(__fmul_rn(v[i], nv_global), nv_scale)) << (4 * i);
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+template <Fmt F>
+__device__ __forceinline__ void store_elements(uint8_t* q, int64_t chunk, uint2 packed) {
+  if constexpr (F == Fmt::kMxfp8) {
+    __stcs(reinterpret_cast<uint2*>(q) + chunk, packed);
+  } else {
+    __stcs(reinterpret_cast<unsigned int*>(q) + chunk, packed.x);
+  }
+}
+
+// Zero the swizzled layout's padding (rows up to a multiple of 128, scale columns up to a
+// multiple of 4) so the whole scale buffer is defined; grid-stride over the padding bytes.
+__device__ __forceinline__ void zero_scale_padding(uint8_t* scale, int64_t rows, int64_t cols_sf) {
+  const int64_t rows_p = round_up(rows, 128), cols_p = round_up(cols_sf, 4);
+  const int64_t pad_rows = (rows_p - rows) * cols_p;        // whole padded rows
+  const int64_t pad_cols = rows * (cols_p - cols_sf);       // tail columns of real rows
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < pad_rows + pad_cols; i += stride) {
+    int64_t r, c;
+    if (i < pad_rows) {
+      r = rows + i / cols_p;
+      c = i % cols_p;
+    } else {
+      const int64_t j = i - pad_rows, w = cols_p - cols_sf;
+      r = j / w;
+      c = cols_sf + j % w;
+    }
+    scale[swizzled_scale_offset(r, c, cols_p)] = 0;
+  }
+}
+
+}  // namespace detail
+
+template <Fmt F, typename In, bool kSwizzled>
+__device__ __forceinline__ void quantize(const QuantizeArgs& a) {
+  using namespace numerics;
+  constexpr int kBlock = block_size(F);
+  constexpr int kLanes = kBlock / kChunk;  // lanes sharing one scale
+  static_assert(kBlock % kChunk == 0 && (kLanes == 2 || kLanes == 4), "a scale block is 2 or 4 chunks");
+  static_assert(32 % kLanes == 0, "scale blocks must not straddle warps");
+
+  const int64_t chunks = a.rows * a.cols / kChunk;
+  const int64_t cols_sf = a.cols / kBlock;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x * detail::kUnroll + threadIdx.x;
+  const float nv_global = F == Fmt::kNvfp4 ? *a.global_scale : 0.0f;
+
+  float v[detail::kUnroll][kChunk];
+#pragma unroll
+  for (int u = 0; u < detail::kUnroll; ++u) {
+    const int64_t c = first + int64_t(u) * blockDim.x;
+    if (c < chunks) {
+      load_chunk<In>(a.x, c, v[u]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) v[u][i] = 0.0f;
+    }
+  }
+
+#pragma unroll
+  for (int u = 0; u < detail::kUnroll; ++u) {
+    const int64_t c = first + int64_t(u) * blockDim.x;
+    float amax = 0.0f;
+    uint32_t nan = 0u;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      amax = fmaxf(amax, fabsf(v[u][i]));  // fmaxf drops NaN: tracked separately
+      nan |= uint32_t(v[u][i] != v[u][i]);
+    }
+    // Every lane takes part in the shuffles (whole chunks past the end carry zeros): a scale
+    // block's lanes are either all in range or all out, since cols is a multiple of kBlock.
+#pragma unroll
+    for (int m = 1; m < kLanes; m <<= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
+      nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, m);
+    }
+    if (c >= chunks) continue;
+
+    uint32_t code = 0u;
+    float to_elem = 0.0f, nv_scale = 0.0f;
+    if constexpr (F == Fmt::kNvfp4) {
+      code = nan ? uint32_t(kE4m3Nan) : e4m3_encode(__fdiv_rn(__fmul_rn(amax, nv_global), 6.0f));
+      nv_scale = nan ? 0.0f : e4m3_decode(code);
+    } else {
+      constexpr int emax = F == Fmt::kMxfp8 ? kE4m3Emax : kE2m1Emax;
+      const float t = F == Fmt::kMxfp8 ? __fmul_rn(amax, detail::kInv448) : __fdiv_rn(amax, 6.0f);
+      code = nan ? kUe8m0Nan
+                 : (a.scale_rule == int32_t(ScaleRule::kOcpFloor) ? ue8m0_ocp_floor(amax, emax) : ue8m0_round_up(t));
+      to_elem = (code == 0u || nan) ? 0.0f : ue8m0_inverse(code);
+    }
+    detail::store_elements<F>(a.q, c, detail::encode_chunk<F>(v[u], nan != 0u, code, to_elem, nv_global, nv_scale));
+
+    if (threadIdx.x % kLanes == 0) {
+      const int64_t elem = c * kChunk;
+      const int64_t r = elem / a.cols, sc = (elem % a.cols) / kBlock;
+      const int64_t off = kSwizzled ? swizzled_scale_offset(r, sc, round_up(cols_sf, 4)) : r * cols_sf + sc;
+      a.scale[off] = uint8_t(code);
+    }
+  }
+  if constexpr (kSwizzled) detail::zero_scale_padding(a.scale, a.rows, cols_sf);
+}
+
+}  // namespace cake_moe::formats

@@ -1,0 +1,62 @@
+"""The table of kernel forms: the one place that says what the wheel compiles.
+
+Each form becomes one generated translation unit (``build/.../gen/<form>.cu``) compiled by
+``nvcc -fatbin`` once per configured arch, so the build parallelises and a form is dropped by
+deleting its row. ``tools/gen_kernels.py`` reads this table; the manifest embedded in the
+extension is generated from it too.
+
+A kernel entry is ``extern "C"`` (the runtime looks kernels up by name) and wraps one
+template instantiation from the form's header.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ALL_ARCHES = ("90a", "100a", "103a", "107a")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str          # extern "C" symbol
+    body: str          # device function template instantiation called with the args
+    threads: int = 256  # __launch_bounds__
+
+
+@dataclass(frozen=True)
+class Form:
+    name: str
+    family: str
+    header: str                       # path under cpp/kernels
+    args: str                         # by-value __grid_constant__ argument struct
+    kernels: tuple[Kernel, ...]
+    params: dict = field(default_factory=dict)
+    # arches whose code path is the intended (arch-native) one; others run it as a portable form
+    native: tuple[str, ...] = ALL_ARCHES
+    # arches on which the GPU suite (ci/gpu.sh) has passed for this form; see docs/support.md
+    validated: tuple[str, ...] = ()
+
+
+def _format_forms() -> list[Form]:
+    forms = []
+    in_types = {"bf16": "__nv_bfloat16", "f32": "float"}
+    layouts = {"linear": "false", "swizzled": "true"}
+    for fmt, enum in (("mxfp8", "kMxfp8"), ("mxfp4", "kMxfp4"), ("nvfp4", "kNvfp4")):
+        q_kernels, d_kernels = [], []
+        for tname, ctype in in_types.items():
+            for lname, swz in layouts.items():
+                q_kernels.append(Kernel(
+                    f"cake_fmt_{fmt}_quantize_{tname}_{lname}",
+                    f"cake_moe::formats::quantize<cake_moe::formats::Fmt::{enum}, {ctype}, {swz}>"))
+                d_kernels.append(Kernel(
+                    f"cake_fmt_{fmt}_dequantize_{tname}_{lname}",
+                    f"cake_moe::formats::dequantize<cake_moe::formats::Fmt::{enum}, {ctype}, {swz}>"))
+        forms.append(Form(f"fmt_{fmt}_quantize", "formats", "formats/quantize.cuh",
+                          "cake_moe::formats::QuantizeArgs", tuple(q_kernels),
+                          {"format": fmt, "op": "quantize"}, validated=()))
+        forms.append(Form(f"fmt_{fmt}_dequantize", "formats", "formats/dequantize.cuh",
+                          "cake_moe::formats::DequantizeArgs", tuple(d_kernels),
+                          {"format": fmt, "op": "dequantize"}, validated=()))
+    return forms
+
+
+FORMS: list[Form] = [*_format_forms()]

@@ -1,0 +1,175 @@
+// Persistent ragged tile scheduler for the sm_90a grouped GEMM.
+//
+// The tile space is the union over groups e of ceil(m_e / BM) x ceil(Nout / BN)
+// output tiles, where m_e is the row count of group e read from `offs` on the
+// device. Every CTA builds, in shared memory, the inclusive prefix sum of the
+// per-group tile counts (no host sync, no preparation launch) and then maps a
+// linear tile index to (group, m-tile, n-tile) by binary search. A CTA visits
+// tiles blockIdx.x, blockIdx.x + gridDim.x, ...; every tile costs the same
+// (same Kred), so this static stride balances as well as a dynamic queue and
+// keeps the result independent of timing.
+//
+// Groups beyond the smem table: the table has kTableSize slots; when E is
+// larger, each slot covers `span` = ceil(E / kTableSize) consecutive groups and
+// the lookup finishes with a short linear walk over that slot's groups
+// (reading their offsets from global memory / L1).
+//
+// Tile order: group-major, and inside a group bands of kRasterN n-tiles; a band
+// is swept m-tile by m-tile with the n-tiles of the band innermost. CTAs that
+// run together therefore cover about (132 / kRasterN) m-tiles x kRasterN
+// n-tiles of one expert, sharing both the A rows and the weight tiles in L2.
+#pragma once
+
+#include <cstdint>
+
+#include "grouped_gemm/params.cuh"
+
+namespace cake_moe {
+namespace sm90 {
+
+struct GroupTile {
+  int32_t group;    // expert index e
+  int32_t row_end;  // one past the last row of the group (clamped to capacity)
+  int32_t m0;       // first row of this tile (inside the group)
+  int32_t n0;       // first output column of this tile
+};
+
+template <int kBM, int kBN, int kRasterN, int kTableSize>
+struct RaggedTileScheduler {
+  static_assert(kBM > 0 && kBN > 0 && kRasterN > 0, "positive tile shape and raster width");
+  static_assert(kTableSize % 32 == 0 && kTableSize / 32 <= 32,
+                "the two-level scan handles at most 32 chunks of 32 slots");
+  // Shared memory the scheduler needs: the slot table plus 32 chunk totals.
+  static constexpr uint32_t kSmemBytes = (kTableSize + 32) * sizeof(int32_t);
+
+  const int32_t* table;  // smem: inclusive prefix of tile counts per slot
+  const int32_t* offs;
+  int32_t num_groups;
+  int32_t capacity;
+  int32_t leading_zero;
+  int32_t n_tiles_n;
+  int32_t span;       // groups per slot
+  int32_t num_slots;  // used slots, <= kTableSize
+  int32_t total_tiles;
+
+  __device__ __forceinline__ void group_rows(int32_t e, int32_t& begin, int32_t& end) const {
+    int32_t b, en;
+    if (leading_zero) {
+      b = __ldg(offs + e);
+      en = __ldg(offs + e + 1);
+    } else {
+      b = e == 0 ? 0 : __ldg(offs + e - 1);
+      en = __ldg(offs + e);
+    }
+    // Clamp so that malformed offsets can never address outside the tensors.
+    b = min(max(b, 0), capacity);
+    en = min(max(en, b), capacity);
+    begin = b;
+    end = en;
+  }
+
+  __device__ __forceinline__ int32_t group_m_tiles(int32_t e) const {
+    int32_t b, en;
+    group_rows(e, b, en);
+    return (en - b + kBM - 1) / kBM;
+  }
+
+  // Collective: every thread of the CTA must call it (it contains
+  // __syncthreads). smem_table holds kTableSize + 32 int32.
+  __device__ __forceinline__ void init(int32_t* smem_table, const GroupedGemmParams& p) {
+    int32_t* chunk_total = smem_table + kTableSize;
+    table = smem_table;
+    offs = p.offs;
+    num_groups = max(p.num_groups, 0);
+    capacity = max(p.sum_m_capacity, 0);
+    leading_zero = p.offs_has_leading_zero;
+    n_tiles_n = (max(p.n_out, 0) + kBN - 1) / kBN;
+    span = num_groups > 0 ? (num_groups + kTableSize - 1) / kTableSize : 1;
+    num_slots = (num_groups + span - 1) / span;
+
+    // 1) tile count of every slot
+    for (int32_t j = threadIdx.x; j < num_slots; j += blockDim.x) {
+      const int32_t e_end = min(num_groups, (j + 1) * span);
+      int32_t count = 0;
+      for (int32_t e = j * span; e < e_end; ++e) count += group_m_tiles(e) * n_tiles_n;
+      smem_table[j] = count;
+    }
+    __syncthreads();
+
+    // 2) inclusive scan: per-warp scans of 32-slot chunks ...
+    const int32_t lane = threadIdx.x & 31;
+    const int32_t warp = threadIdx.x >> 5;
+    const int32_t num_warps = blockDim.x >> 5;
+    const int32_t num_chunks = (num_slots + 31) / 32;
+    for (int32_t c = warp; c < num_chunks; c += num_warps) {
+      const int32_t idx = c * 32 + lane;
+      int32_t v = idx < num_slots ? smem_table[idx] : 0;
+#pragma unroll
+      for (int32_t d = 1; d < 32; d <<= 1) {
+        const int32_t up = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += up;
+      }
+      if (idx < num_slots) smem_table[idx] = v;
+      if (lane == 31) chunk_total[c] = v;
+    }
+    __syncthreads();
+    // ... then an exclusive scan of the chunk totals by warp 0 ...
+    if (warp == 0) {
+      const int32_t own = lane < num_chunks ? chunk_total[lane] : 0;
+      int32_t v = own;
+#pragma unroll
+      for (int32_t d = 1; d < 32; d <<= 1) {
+        const int32_t up = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += up;
+      }
+      chunk_total[lane] = v - own;
+    }
+    __syncthreads();
+    // ... added back to every slot.
+    for (int32_t idx = threadIdx.x; idx < num_slots; idx += blockDim.x) smem_table[idx] += chunk_total[idx >> 5];
+    __syncthreads();
+    total_tiles = num_slots > 0 ? smem_table[num_slots - 1] : 0;
+  }
+
+  // Map a linear tile index in [0, total_tiles) to its tile.
+  __device__ __forceinline__ GroupTile tile(int32_t linear) const {
+    // first slot whose inclusive prefix exceeds `linear`
+    int32_t lo = 0, hi = num_slots - 1;
+    while (lo < hi) {
+      const int32_t mid = (lo + hi) >> 1;
+      if (table[mid] > linear) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    int32_t local = linear - (lo > 0 ? table[lo - 1] : 0);
+    int32_t e = lo * span;
+    int32_t row_begin, row_end, m_tiles;
+    for (;;) {  // at most `span` steps; terminates because linear < total_tiles
+      group_rows(e, row_begin, row_end);
+      m_tiles = (row_end - row_begin + kBM - 1) / kBM;
+      const int32_t count = m_tiles * n_tiles_n;
+      if (local < count) break;
+      local -= count;
+      ++e;
+    }
+    // raster inside the group: bands of kRasterN n-tiles (last band narrower)
+    const int32_t band_tiles = kRasterN * m_tiles;
+    const int32_t band = local / band_tiles;
+    const int32_t rem = local - band * band_tiles;
+    const int32_t width = min(kRasterN, n_tiles_n - band * kRasterN);
+    const int32_t m_idx = rem / width;
+    const int32_t n_idx = band * kRasterN + (rem - m_idx * width);
+
+    GroupTile t;
+    t.group = e;
+    t.row_end = row_end;
+    t.m0 = row_begin + m_idx * kBM;
+    t.n0 = n_idx * kBN;
+    return t;
+  }
+};
+
+}  // namespace sm90
+}  // namespace cake_moe

@@ -1,0 +1,299 @@
+// sm_90a ragged BF16 grouped GEMM (family A): forward and input gradient.
+//
+//   fwd  : Y[g_e]  = X[g_e] @ W[e]^T   (B = W[e] as [N, K], K-major)
+//   dgrad: dX[g_e] = G[g_e] @ W[e]     (B = W[e] read in place, N-major)
+//
+// FP32 accumulation in wgmma, one rounding to BF16 in the epilogue.
+//
+// Structure (one CTA per SM, persistent, warp specialised, 384 threads):
+//   warpgroup 0      producer: one thread issues TMA loads of A (BM x 64) and
+//                    B (BN x 64) k-blocks into a kStages-deep smem ring, guarded
+//                    by full/empty mbarriers; the warpgroup gives registers
+//                    back with setmaxnreg.dec.
+//   warpgroups 1, 2  consumers: wgmma m64 x kWgTileN x k16 from smem, one
+//                    wgmma group kept in flight; setmaxnreg.inc. With BM = 128
+//                    they split M (64 rows each); with BM = 64 they split N.
+//   epilogue         each consumer warpgroup converts its 64 x kWgTileN
+//                    accumulator to BF16 into a 128B-swizzled smem tile; if all
+//                    64 rows lie inside the group it is written by TMA store
+//                    (the hardware clips the N tail), otherwise by predicated
+//                    16-byte stores limited to the group's rows and [0, Nout).
+//   scheduler        scheduler.cuh: per-CTA prefix of ragged tile counts.
+//
+// Parameters and tensor-map contract: params.cuh.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/ptx/mbarrier.cuh"
+#include "common/ptx/tma.cuh"
+#include "common/ptx/wgmma.cuh"
+#include "grouped_gemm/params.cuh"
+#include "grouped_gemm/scheduler.cuh"
+
+namespace cake_moe {
+namespace sm90 {
+
+enum class GroupedGemmOp : int { kFwd = 0, kDgrad = 1 };
+
+template <GroupedGemmOp kOp, int kBM, int kBN, int kStages, int kRasterN = 8>
+struct GroupedGemmKernel {
+  // ---- tiling -----------------------------------------------------------------
+  // 64 bf16 = 128 bytes: exactly one row of the 128-byte swizzle atom, so one TMA
+  // box row and one smem row per tile row (K-major) or per k (N-major).
+  static constexpr int kBK = 64;
+  static constexpr int kKSteps = kBK / 16;  // wgmma k16 steps per k-block
+  static constexpr int kNumConsumerWG = 2;
+  static constexpr int kNumThreads = 128 * (1 + kNumConsumerWG);
+  static constexpr int kWgM = kBM / 64;               // consumer warpgroups along M
+  static constexpr int kWgN = kNumConsumerWG / kWgM;  // ... and along N
+  static constexpr int kWgTileN = kBN / kWgN;         // wgmma N of one warpgroup
+  static constexpr bool kBNMajor = kOp == GroupedGemmOp::kDgrad;
+  static constexpr int kAccRegs = kWgTileN / 2;
+  // the form's parameters, for hosts and harnesses
+  static constexpr GroupedGemmOp kOperation = kOp;
+  static constexpr int kBlockM = kBM;
+  static constexpr int kBlockN = kBN;
+  static constexpr int kNumStages = kStages;
+
+  static_assert(kBM == 64 || kBM == 128, "BM: one m64 wgmma per consumer warpgroup (128) or a shared m64 (64)");
+  static_assert(kWgM * kWgN == kNumConsumerWG, "consumer warpgroups must tile the CTA tile exactly");
+  static_assert(kBN % 64 == 0 && kBN <= 256, "BN: multiple of 64 (TMA store / N-major chunks), TMA box <= 256");
+  static_assert(kWgTileN == 64 || kWgTileN == 128 || kWgTileN == 256, "wgmma N instantiated for 64/128/256");
+  static_assert(kWgTileN % 64 == 0, "a warpgroup's N range must be whole 64-column chunks (N-major LBO, stores)");
+  static_assert(kStages >= 2, "need at least double buffering");
+  static_assert(kRasterN >= 1, "raster width");
+
+  // ---- shared memory ------------------------------------------------------------
+  static constexpr uint32_t kABytes = kBM * kBK * 2;  // one A stage
+  static constexpr uint32_t kBBytes = kBN * kBK * 2;  // one B stage
+  static constexpr uint32_t kBChunkBytes = 64 * kBK * 2;  // one 64-column N-major box (dgrad)
+  static constexpr uint32_t kDBytesPerWG = 64 * kWgTileN * 2;
+  static constexpr uint32_t kDChunkBytes = 64 * 64 * 2;  // 64 rows x 64 cols bf16 = one store box
+  static constexpr int kTableSize = 1024;
+  using Scheduler = RaggedTileScheduler<kBM, kBN, kRasterN, kTableSize>;
+
+  static constexpr uint32_t kOffA = 0;
+  static constexpr uint32_t kOffB = kOffA + kStages * kABytes;
+  static constexpr uint32_t kOffD = kOffB + kStages * kBBytes;
+  static constexpr uint32_t kOffBar = kOffD + kNumConsumerWG * kDBytesPerWG;
+  static constexpr uint32_t kOffTable = kOffBar + 2 * kStages * 8;
+  static constexpr uint32_t kSmemUsed = kOffTable + Scheduler::kSmemBytes;
+  // +1024: the dynamic smem base is aligned up to 1024 B at run time.
+  static constexpr uint32_t kSmemBytes = kSmemUsed + 1024;
+
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0 && kBChunkBytes % 1024 == 0,
+                "every stage buffer must start on a 1024-B swizzle-atom boundary (descriptor base offset 0)");
+  static_assert(kDBytesPerWG % 1024 == 0 && kDChunkBytes % 1024 == 0,
+                "epilogue tiles are 128B-swizzled like TMA boxes, atom aligned");
+  static_assert((64 * 128) % 1024 == 0, "the second m64 slice of A starts on an atom boundary");
+  static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of dynamic shared memory per block on sm_90");
+
+  // ---- TMA boxes (host encodes the tensor maps with these) -------------------------
+  static constexpr int kBoxAInner = kBK, kBoxARows = kBM;
+  static constexpr int kBoxBInner = 64, kBoxBRows = kBNMajor ? kBK : kBN;
+  static constexpr int kBoxDInner = 64, kBoxDRows = 64;
+  static_assert(kBoxARows <= 256 && kBoxBRows <= 256, "TMA box dims are limited to 256");
+
+  // ---- registers ---------------------------------------------------------------
+  static constexpr uint32_t kProducerRegs = 40;
+  static constexpr uint32_t kConsumerRegs = 232;
+  static_assert(128 * kProducerRegs + 128 * kNumConsumerWG * kConsumerRegs <= 65536,
+                "setmaxnreg budgets must fit the 64K-register file");
+
+  using Mma = ptx::WgmmaBf16SS<kWgTileN, kBNMajor ? 1 : 0>;
+
+  __device__ static __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+
+  // -------------------------------------------------------------------------------
+  __device__ static __forceinline__ void run(const GroupedGemmParams& p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    extern __shared__ __align__(1024) uint8_t cake_gg_smem_raw[];
+    const uint32_t raw_addr = ptx::smem_addr(cake_gg_smem_raw);
+    uint8_t* smem = cake_gg_smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
+    const uint32_t smem_base = ptx::smem_addr(smem);
+
+    uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + kOffBar);
+    uint64_t* empty_bar = full_bar + kStages;
+    int32_t* table = reinterpret_cast<int32_t*>(smem + kOffTable);
+
+    const int warpgroup = threadIdx.x / 128;
+    const int tid_wg = threadIdx.x % 128;
+
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) {
+        ptx::mbar_init(&full_bar[s], 1);                       // producer's expect_tx arrival
+        ptx::mbar_init(&empty_bar[s], kNumConsumerWG * 4);     // one arrival per consumer warp
+      }
+      ptx::mbar_fence_init();
+      ptx::tma_prefetch_desc(&p.tmap_a);
+      ptx::tma_prefetch_desc(&p.tmap_b);
+      ptx::tma_prefetch_desc(&p.tmap_d);
+    }
+    Scheduler sched;
+    sched.init(table, p);  // collective; its __syncthreads also publish the barrier init
+
+    const int32_t k_blocks = (p.k_red + kBK - 1) / kBK;
+
+    if (warpgroup == 0) {
+      // ============================ producer ============================
+      ptx::setmaxnreg_dec<kProducerRegs>();
+      if (tid_wg == 0) {
+        uint32_t stage = 0, phase = 0;
+        for (int32_t t = blockIdx.x; t < sched.total_tiles; t += gridDim.x) {
+          const GroupTile tile = sched.tile(t);
+          // dgrad: skip 64-column B chunks that lie wholly past Nout. Their smem
+          // keeps stale data, which only feeds output columns that are never
+          // stored (column c of the product depends on column c of B alone).
+          int32_t b_chunks = kBN / 64;
+          if (kBNMajor) b_chunks = min(b_chunks, (p.n_out - tile.n0 + 63) / 64);
+          const uint32_t tx_bytes = kABytes + (kBNMajor ? b_chunks * kBChunkBytes : kBBytes);
+          for (int32_t kb = 0; kb < k_blocks; ++kb) {
+            ptx::mbar_wait_parity(&empty_bar[stage], phase ^ 1u);
+            uint8_t* sa = smem + kOffA + stage * kABytes;
+            uint8_t* sb = smem + kOffB + stage * kBBytes;
+            ptx::mbar_arrive_expect_tx(&full_bar[stage], tx_bytes);
+            // A rows past the group end belong to the next group (harmless for
+            // loads); rows past the tensor end are zero filled by TMA.
+            ptx::tma_load_2d(&p.tmap_a, &full_bar[stage], sa, kb * kBK, tile.m0);
+            if (kBNMajor) {
+              for (int32_t j = 0; j < b_chunks; ++j)
+                ptx::tma_load_3d(&p.tmap_b, &full_bar[stage], sb + j * kBChunkBytes, tile.n0 + j * 64, kb * kBK,
+                                 tile.group);
+            } else {
+              ptx::tma_load_3d(&p.tmap_b, &full_bar[stage], sb, kb * kBK, tile.n0, tile.group);
+            }
+            if (++stage == kStages) {
+              stage = 0;
+              phase ^= 1u;
+            }
+          }
+        }
+      }
+    } else {
+      // ============================ consumers ============================
+      ptx::setmaxnreg_inc<kConsumerRegs>();
+      const int cw = warpgroup - 1;
+      const int wm = kWgM == 2 ? cw : 0;
+      const int wn = kWgN == 2 ? cw : 0;
+      const int warp_in_wg = tid_wg / 32;
+      const int lane = tid_wg % 32;
+      // A slice: 64 rows x 128 B; B slice: kWgTileN rows (K-major) or
+      // kWgTileN/64 boxes of 8 KB (N-major) -- both are kWgTileN * 128 bytes in.
+      const uint32_t a_wg_off = static_cast<uint32_t>(wm) * 64u * 128u;
+      const uint32_t b_wg_off = static_cast<uint32_t>(wn) * kWgTileN * 128u;
+      uint8_t* sd = smem + kOffD + cw * kDBytesPerWG;
+
+      float acc[kAccRegs];
+      uint32_t stage = 0, phase = 0;
+
+      for (int32_t t = blockIdx.x; t < sched.total_tiles; t += gridDim.x) {
+        const GroupTile tile = sched.tile(t);
+
+#pragma unroll
+        for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
+        ptx::reg_fence(acc);
+
+        uint32_t prev_stage = 0;
+        for (int32_t kb = 0; kb < k_blocks; ++kb) {
+          ptx::mbar_wait_parity(&full_bar[stage], phase);
+          const uint32_t a_addr = smem_base + kOffA + stage * kABytes + a_wg_off;
+          const uint32_t b_addr = smem_base + kOffB + stage * kBBytes + b_wg_off;
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kKSteps; ++kk) {
+            // K-major: a k16 step is 32 B along the 128-B row (inside the atom).
+            // N-major: a k16 step is 16 rows of 128 B = 2 whole atoms.
+            const uint64_t da = ptx::make_desc_kmajor_sw128(a_addr + kk * 32);
+            const uint64_t db = kBNMajor ? ptx::make_desc_mnmajor_sw128(b_addr + kk * 16 * 128, kBChunkBytes)
+                                         : ptx::make_desc_kmajor_sw128(b_addr + kk * 32);
+            Mma::mma(acc, da, db, 1u);
+          }
+          ptx::wgmma_commit();
+          ptx::reg_fence(acc);
+          // keep this k-block's group in flight; the previous one is done now
+          ptx::wgmma_wait<1>();
+          ptx::reg_fence(acc);
+          if (kb > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
+          prev_stage = stage;
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+        ptx::wgmma_wait<0>();
+        ptx::reg_fence(acc);
+        if (k_blocks > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
+
+        // ------------------------------ epilogue ------------------------------
+        const int32_t r0 = tile.m0 + wm * 64;
+        const int32_t c0 = tile.n0 + wn * kWgTileN;
+        const int32_t rows_valid = min(max(tile.row_end - r0, 0), 64);
+        if (rows_valid > 0 && c0 < p.n_out) {  // uniform over the warpgroup
+          // the previous TMA store must have finished reading the staging tile
+          if (tid_wg == 0) ptx::tma_store_wait_read<0>();
+          ptx::named_barrier_sync(1 + cw, 128);
+
+          const int g = lane / 4, q = lane % 4;
+          const int row_a = warp_in_wg * 16 + g;  // and row_a + 8; both = g (mod 8)
+#pragma unroll
+          for (int i = 0; i < kWgTileN / 8; ++i) {
+            // 128B swizzle: 16-B unit u of row r sits at unit u ^ (r % 8). The 32
+            // lanes hit 8 rows x distinct units x 4 words: no bank conflicts.
+            const uint32_t off = (i / 8) * kDChunkBytes + row_a * 128 + (((i % 8) ^ g) * 16) + q * 4;
+            *reinterpret_cast<uint32_t*>(sd + off) = pack_bf16x2(acc[4 * i + 0], acc[4 * i + 1]);
+            *reinterpret_cast<uint32_t*>(sd + off + 8 * 128) = pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]);
+          }
+          ptx::fence_proxy_async_smem();  // make the tile visible to the TMA store
+          ptx::named_barrier_sync(1 + cw, 128);
+
+          if (rows_valid == 64) {
+            if (tid_wg == 0) {
+#pragma unroll
+              for (int j = 0; j < kWgTileN / 64; ++j)
+                if (c0 + j * 64 < p.n_out) ptx::tma_store_2d(&p.tmap_d, sd + j * kDChunkBytes, c0 + j * 64, r0);
+              ptx::tma_store_commit();
+            }
+          } else {
+            // group-boundary tile: only the group's rows, only columns < Nout
+            // (Nout % 8 == 0, so a 16-B unit is wholly inside or outside).
+            constexpr int kUnitsPerRow = kWgTileN / 8;
+            __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
+            for (int idx = tid_wg; idx < rows_valid * kUnitsPerRow; idx += 128) {
+              const int row = idx / kUnitsPerRow;
+              const int u = idx % kUnitsPerRow;
+              const int32_t col = c0 + u * 8;
+              if (col < p.n_out) {
+                const uint4 v = *reinterpret_cast<const uint4*>(sd + (u / 8) * kDChunkBytes + row * 128 +
+                                                                (((u % 8) ^ (row % 8)) * 16));
+                *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r0 + row) * p.n_out + col) = v;
+              }
+            }
+          }
+        }
+      }
+      // outstanding TMA stores must complete before the CTA (and its smem) goes away
+      if (tid_wg == 0) ptx::tma_store_wait_all<0>();
+    }
+#endif
+  }
+};
+
+}  // namespace sm90
+}  // namespace cake_moe
+
+// Defines one extern "C" kernel entry for a form. The runtime looks entries up
+// by name; launch with Kernel::kNumThreads threads and Kernel::kSmemBytes of
+// dynamic shared memory.
+#define CAKE_GG_SM90_DEFINE_KERNEL(NAME, OP, BM, BN, STAGES)                                           \
+  extern "C" __global__ void __launch_bounds__(                                                        \
+      ::cake_moe::sm90::GroupedGemmKernel<::cake_moe::sm90::GroupedGemmOp::OP, BM, BN, STAGES>::kNumThreads, 1) \
+      NAME(const __grid_constant__ ::cake_moe::sm90::GroupedGemmParams p) {                            \
+    ::cake_moe::sm90::GroupedGemmKernel<::cake_moe::sm90::GroupedGemmOp::OP, BM, BN, STAGES>::run(p);   \
+  }

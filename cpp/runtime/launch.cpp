@@ -1,0 +1,49 @@
+#include "runtime/launch.hpp"
+
+#include <string>
+
+#include "runtime/driver.hpp"
+
+namespace cake_moe::runtime {
+
+void launch(CUkernel kernel, const LaunchConfig& cfg, const void* args, const char* what) {
+  CUlaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (cfg.cluster[0] != 0) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[n].value.clusterDim.x = cfg.cluster[0];
+    attrs[n].value.clusterDim.y = cfg.cluster[1] ? cfg.cluster[1] : 1;
+    attrs[n].value.clusterDim.z = cfg.cluster[2] ? cfg.cluster[2] : 1;
+    ++n;
+  }
+  if (cfg.pdl) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[n].value.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  CUlaunchConfig lc{};
+  lc.gridDimX = cfg.grid[0];
+  lc.gridDimY = cfg.grid[1];
+  lc.gridDimZ = cfg.grid[2];
+  lc.blockDimX = cfg.block[0];
+  lc.blockDimY = cfg.block[1];
+  lc.blockDimZ = cfg.block[2];
+  lc.sharedMemBytes = cfg.smem_bytes;
+  lc.hStream = reinterpret_cast<CUstream>(cfg.stream);
+  lc.attrs = n ? attrs : nullptr;
+  lc.numAttrs = n;
+  void* params[] = {const_cast<void*>(args)};
+  // A CUkernel is accepted wherever a CUfunction is; it resolves in the current context.
+  check(driver().LaunchKernelEx(&lc, reinterpret_cast<CUfunction>(kernel), params, nullptr),
+        std::string("launch of ") + what);
+}
+
+void set_max_dynamic_smem(CUkernel kernel, int device, unsigned bytes) {
+  const Driver& d = driver();
+  CUdevice dev;
+  check(d.DeviceGet(&dev, device), "cuDeviceGet");
+  check(d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(bytes), kernel, dev),
+        "cuKernelSetAttribute(max dynamic smem)");
+}
+
+}  // namespace cake_moe::runtime

@@ -1,0 +1,57 @@
+#include "runtime/tensor_map.hpp"
+
+#include <string>
+
+#include "runtime/driver.hpp"
+#include "runtime/errors.hpp"
+
+namespace cake_moe::runtime {
+
+unsigned element_bytes(CUtensorMapDataType t) {
+  switch (t) {
+    case CU_TENSOR_MAP_DATA_TYPE_UINT8: return 1;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT16:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
+    case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16: return 2;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT32:
+    case CU_TENSOR_MAP_DATA_TYPE_INT32:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT32: return 4;
+    default: throw ValueError("unsupported tensor-map data type");
+  }
+}
+
+CUtensorMap encode_tiled(const TensorMapSpec& s) {
+  const std::size_t rank = s.dims.size();
+  if (rank < 1 || rank > 5 || s.box.size() != rank || s.strides.size() + 1 != rank)
+    throw ValueError("tensor map: rank/box/stride lengths disagree");
+  if (reinterpret_cast<std::uintptr_t>(s.base) % 16 != 0)
+    throw ValueError("tensor map: base address must be 16-byte aligned");
+  for (uint64_t st : s.strides)
+    if (st % 16 != 0) throw ValueError("tensor map: strides must be multiples of 16 bytes (got " + std::to_string(st) + ")");
+  for (uint32_t b : s.box)
+    if (b == 0 || b > 256) throw ValueError("tensor map: box extents must be in [1, 256]");
+  cuuint64_t dims[5];
+  cuuint64_t strides[4];
+  cuuint32_t box[5];
+  cuuint32_t elem_strides[5];
+  for (std::size_t i = 0; i < rank; ++i) {
+    dims[i] = s.dims[i];
+    box[i] = s.box[i];
+    elem_strides[i] = 1;
+    if (i + 1 < rank) strides[i] = s.strides[i];
+  }
+  CUtensorMap map;
+  CUresult r = driver().TensorMapEncodeTiled(&map, s.dtype, cuuint32_t(rank), s.base, dims, strides, box,
+                                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, s.swizzle, s.l2,
+                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  check(r, "cuTensorMapEncodeTiled");
+  return map;
+}
+
+void replace_address(CUtensorMap& map, void* base) {
+  if (reinterpret_cast<std::uintptr_t>(base) % 16 != 0)
+    throw ValueError("tensor map: base address must be 16-byte aligned");
+  check(driver().TensorMapReplaceAddress(&map, base), "cuTensorMapReplaceAddress");
+}
+
+}  // namespace cake_moe::runtime

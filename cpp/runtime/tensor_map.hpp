@@ -1,0 +1,32 @@
+// TMA descriptor helpers: row-major tensors of up to 5 dims, described outermost-last the way
+// cuTensorMapEncodeTiled wants (dim 0 innermost). Encoded once at plan time; launches only
+// swap base addresses (cuTensorMapReplaceAddress) or pass the descriptor by value.
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace cake_moe::runtime {
+
+struct TensorMapSpec {
+  CUtensorMapDataType dtype = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  void* base = nullptr;
+  std::vector<uint64_t> dims;      // elements per dim, innermost first
+  std::vector<uint64_t> strides;   // bytes, for dims 1.. (innermost is contiguous)
+  std::vector<uint32_t> box;       // box extent per dim, innermost first
+  CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  CUtensorMapL2promotion l2 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+};
+
+// Encodes a tiled tensor map; throws ValueError for unencodable geometry (alignment, box
+// sizes) and CudaError for driver failures.
+CUtensorMap encode_tiled(const TensorMapSpec& spec);
+
+// Points an encoded map at a new base address (same geometry).
+void replace_address(CUtensorMap& map, void* base);
+
+// Element size in bytes of a tensor-map data type.
+unsigned element_bytes(CUtensorMapDataType t);
+
+}  // namespace cake_moe::runtime

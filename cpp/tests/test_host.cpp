@@ -1,0 +1,77 @@
+// Host-side tests of the runtime's pure parts: SHA-256 against FIPS 180-4 vectors, and the
+// scale layout rules that the device code and the Python references share.
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <string>
+
+#include "formats/args.hpp"
+#include "runtime/sha256.hpp"
+
+using namespace cake_moe;
+
+static int failures = 0;
+#define EXPECT(cond)                                                   \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond);    \
+      ++failures;                                                      \
+    }                                                                  \
+  } while (0)
+
+static void test_sha256() {
+  using runtime::sha256_hex;
+  EXPECT(sha256_hex("", 0) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT(sha256_hex("abc", 3) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const char* two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";  // 448 bits
+  EXPECT(sha256_hex(two_blocks, std::strlen(two_blocks)) ==
+         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  std::string million(1000000, 'a');
+  EXPECT(sha256_hex(million.data(), million.size()) ==
+         "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  // lengths around the padding boundary (55, 56, 63, 64 bytes) must differ from each other
+  std::set<std::string> seen;
+  for (size_t n : {55, 56, 63, 64, 65}) seen.insert(sha256_hex(million.data(), n));
+  EXPECT(seen.size() == 5);
+}
+
+static void test_swizzle() {
+  using formats::swizzled_scale_offset;
+  // Spot values from the SPEC formula.
+  EXPECT(swizzled_scale_offset(0, 0, 4) == 0);
+  EXPECT(swizzled_scale_offset(1, 0, 4) == 16);
+  EXPECT(swizzled_scale_offset(32, 0, 4) == 4);
+  EXPECT(swizzled_scale_offset(0, 3, 4) == 3);
+  EXPECT(swizzled_scale_offset(0, 4, 8) == 512);
+  EXPECT(swizzled_scale_offset(128, 0, 8) == 1024);
+  EXPECT(swizzled_scale_offset(127, 7, 8) == 512 + 31 * 16 + 3 * 4 + 3);
+  // A bijection of the padded [rows_p, cols_p] grid onto [0, rows_p * cols_p).
+  for (int64_t rows_p : {128, 256, 384})
+    for (int64_t cols_p : {4, 8, 12, 56}) {
+      std::set<int64_t> offs;
+      for (int64_t r = 0; r < rows_p; ++r)
+        for (int64_t c = 0; c < cols_p; ++c) {
+          int64_t o = swizzled_scale_offset(r, c, cols_p);
+          EXPECT(o >= 0 && o < rows_p * cols_p);
+          offs.insert(o);
+        }
+      EXPECT(int64_t(offs.size()) == rows_p * cols_p);
+    }
+}
+
+static void test_geometry() {
+  using formats::Fmt;
+  EXPECT(formats::block_size(Fmt::kMxfp8) == 32 && formats::block_size(Fmt::kMxfp4) == 32);
+  EXPECT(formats::block_size(Fmt::kNvfp4) == 16);
+  EXPECT(formats::elems_per_byte(Fmt::kMxfp8) == 1 && formats::elems_per_byte(Fmt::kNvfp4) == 2);
+  EXPECT(formats::round_up(1, 128) == 128 && formats::round_up(128, 128) == 128 && formats::round_up(0, 4) == 0);
+}
+
+int main(int argc, char** argv) {
+  std::string which = argc > 1 ? argv[1] : "all";
+  if (which == "sha256" || which == "all") test_sha256();
+  if (which == "swizzle" || which == "all") test_swizzle();
+  if (which == "geometry" || which == "all") test_geometry();
+  std::printf("%s: %s\n", which.c_str(), failures ? "FAILED" : "ok");
+  return failures ? 1 : 0;
+}

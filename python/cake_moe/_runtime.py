@@ -1,0 +1,68 @@
+"""The compiled extension, the manifest, and the device/stream plumbing every op shares.
+
+Importing cake_moe loads no kernel and touches no GPU: the extension's driver table and each
+kernel image are loaded on first use.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import torch
+
+_EXT_IMPORT_ERROR: BaseException | None = None
+try:
+    from . import _ext  # type: ignore[attr-defined]
+except ImportError as e:  # a source tree without a build: references still work
+    _ext = None
+    _EXT_IMPORT_ERROR = e
+
+
+def ext():
+    """The compiled extension module; raises ImportError with the cause when it is missing."""
+    if _ext is None:
+        raise ImportError(
+            "cake_moe's compiled extension (cake_moe._ext) is not available; install the package "
+            f"with `pip install .` ({_EXT_IMPORT_ERROR})")
+    return _ext
+
+
+@functools.lru_cache(maxsize=None)
+def manifest() -> dict[str, Any]:
+    """The build manifest embedded in the extension (forms, arches, SHA-256 per image)."""
+    return json.loads(ext().manifest_json())
+
+
+def built_arches() -> list[str]:
+    return list(manifest()["archs"])
+
+
+def driver_status() -> tuple[bool, int, str]:
+    """(driver usable, driver version, reason when not)."""
+    return tuple(ext().driver_status())
+
+
+@functools.lru_cache(maxsize=None)
+def device_arch(index: int) -> str:
+    """'90a'-style arch name of CUDA device `index` (as the extension sees it)."""
+    return ext().device_arch(index)
+
+
+def require_served(device: torch.device, what: str) -> None:
+    """NotImplementedError when this build has no kernels for the device's arch."""
+    arch = device_arch(device.index if device.index is not None else torch.cuda.current_device())
+    if arch not in built_arches():
+        raise NotImplementedError(
+            f"{what}: this cake-moe build has kernels for sm_{', sm_'.join(built_arches())}, but {device} is "
+            f"sm_{arch}; rebuild with CAKE_MOE_CUDA_ARCHS including {arch}")
+
+
+def stream_handle(device: torch.device) -> int:
+    """The caller's current CUDA stream on `device`, as the integer handle kernels launch on."""
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A uint8 view of a 1-byte tensor (float8 dtypes do not cross DLPack everywhere)."""
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)

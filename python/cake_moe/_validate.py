@@ -1,0 +1,56 @@
+"""Argument checks shared by every public op. Each raises ValueError naming the argument and
+what was expected, before anything is launched or written."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+
+def tensor(t, name: str, *, dtypes: Iterable[torch.dtype] | None = None, ndim: int | None = None,
+           min_ndim: int | None = None, device: torch.device | None = None, contiguous: bool = True,
+           align: int = 0) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if t.dtype not in dtypes:
+            raise ValueError(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if min_ndim is not None and t.dim() < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dims, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous())")
+    if align and t.numel() and t.data_ptr() % align:
+        raise ValueError(f"{name} must be {align}-byte aligned (got address {t.data_ptr():#x})")
+    return t
+
+
+def shape(t: torch.Tensor, name: str, expected: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")
+
+
+def no_overlap(*named: tuple[str, torch.Tensor]) -> None:
+    """Outputs must not share memory with each other or with inputs."""
+    spans = []
+    for name, t in named:
+        if t is None or t.numel() == 0:
+            continue
+        start = t.data_ptr()
+        spans.append((start, start + t.numel() * t.element_size(), name))
+    spans.sort()
+    reach, owner = -1, ""
+    for start, end, name in spans:
+        if start < reach:
+            raise ValueError(f"{owner} and {name} overlap in memory")
+        if end > reach:
+            reach, owner = end, name
+
+
+def multiple(value: int, of: int, what: str) -> None:
+    if value % of:
+        raise ValueError(f"{what} must be a multiple of {of}, got {value}")

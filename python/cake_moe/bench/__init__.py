@@ -1,0 +1,1 @@
+"""Benchmarks (``cake-moe bench ...``): measured side by side with their anchors in one run."""

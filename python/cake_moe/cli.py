@@ -1,0 +1,79 @@
+"""The ``cake-moe`` command: ``info``, ``demo`` (the main job) and ``bench``."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__, _runtime
+
+
+def _device_line() -> tuple[str, bool]:
+    ok, version, why = _runtime.driver_status()
+    if not ok:
+        return f"no GPU: {why}", False
+    n = _runtime.ext().device_count()
+    if n == 0:
+        return "no CUDA device", False
+    arch = _runtime.ext().device_arch(0)
+    served = arch in _runtime.built_arches()
+    name = _runtime.ext().device_name(0)
+    sms = _runtime.ext().device_sm_count(0)
+    return (f"cuda:0 {name} (sm_{arch}, {sms} SMs), driver {version // 1000}.{version % 1000 // 10}: "
+            f"{'served by this build' if served else 'NOT served by this build'}"), served
+
+
+def cmd_info(_args) -> int:
+    m = _runtime.manifest()
+    print(f"cake-moe {__version__} (extension {_runtime.ext().__version__}), built with nvcc {m.get('nvcc', '?')}")
+    print(f"arches: {', '.join('sm_' + a for a in m['archs'])}")
+    print(f"device: {_device_line()[0]}")
+    bad = 0
+    print(f"{'form':32} {'family':10} " + " ".join(f"{'sm_' + a:>22}" for a in m["archs"]))
+    for form in m["forms"]:
+        cells = []
+        for arch in m["archs"]:
+            info = form["arches"][arch]
+            ok = _runtime.ext().verify_image(form["name"], arch)
+            bad += not ok
+            tag = info["kind"] + ("+validated" if info["validated"] else "")
+            cells.append(f"{tag + (' sha-ok' if ok else ' SHA-BAD'):>22}")
+        print(f"{form['name']:32} {form['family']:10} " + " ".join(cells))
+    n = sum(len(f["arches"]) for f in m["forms"])
+    print(f"{len(m['forms'])} forms, {n} images, {n - bad} checksums verified, {bad} failed")
+    return 1 if bad else 0
+
+
+def cmd_demo(args) -> int:
+    from . import demo
+    return demo.main(tokens=args.tokens)
+
+
+def cmd_bench(args) -> int:
+    import torch
+    if not torch.cuda.is_available():
+        print("cake-moe bench needs a CUDA GPU (none visible)")
+        return 2
+    if args.what == "formats":
+        from .bench import formats as bench_formats
+        bench_formats.main(args.out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="cake-moe", description="AOT-compiled MoE expert-layer kernels")
+    p.add_argument("--version", action="version", version=f"cake-moe {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="build, forms, checksums and the current device").set_defaults(fn=cmd_info)
+    d = sub.add_parser("demo", help="run the default MoE layer pieces on the GPU, check and time them")
+    d.add_argument("--tokens", type=int, default=None, help="token count (default 4096 on GPU, 64 on CPU)")
+    d.set_defaults(fn=cmd_demo)
+    b = sub.add_parser("bench", help="benchmarks against their anchors, JSON + markdown")
+    b.add_argument("what", choices=["formats"])
+    b.add_argument("--out", default=None, help="output prefix for .json/.md")
+    b.set_defaults(fn=cmd_bench)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

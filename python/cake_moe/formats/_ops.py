@@ -1,0 +1,174 @@
+"""Validation, launch and torch.library registration of the format kernels.
+
+Each op has an ``*_impl`` (validate, allocate, launch on the current stream; CPU tensors go to
+the reference) and a registered ``cake_moe::*`` custom op with a fake implementation so that
+torch.compile can trace it.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _runtime, _validate
+from ..reference import formats as ref
+
+_BLOCK = {"mxfp8": 32, "mxfp4": 32, "nvfp4": 16}
+_IN_DTYPES = (torch.bfloat16, torch.float32)
+_OUT_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def scale_numel(fmt: str, rows: int, cols: int, swizzled: bool) -> int:
+    """Bytes of the scale tensor for ``rows`` x ``cols`` elements in format ``fmt``."""
+    n = cols // _BLOCK[fmt]
+    return _round_up(rows, 128) * _round_up(n, 4) if swizzled else rows * n
+
+
+def _scale_shape(fmt: str, rows: int, cols: int, swizzled: bool) -> tuple[int, ...]:
+    return (scale_numel(fmt, rows, cols, swizzled),) if swizzled else (rows, cols // _BLOCK[fmt])
+
+
+def _geometry(x: torch.Tensor, fmt: str) -> tuple[int, int]:
+    if x.dim() < 1:
+        raise ValueError("x must have at least 1 dim")
+    cols = x.shape[-1]
+    _validate.multiple(cols, _BLOCK[fmt], f"the last dim of x ({fmt})")
+    return x.numel() // cols if cols else 0, cols
+
+
+def _q_shape(x_shape, fmt: str) -> tuple[int, ...]:
+    return tuple(x_shape) if fmt == "mxfp8" else (*x_shape[:-1], x_shape[-1] // 2)
+
+
+def _scale_dtype(fmt: str) -> torch.dtype:
+    return torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8
+
+
+def _global_scale(g, device) -> torch.Tensor:
+    _validate.tensor(g, "global_scale", dtypes=(torch.float32,), device=device, contiguous=False)
+    if g.numel() != 1:
+        raise ValueError(f"global_scale must have one element, got shape {tuple(g.shape)}")
+    return g.reshape(1)
+
+
+def _quantize(fmt: str, x: torch.Tensor, global_scale, swizzled: bool, rule: int):
+    _validate.tensor(x, "x", dtypes=_IN_DTYPES, align=16)
+    rows, cols = _geometry(x, fmt)
+    g = _global_scale(global_scale, x.device) if fmt == "nvfp4" else None
+    if x.device.type != "cuda":
+        if fmt == "nvfp4":
+            return ref.quantize_nvfp4(x, g, swizzled=swizzled)
+        return ref.quantize_mx(x, fmt, scale_rule=ref.SCALE_RULES[rule], swizzled=swizzled)
+    _runtime.require_served(x.device, f"{fmt}_quantize")
+    q = torch.empty(_q_shape(x.shape, fmt), dtype=torch.float8_e4m3fn if fmt == "mxfp8" else torch.uint8,
+                    device=x.device)
+    scale = torch.empty(_scale_shape(fmt, rows, cols, swizzled), dtype=_scale_dtype(fmt), device=x.device)
+    if x.numel() or swizzled:
+        _runtime.ext().quantize(fmt, x, _runtime.as_bytes(q), _runtime.as_bytes(scale), g, rows, cols, swizzled,
+                                rule, _runtime.stream_handle(x.device))
+    return q, scale
+
+
+def _dequantize(fmt: str, q: torch.Tensor, scale: torch.Tensor, global_scale, swizzled: bool,
+                dtype: torch.dtype) -> torch.Tensor:
+    q_dtypes = (torch.float8_e4m3fn, torch.uint8) if fmt == "mxfp8" else (torch.uint8,)
+    _validate.tensor(q, "q", dtypes=q_dtypes, min_ndim=1, align=16)
+    _validate.tensor(scale, "scale", dtypes=(torch.uint8, torch.float8_e4m3fn), device=q.device)
+    if dtype not in _OUT_DTYPES:
+        raise ValueError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
+    cols = q.shape[-1] * (1 if fmt == "mxfp8" else 2)
+    _validate.multiple(cols, _BLOCK[fmt], f"the element count of q's last dim ({fmt})")
+    rows = q.numel() // q.shape[-1] if q.shape[-1] else 0
+    _validate.shape(scale, "scale", _scale_shape(fmt, rows, cols, swizzled))
+    g = _global_scale(global_scale, q.device) if fmt == "nvfp4" else None
+    out_shape = (*q.shape[:-1], cols)
+    if q.device.type != "cuda":
+        if fmt == "nvfp4":
+            return ref.dequantize_nvfp4(q, scale, g, swizzled=swizzled, dtype=dtype)
+        return ref.dequantize_mx(q, scale, fmt, swizzled=swizzled, dtype=dtype)
+    _runtime.require_served(q.device, f"{fmt}_dequantize")
+    out = torch.empty(out_shape, dtype=dtype, device=q.device)
+    if out.numel():
+        _runtime.ext().dequantize(fmt, _runtime.as_bytes(q), _runtime.as_bytes(scale), g, out, rows, cols, swizzled,
+                                  _runtime.stream_handle(q.device))
+    return out
+
+
+# --- direct (eager) implementations ----------------------------------------------------------
+
+def mxfp8_quantize_impl(x, swizzled: bool, rule: int):
+    return _quantize("mxfp8", x, None, swizzled, rule)
+
+
+def mxfp4_quantize_impl(x, swizzled: bool, rule: int):
+    return _quantize("mxfp4", x, None, swizzled, rule)
+
+
+def nvfp4_quantize_impl(x, global_scale, swizzled: bool):
+    return _quantize("nvfp4", x, global_scale, swizzled, 0)
+
+
+def mxfp8_dequantize_impl(q, scale, swizzled: bool, dtype: torch.dtype):
+    return _dequantize("mxfp8", q, scale, None, swizzled, dtype)
+
+
+def mxfp4_dequantize_impl(q, scale, swizzled: bool, dtype: torch.dtype):
+    return _dequantize("mxfp4", q, scale, None, swizzled, dtype)
+
+
+def nvfp4_dequantize_impl(q, scale, global_scale, swizzled: bool, dtype: torch.dtype):
+    return _dequantize("nvfp4", q, scale, global_scale, swizzled, dtype)
+
+
+# --- torch.library registration --------------------------------------------------------------
+
+def _fake_quantize(fmt: str, x: torch.Tensor, swizzled: bool):
+    rows, cols = _geometry(x, fmt)
+    q = x.new_empty(_q_shape(x.shape, fmt), dtype=torch.float8_e4m3fn if fmt == "mxfp8" else torch.uint8)
+    return q, x.new_empty(_scale_shape(fmt, rows, cols, swizzled), dtype=_scale_dtype(fmt))
+
+
+def _fake_dequantize(fmt: str, q: torch.Tensor, dtype: torch.dtype):
+    cols = q.shape[-1] * (1 if fmt == "mxfp8" else 2)
+    return q.new_empty((*q.shape[:-1], cols), dtype=dtype)
+
+
+def _register() -> None:
+    lib = torch.library
+
+    @lib.custom_op("cake_moe::mxfp8_quantize", mutates_args=())
+    def mxfp8_quantize(x: torch.Tensor, swizzled: bool, rule: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return mxfp8_quantize_impl(x, swizzled, rule)
+
+    @lib.custom_op("cake_moe::mxfp4_quantize", mutates_args=())
+    def mxfp4_quantize(x: torch.Tensor, swizzled: bool, rule: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return mxfp4_quantize_impl(x, swizzled, rule)
+
+    @lib.custom_op("cake_moe::nvfp4_quantize", mutates_args=())
+    def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, swizzled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return nvfp4_quantize_impl(x, global_scale, swizzled)
+
+    @lib.custom_op("cake_moe::mxfp8_dequantize", mutates_args=())
+    def mxfp8_dequantize(q: torch.Tensor, scale: torch.Tensor, swizzled: bool, dtype: torch.dtype) -> torch.Tensor:
+        return mxfp8_dequantize_impl(q, scale, swizzled, dtype)
+
+    @lib.custom_op("cake_moe::mxfp4_dequantize", mutates_args=())
+    def mxfp4_dequantize(q: torch.Tensor, scale: torch.Tensor, swizzled: bool, dtype: torch.dtype) -> torch.Tensor:
+        return mxfp4_dequantize_impl(q, scale, swizzled, dtype)
+
+    @lib.custom_op("cake_moe::nvfp4_dequantize", mutates_args=())
+    def nvfp4_dequantize(q: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, swizzled: bool,
+                         dtype: torch.dtype) -> torch.Tensor:
+        return nvfp4_dequantize_impl(q, scale, global_scale, swizzled, dtype)
+
+    mxfp8_quantize.register_fake(lambda x, swizzled, rule: _fake_quantize("mxfp8", x, swizzled))
+    mxfp4_quantize.register_fake(lambda x, swizzled, rule: _fake_quantize("mxfp4", x, swizzled))
+    nvfp4_quantize.register_fake(lambda x, g, swizzled: _fake_quantize("nvfp4", x, swizzled))
+    mxfp8_dequantize.register_fake(lambda q, s, swizzled, dtype: _fake_dequantize("mxfp8", q, dtype))
+    mxfp4_dequantize.register_fake(lambda q, s, swizzled, dtype: _fake_dequantize("mxfp4", q, dtype))
+    nvfp4_dequantize.register_fake(lambda q, s, g, swizzled, dtype: _fake_dequantize("nvfp4", q, dtype))
+
+
+_register()
