@@ -18,7 +18,14 @@
 //                    64 rows lie inside the group it is written by TMA store
 //                    (the hardware clips the N tail), otherwise by predicated
 //                    16-byte stores limited to the group's rows and [0, Nout).
+//                    The producer keeps prefetching the next tile meanwhile.
+//                    (kOverlap = 1 instead flushes tile i's epilogue while tile
+//                    i+1's first wgmma groups run; correct, but not faster on
+//                    the H200 measurements, so off by default.)
 //   scheduler        scheduler.cuh: per-CTA prefix of ragged tile counts.
+//
+// Every output element is produced by one CTA with a fixed reduction order:
+// results are bitwise reproducible run to run.
 //
 // Parameters and tensor-map contract: params.cuh.
 #pragma once
@@ -39,7 +46,15 @@ namespace sm90 {
 
 enum class GroupedGemmOp : int { kFwd = 0, kDgrad = 1 };
 
-template <GroupedGemmOp kOp, int kBM, int kBN, int kStages, int kRasterN = 8>
+// kRasterN: n-tiles per raster band of the scheduler (L2 reuse).
+// kOverlap: 1 = run tile i's epilogue while tile i+1's first wgmma groups are
+// in flight (two accumulator sets, only for <= 64 accumulator registers per
+// thread); 0 = epilogue after the mainloop. Measured on the H200 (2026-11-30)
+// it was not a win (the staging stores compete with wgmma for shared memory),
+// so the default is 0.
+// kTableSize: scheduler smem slots (groups per slot grow beyond it).
+template <GroupedGemmOp kOp, int kBM, int kBN, int kStages, int kRasterN = 8, int kOverlap = 0,
+          int kTableSize = 1024>
 struct GroupedGemmKernel {
   // ---- tiling -----------------------------------------------------------------
   // 64 bf16 = 128 bytes: exactly one row of the 128-byte swizzle atom, so one TMA
@@ -53,6 +68,10 @@ struct GroupedGemmKernel {
   static constexpr int kWgTileN = kBN / kWgN;         // wgmma N of one warpgroup
   static constexpr bool kBNMajor = kOp == GroupedGemmOp::kDgrad;
   static constexpr int kAccRegs = kWgTileN / 2;
+  // Epilogue of tile i overlapped with the mainloop of tile i+1 (two
+  // accumulator sets); needs 2 * kAccRegs registers, so only for n <= 128.
+  static constexpr bool kOverlapEpilogue = kOverlap > 0;
+  static_assert(!kOverlapEpilogue || kAccRegs <= 64, "two accumulator sets of >64 registers do not fit");
   // the form's parameters, for hosts and harnesses
   static constexpr GroupedGemmOp kOperation = kOp;
   static constexpr int kBlockM = kBM;
@@ -73,7 +92,6 @@ struct GroupedGemmKernel {
   static constexpr uint32_t kBChunkBytes = 64 * kBK * 2;  // one 64-column N-major box (dgrad)
   static constexpr uint32_t kDBytesPerWG = 64 * kWgTileN * 2;
   static constexpr uint32_t kDChunkBytes = 64 * 64 * 2;  // 64 rows x 64 cols bf16 = one store box
-  static constexpr int kTableSize = 1024;
   using Scheduler = RaggedTileScheduler<kBM, kBN, kRasterN, kTableSize>;
 
   static constexpr uint32_t kOffA = 0;
@@ -110,6 +128,115 @@ struct GroupedGemmKernel {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
+
+  // Per-thread state and steps of a consumer warpgroup.
+  struct Consumer {
+    int cw, wm, wn, tid_wg, lane;
+    uint32_t a_base, b_base;  // smem addresses of this warpgroup's slices in stage 0
+    uint8_t* sd;              // this warpgroup's epilogue staging tile
+    uint64_t* full_bar;
+    uint64_t* empty_bar;
+    int32_t k_blocks;
+    uint32_t stage, phase;
+
+    // Accumulate one tile into `acc`. With kFlushPrev, the epilogue of the
+    // previous tile (held in `prev`) runs right after the first two k-blocks
+    // of this tile are issued: it only touches `prev`, never the registers of
+    // the wgmma groups in flight.
+    template <bool kFlushPrev>
+    __device__ __forceinline__ void mainloop(float (&acc)[kAccRegs], float (&prev)[kAccRegs],
+                                             const GroupTile& prev_tile, const GroupedGemmParams& p) {
+#pragma unroll
+      for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
+      ptx::reg_fence(acc);
+      const int32_t flush_kb = k_blocks > 1 ? 1 : 0;
+      uint32_t prev_stage = 0;
+      for (int32_t kb = 0; kb < k_blocks; ++kb) {
+        ptx::mbar_wait_parity(&full_bar[stage], phase);
+        const uint32_t a_addr = a_base + stage * kABytes;
+        const uint32_t b_addr = b_base + stage * kBBytes;
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          // K-major: a k16 step is 32 B along the 128-B row (inside the atom).
+          // N-major: a k16 step is 16 rows of 128 B = 2 whole atoms.
+          const uint64_t da = ptx::make_desc_kmajor_sw128(a_addr + kk * 32);
+          const uint64_t db = kBNMajor ? ptx::make_desc_mnmajor_sw128(b_addr + kk * 16 * 128, kBChunkBytes)
+                                       : ptx::make_desc_kmajor_sw128(b_addr + kk * 32);
+          Mma::mma(acc, da, db, 1u);
+        }
+        ptx::wgmma_commit();
+        ptx::reg_fence(acc);
+        if constexpr (kFlushPrev) {
+          if (kb == flush_kb) epilogue(prev, prev_tile, p);
+        }
+        // keep this k-block's group in flight; the previous one is done now
+        ptx::wgmma_wait<1>();
+        ptx::reg_fence(acc);
+        if (kb > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
+        prev_stage = stage;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+      if constexpr (kFlushPrev) {
+        if (k_blocks == 0) epilogue(prev, prev_tile, p);
+      }
+      ptx::wgmma_wait<0>();
+      ptx::reg_fence(acc);
+      if (k_blocks > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
+    }
+
+    // BF16 conversion and store of this warpgroup's 64 x kWgTileN part of `tile`.
+    __device__ __forceinline__ void epilogue(float (&acc)[kAccRegs], const GroupTile& tile,
+                                             const GroupedGemmParams& p) {
+      const int32_t r0 = tile.m0 + wm * 64;
+      const int32_t c0 = tile.n0 + wn * kWgTileN;
+      const int32_t rows_valid = min(max(tile.row_end - r0, 0), 64);
+      if (rows_valid <= 0 || c0 >= p.n_out) return;  // uniform over the warpgroup
+      // the previous TMA store must have finished reading the staging tile
+      if (tid_wg == 0) ptx::tma_store_wait_read<0>();
+      ptx::named_barrier_sync(1 + cw, 128);
+
+      const int g = lane / 4, q = lane % 4;
+      const int row_a = (tid_wg / 32) * 16 + g;  // and row_a + 8; both = g (mod 8)
+#pragma unroll
+      for (int i = 0; i < kWgTileN / 8; ++i) {
+        // 128B swizzle: 16-B unit u of row r sits at unit u ^ (r % 8). The 32
+        // lanes hit 8 rows x distinct units x 4 words: no bank conflicts.
+        const uint32_t off = (i / 8) * kDChunkBytes + row_a * 128 + (((i % 8) ^ g) * 16) + q * 4;
+        *reinterpret_cast<uint32_t*>(sd + off) = pack_bf16x2(acc[4 * i + 0], acc[4 * i + 1]);
+        *reinterpret_cast<uint32_t*>(sd + off + 8 * 128) = pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]);
+      }
+      ptx::fence_proxy_async_smem();  // make the tile visible to the TMA store
+      ptx::named_barrier_sync(1 + cw, 128);
+
+      if (rows_valid == 64) {
+        if (tid_wg == 0) {
+#pragma unroll
+          for (int j = 0; j < kWgTileN / 64; ++j)
+            if (c0 + j * 64 < p.n_out) ptx::tma_store_2d(&p.tmap_d, sd + j * kDChunkBytes, c0 + j * 64, r0);
+          ptx::tma_store_commit();
+        }
+      } else {
+        // group-boundary tile: only the group's rows, only columns < Nout
+        // (Nout % 8 == 0, so a 16-B unit is wholly inside or outside).
+        constexpr int kUnitsPerRow = kWgTileN / 8;
+        __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
+        for (int idx = tid_wg; idx < rows_valid * kUnitsPerRow; idx += 128) {
+          const int row = idx / kUnitsPerRow;
+          const int u = idx % kUnitsPerRow;
+          const int32_t col = c0 + u * 8;
+          if (col < p.n_out) {
+            const uint4 v = *reinterpret_cast<const uint4*>(sd + (u / 8) * kDChunkBytes + row * 128 +
+                                                            (((u % 8) ^ (row % 8)) * 16));
+            *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r0 + row) * p.n_out + col) = v;
+          }
+        }
+      }
+    }
+  };
 
   // -------------------------------------------------------------------------------
   __device__ static __forceinline__ void run(const GroupedGemmParams& p) {
@@ -179,103 +306,61 @@ struct GroupedGemmKernel {
     } else {
       // ============================ consumers ============================
       ptx::setmaxnreg_inc<kConsumerRegs>();
-      const int cw = warpgroup - 1;
-      const int wm = kWgM == 2 ? cw : 0;
-      const int wn = kWgN == 2 ? cw : 0;
-      const int warp_in_wg = tid_wg / 32;
-      const int lane = tid_wg % 32;
+      Consumer c;
+      c.cw = warpgroup - 1;
+      c.wm = kWgM == 2 ? c.cw : 0;
+      c.wn = kWgN == 2 ? c.cw : 0;
+      c.tid_wg = tid_wg;
+      c.lane = tid_wg % 32;
       // A slice: 64 rows x 128 B; B slice: kWgTileN rows (K-major) or
       // kWgTileN/64 boxes of 8 KB (N-major) -- both are kWgTileN * 128 bytes in.
-      const uint32_t a_wg_off = static_cast<uint32_t>(wm) * 64u * 128u;
-      const uint32_t b_wg_off = static_cast<uint32_t>(wn) * kWgTileN * 128u;
-      uint8_t* sd = smem + kOffD + cw * kDBytesPerWG;
+      c.a_base = smem_base + kOffA + static_cast<uint32_t>(c.wm) * 64u * 128u;
+      c.b_base = smem_base + kOffB + static_cast<uint32_t>(c.wn) * kWgTileN * 128u;
+      c.sd = smem + kOffD + c.cw * kDBytesPerWG;
+      c.full_bar = full_bar;
+      c.empty_bar = empty_bar;
+      c.k_blocks = k_blocks;
+      c.stage = 0;
+      c.phase = 0;
 
-      float acc[kAccRegs];
-      uint32_t stage = 0, phase = 0;
-
-      for (int32_t t = blockIdx.x; t < sched.total_tiles; t += gridDim.x) {
-        const GroupTile tile = sched.tile(t);
-
-#pragma unroll
-        for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
-        ptx::reg_fence(acc);
-
-        uint32_t prev_stage = 0;
-        for (int32_t kb = 0; kb < k_blocks; ++kb) {
-          ptx::mbar_wait_parity(&full_bar[stage], phase);
-          const uint32_t a_addr = smem_base + kOffA + stage * kABytes + a_wg_off;
-          const uint32_t b_addr = smem_base + kOffB + stage * kBBytes + b_wg_off;
-          ptx::wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < kKSteps; ++kk) {
-            // K-major: a k16 step is 32 B along the 128-B row (inside the atom).
-            // N-major: a k16 step is 16 rows of 128 B = 2 whole atoms.
-            const uint64_t da = ptx::make_desc_kmajor_sw128(a_addr + kk * 32);
-            const uint64_t db = kBNMajor ? ptx::make_desc_mnmajor_sw128(b_addr + kk * 16 * 128, kBChunkBytes)
-                                         : ptx::make_desc_kmajor_sw128(b_addr + kk * 32);
-            Mma::mma(acc, da, db, 1u);
-          }
-          ptx::wgmma_commit();
-          ptx::reg_fence(acc);
-          // keep this k-block's group in flight; the previous one is done now
-          ptx::wgmma_wait<1>();
-          ptx::reg_fence(acc);
-          if (kb > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
-          prev_stage = stage;
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1u;
+      const int32_t total = sched.total_tiles;
+      const int32_t stride = gridDim.x;
+      if constexpr (kOverlapEpilogue) {
+        // Two accumulator sets: tile i accumulates into one while the other
+        // still holds tile i-1, whose epilogue runs once tile i's first wgmma
+        // groups are queued (see mainloop), so the tensor cores stay busy.
+        float acc0[kAccRegs], acc1[kAccRegs];
+        GroupTile prev = {0, 0, 0, 0};
+        int32_t t = blockIdx.x;
+        if (t < total) {
+          GroupTile cur = sched.tile(t);
+          c.template mainloop<false>(acc0, acc1, prev, p);
+          prev = cur;
+          for (;;) {
+            t += stride;
+            if (t >= total) {
+              c.epilogue(acc0, prev, p);
+              break;
+            }
+            cur = sched.tile(t);
+            c.template mainloop<true>(acc1, acc0, prev, p);
+            prev = cur;
+            t += stride;
+            if (t >= total) {
+              c.epilogue(acc1, prev, p);
+              break;
+            }
+            cur = sched.tile(t);
+            c.template mainloop<true>(acc0, acc1, prev, p);
+            prev = cur;
           }
         }
-        ptx::wgmma_wait<0>();
-        ptx::reg_fence(acc);
-        if (k_blocks > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
-
-        // ------------------------------ epilogue ------------------------------
-        const int32_t r0 = tile.m0 + wm * 64;
-        const int32_t c0 = tile.n0 + wn * kWgTileN;
-        const int32_t rows_valid = min(max(tile.row_end - r0, 0), 64);
-        if (rows_valid > 0 && c0 < p.n_out) {  // uniform over the warpgroup
-          // the previous TMA store must have finished reading the staging tile
-          if (tid_wg == 0) ptx::tma_store_wait_read<0>();
-          ptx::named_barrier_sync(1 + cw, 128);
-
-          const int g = lane / 4, q = lane % 4;
-          const int row_a = warp_in_wg * 16 + g;  // and row_a + 8; both = g (mod 8)
-#pragma unroll
-          for (int i = 0; i < kWgTileN / 8; ++i) {
-            // 128B swizzle: 16-B unit u of row r sits at unit u ^ (r % 8). The 32
-            // lanes hit 8 rows x distinct units x 4 words: no bank conflicts.
-            const uint32_t off = (i / 8) * kDChunkBytes + row_a * 128 + (((i % 8) ^ g) * 16) + q * 4;
-            *reinterpret_cast<uint32_t*>(sd + off) = pack_bf16x2(acc[4 * i + 0], acc[4 * i + 1]);
-            *reinterpret_cast<uint32_t*>(sd + off + 8 * 128) = pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]);
-          }
-          ptx::fence_proxy_async_smem();  // make the tile visible to the TMA store
-          ptx::named_barrier_sync(1 + cw, 128);
-
-          if (rows_valid == 64) {
-            if (tid_wg == 0) {
-#pragma unroll
-              for (int j = 0; j < kWgTileN / 64; ++j)
-                if (c0 + j * 64 < p.n_out) ptx::tma_store_2d(&p.tmap_d, sd + j * kDChunkBytes, c0 + j * 64, r0);
-              ptx::tma_store_commit();
-            }
-          } else {
-            // group-boundary tile: only the group's rows, only columns < Nout
-            // (Nout % 8 == 0, so a 16-B unit is wholly inside or outside).
-            constexpr int kUnitsPerRow = kWgTileN / 8;
-            __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
-            for (int idx = tid_wg; idx < rows_valid * kUnitsPerRow; idx += 128) {
-              const int row = idx / kUnitsPerRow;
-              const int u = idx % kUnitsPerRow;
-              const int32_t col = c0 + u * 8;
-              if (col < p.n_out) {
-                const uint4 v = *reinterpret_cast<const uint4*>(sd + (u / 8) * kDChunkBytes + row * 128 +
-                                                                (((u % 8) ^ (row % 8)) * 16));
-                *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r0 + row) * p.n_out + col) = v;
-              }
-            }
-          }
+      } else {
+        float acc[kAccRegs];
+        for (int32_t t = blockIdx.x; t < total; t += stride) {
+          const GroupTile tile = sched.tile(t);
+          c.template mainloop<false>(acc, acc, tile, p);
+          c.epilogue(acc, tile, p);
         }
       }
       // outstanding TMA stores must complete before the CTA (and its smem) goes away

@@ -1,6 +1,7 @@
 """Number-format kernels: MXFP8, MXFP4 and NVFP4 quantize / dequantize (SPEC §3).
 
-CUDA tensors run the compiled kernels (bit-identical to ``cake_moe.reference.formats``); CPU
+Every function takes an optional ``out=`` (``(q, scale)`` for quantizers, one tensor for
+dequantizers) to write into caller-owned memory. CUDA tensors run the compiled kernels (bit-identical to ``cake_moe.reference.formats``); CPU
 tensors run that reference. Scales come back linear ``[rows, K/block]`` or, with
 ``swizzled=True``, flat in the 128x4 layout Blackwell block-scaled MMA reads.
 
@@ -33,49 +34,51 @@ def _rule(scale_rule: str) -> int:
         raise ValueError(f"scale_rule must be {ROUND_UP!r} or {OCP_FLOOR!r}, got {scale_rule!r}") from None
 
 
-def _dispatch(name: str):
+def _call(name: str, *args, out=None):
     """The registered torch.library op while torch.compile traces; the direct path otherwise
-    (no dispatcher round trip on the eager hot path)."""
+    (no dispatcher round trip on the eager hot path). ``out=`` is an eager-only convenience."""
     if torch.compiler.is_compiling():
-        return getattr(torch.ops.cake_moe, name)
-    return getattr(_ops, name + "_impl")
+        if out is not None:
+            raise ValueError(f"{name}: out= is not supported under torch.compile")
+        return getattr(torch.ops.cake_moe, name)(*args)
+    return getattr(_ops, name + "_impl")(*args, out=out)
 
 
-def mxfp8_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str = ROUND_UP):
+def mxfp8_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str = ROUND_UP, out=None):
     """MXFP8 quantization along the last dim (blocks of 32, UE8M0 scales).
 
     Returns ``(q, scale)``: q float8_e4m3fn with x's shape; scale uint8.
     """
-    return _dispatch("mxfp8_quantize")(x, swizzled, _rule(scale_rule))
+    return _call("mxfp8_quantize", x, swizzled, _rule(scale_rule), out=out)
 
 
-def mxfp4_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str = ROUND_UP):
+def mxfp4_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str = ROUND_UP, out=None):
     """MXFP4 quantization along the last dim (E2M1 packed two per byte, low nibble first).
 
     Returns ``(q, scale)``: q uint8 ``[..., K/2]``; scale uint8 UE8M0.
     """
-    return _dispatch("mxfp4_quantize")(x, swizzled, _rule(scale_rule))
+    return _call("mxfp4_quantize", x, swizzled, _rule(scale_rule), out=out)
 
 
-def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, *, swizzled: bool = False):
+def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, *, swizzled: bool = False, out=None):
     """NVFP4 quantization (blocks of 16, E4M3 scales) with FP32 encode scale ``global_scale``
     (a one-element tensor on x's device; see :func:`nvfp4_global_scale`).
 
     Returns ``(q, scale)``: q uint8 ``[..., K/2]``; scale float8_e4m3fn.
     """
-    return _dispatch("nvfp4_quantize")(x, global_scale, swizzled)
+    return _call("nvfp4_quantize", x, global_scale, swizzled, out=out)
 
 
 def mxfp8_dequantize(q: torch.Tensor, scale: torch.Tensor, *, swizzled: bool = False,
-                     dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    return _dispatch("mxfp8_dequantize")(q, scale, swizzled, dtype)
+                     dtype: torch.dtype = torch.bfloat16, out=None) -> torch.Tensor:
+    return _call("mxfp8_dequantize", q, scale, swizzled, dtype, out=out)
 
 
 def mxfp4_dequantize(q: torch.Tensor, scale: torch.Tensor, *, swizzled: bool = False,
-                     dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    return _dispatch("mxfp4_dequantize")(q, scale, swizzled, dtype)
+                     dtype: torch.dtype = torch.bfloat16, out=None) -> torch.Tensor:
+    return _call("mxfp4_dequantize", q, scale, swizzled, dtype, out=out)
 
 
 def nvfp4_dequantize(q: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, *,
-                     swizzled: bool = False, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    return _dispatch("nvfp4_dequantize")(q, scale, global_scale, swizzled, dtype)
+                     swizzled: bool = False, dtype: torch.dtype = torch.bfloat16, out=None) -> torch.Tensor:
+    return _call("nvfp4_dequantize", q, scale, global_scale, swizzled, dtype, out=out)

@@ -53,18 +53,35 @@ def _global_scale(g, device) -> torch.Tensor:
     return g.reshape(1)
 
 
-def _quantize(fmt: str, x: torch.Tensor, global_scale, swizzled: bool, rule: int):
+def _outputs(out, shapes_dtypes, device, inputs):
+    """Caller-provided outputs (validated) or fresh ones."""
+    if out is None:
+        return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes_dtypes]
+    out = list(out) if isinstance(out, (tuple, list)) else [out]
+    if len(out) != len(shapes_dtypes):
+        raise ValueError(f"out must hold {len(shapes_dtypes)} tensor(s), got {len(out)}")
+    names = ["out"] if len(out) == 1 else ["out[0] (q)", "out[1] (scale)"]
+    for t, name, (shape, dtype) in zip(out, names, shapes_dtypes):
+        _validate.tensor(t, name, dtypes=(dtype,), device=device, align=16)
+        _validate.shape(t, name, shape)
+    _validate.no_overlap(*zip(names, out), *inputs)
+    return out
+
+
+def _quantize(fmt: str, x: torch.Tensor, global_scale, swizzled: bool, rule: int, out=None):
     _validate.tensor(x, "x", dtypes=_IN_DTYPES, align=16)
     rows, cols = _geometry(x, fmt)
     g = _global_scale(global_scale, x.device) if fmt == "nvfp4" else None
-    if x.device.type != "cuda":
+    specs = [(_q_shape(x.shape, fmt), torch.float8_e4m3fn if fmt == "mxfp8" else torch.uint8),
+             (_scale_shape(fmt, rows, cols, swizzled), _scale_dtype(fmt))]
+    if x.device.type != "cuda":  # the CPU path is the reference itself
         if fmt == "nvfp4":
-            return ref.quantize_nvfp4(x, g, swizzled=swizzled)
-        return ref.quantize_mx(x, fmt, scale_rule=ref.SCALE_RULES[rule], swizzled=swizzled)
+            res = ref.quantize_nvfp4(x, g, swizzled=swizzled)
+        else:
+            res = ref.quantize_mx(x, fmt, scale_rule=ref.SCALE_RULES[rule], swizzled=swizzled)
+        return res if out is None else tuple(o.copy_(r) for o, r in zip(_outputs(out, specs, x.device, [("x", x)]), res))
     _runtime.require_served(x.device, f"{fmt}_quantize")
-    q = torch.empty(_q_shape(x.shape, fmt), dtype=torch.float8_e4m3fn if fmt == "mxfp8" else torch.uint8,
-                    device=x.device)
-    scale = torch.empty(_scale_shape(fmt, rows, cols, swizzled), dtype=_scale_dtype(fmt), device=x.device)
+    q, scale = _outputs(out, specs, x.device, [("x", x)])
     if x.numel() or swizzled:
         _runtime.ext().quantize(fmt, x, _runtime.as_bytes(q), _runtime.as_bytes(scale), g, rows, cols, swizzled,
                                 rule, _runtime.stream_handle(x.device))
@@ -72,7 +89,7 @@ def _quantize(fmt: str, x: torch.Tensor, global_scale, swizzled: bool, rule: int
 
 
 def _dequantize(fmt: str, q: torch.Tensor, scale: torch.Tensor, global_scale, swizzled: bool,
-                dtype: torch.dtype) -> torch.Tensor:
+                dtype: torch.dtype, out=None) -> torch.Tensor:
     q_dtypes = (torch.float8_e4m3fn, torch.uint8) if fmt == "mxfp8" else (torch.uint8,)
     _validate.tensor(q, "q", dtypes=q_dtypes, min_ndim=1, align=16)
     _validate.tensor(scale, "scale", dtypes=(torch.uint8, torch.float8_e4m3fn), device=q.device)
@@ -84,12 +101,14 @@ def _dequantize(fmt: str, q: torch.Tensor, scale: torch.Tensor, global_scale, sw
     _validate.shape(scale, "scale", _scale_shape(fmt, rows, cols, swizzled))
     g = _global_scale(global_scale, q.device) if fmt == "nvfp4" else None
     out_shape = (*q.shape[:-1], cols)
-    if q.device.type != "cuda":
+    if q.device.type != "cuda":  # the CPU path is the reference itself
         if fmt == "nvfp4":
-            return ref.dequantize_nvfp4(q, scale, g, swizzled=swizzled, dtype=dtype)
-        return ref.dequantize_mx(q, scale, fmt, swizzled=swizzled, dtype=dtype)
+            res = ref.dequantize_nvfp4(q, scale, g, swizzled=swizzled, dtype=dtype)
+        else:
+            res = ref.dequantize_mx(q, scale, fmt, swizzled=swizzled, dtype=dtype)
+        return res if out is None else _outputs(out, [(out_shape, dtype)], q.device, [("q", q), ("scale", scale)])[0].copy_(res)
     _runtime.require_served(q.device, f"{fmt}_dequantize")
-    out = torch.empty(out_shape, dtype=dtype, device=q.device)
+    (out,) = _outputs(out, [(out_shape, dtype)], q.device, [("q", q), ("scale", scale)])
     if out.numel():
         _runtime.ext().dequantize(fmt, _runtime.as_bytes(q), _runtime.as_bytes(scale), g, out, rows, cols, swizzled,
                                   _runtime.stream_handle(q.device))
@@ -98,28 +117,28 @@ def _dequantize(fmt: str, q: torch.Tensor, scale: torch.Tensor, global_scale, sw
 
 # --- direct (eager) implementations ----------------------------------------------------------
 
-def mxfp8_quantize_impl(x, swizzled: bool, rule: int):
-    return _quantize("mxfp8", x, None, swizzled, rule)
+def mxfp8_quantize_impl(x, swizzled: bool, rule: int, out=None):
+    return _quantize("mxfp8", x, None, swizzled, rule, out)
 
 
-def mxfp4_quantize_impl(x, swizzled: bool, rule: int):
-    return _quantize("mxfp4", x, None, swizzled, rule)
+def mxfp4_quantize_impl(x, swizzled: bool, rule: int, out=None):
+    return _quantize("mxfp4", x, None, swizzled, rule, out)
 
 
-def nvfp4_quantize_impl(x, global_scale, swizzled: bool):
-    return _quantize("nvfp4", x, global_scale, swizzled, 0)
+def nvfp4_quantize_impl(x, global_scale, swizzled: bool, out=None):
+    return _quantize("nvfp4", x, global_scale, swizzled, 0, out)
 
 
-def mxfp8_dequantize_impl(q, scale, swizzled: bool, dtype: torch.dtype):
-    return _dequantize("mxfp8", q, scale, None, swizzled, dtype)
+def mxfp8_dequantize_impl(q, scale, swizzled: bool, dtype: torch.dtype, out=None):
+    return _dequantize("mxfp8", q, scale, None, swizzled, dtype, out)
 
 
-def mxfp4_dequantize_impl(q, scale, swizzled: bool, dtype: torch.dtype):
-    return _dequantize("mxfp4", q, scale, None, swizzled, dtype)
+def mxfp4_dequantize_impl(q, scale, swizzled: bool, dtype: torch.dtype, out=None):
+    return _dequantize("mxfp4", q, scale, None, swizzled, dtype, out)
 
 
-def nvfp4_dequantize_impl(q, scale, global_scale, swizzled: bool, dtype: torch.dtype):
-    return _dequantize("nvfp4", q, scale, global_scale, swizzled, dtype)
+def nvfp4_dequantize_impl(q, scale, global_scale, swizzled: bool, dtype: torch.dtype, out=None):
+    return _dequantize("nvfp4", q, scale, global_scale, swizzled, dtype, out)
 
 
 # --- torch.library registration --------------------------------------------------------------

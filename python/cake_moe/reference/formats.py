@@ -159,8 +159,9 @@ def quantize_mx(x: torch.Tensor, fmt: str, *, scale_rule: str = ROUND_UP, swizzl
     if scale_rule not in SCALE_RULES:
         raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {scale_rule!r}")
     b = _blocks(x, 32)
-    nan = torch.isnan(b).any(dim=-1)
-    amax = torch.nan_to_num(b, nan=0.0).abs().amax(dim=-1)
+    nan_elem = torch.isnan(b)
+    nan = nan_elem.any(dim=-1)
+    amax = torch.where(nan_elem, 0.0, b).abs().amax(dim=-1)
     if scale_rule == ROUND_UP:
         t = amax * _INV_448.to(b.device) if fmt == "mxfp8" else amax / torch.tensor(6.0, device=b.device)
         code = ue8m0_round_up(t)
@@ -188,8 +189,9 @@ def quantize_nvfp4(x: torch.Tensor, global_scale, *, swizzled: bool = False):
     """
     b = _blocks(x, 16)
     g = torch.as_tensor(global_scale, dtype=torch.float32, device=b.device).reshape(())
-    nan = torch.isnan(b).any(dim=-1)
-    amax = torch.nan_to_num(b, nan=0.0).abs().amax(dim=-1)
+    nan_elem = torch.isnan(b)
+    nan = nan_elem.any(dim=-1)
+    amax = torch.where(nan_elem, 0.0, b).abs().amax(dim=-1)
     s_code = e4m3_encode((amax * g) / torch.tensor(6.0, device=b.device)).int()
     s_code = torch.where(nan, torch.full_like(s_code, 0x7F), s_code)
     s = e4m3_decode(s_code.to(torch.uint8))

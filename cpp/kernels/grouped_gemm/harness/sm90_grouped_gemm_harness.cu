@@ -3,12 +3,17 @@
 // Build (from the repository root):
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I cpp/kernels \
 //        cpp/kernels/grouped_gemm/harness/sm90_grouped_gemm_harness.cu -lcuda -o harness
-// (from this folder the documented form also works:
-//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I cpp/kernels sm90_grouped_gemm_harness.cu -lcuda -o harness
-//  with -I pointing at cpp/kernels, e.g. -I ../..)
-// Run: ./harness            correctness checks, then fwd (and dgrad) timings
+// or, from this folder: nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a
+//        -I ../.. sm90_grouped_gemm_harness.cu -lcuda -o harness
+// (-lcuda is optional: driver entry points are fetched through the runtime.)
+// Run: ./harness            correctness checks, then fwd and dgrad timings
 //      ./harness --no-time  correctness only
 //      ./harness --time     timings only
+//      --fwd-time-only      time the forward only
+//      --small              only the small correctness cases (for compute-sanitizer:
+//                           compute-sanitizer --tool memcheck ./harness --no-time --small)
+//      --extra-forms        also check/time harness-only variants (overlapped epilogue,
+//                           raster width 4/16, 6 stages) for tuning comparisons
 // Exit status 0 iff every check passed. Last line: "<n> passed, <m> failed".
 //
 // Checks: every form of instantiate_example.cu, fwd and dgrad, over ragged group
@@ -102,8 +107,28 @@ Form make_form(const char* name, void (*fn)(GroupedGemmParams)) {
   return f;
 }
 
-static std::vector<Form> all_forms() {
-  return {
+// Harness-only comparison forms (not shipped; --extra-forms): epilogue
+// overlapped with the next tile's mainloop, other raster widths, a 6-stage
+// 128x128 (smaller scheduler table to make room).
+namespace hx {
+using cake_moe::sm90::GroupedGemmKernel;
+constexpr GroupedGemmOp F = GroupedGemmOp::kFwd, D = GroupedGemmOp::kDgrad;
+using FwdLOvl = GroupedGemmKernel<F, 128, 128, 5, 8, 1>;
+using DgradLOvl = GroupedGemmKernel<D, 128, 128, 5, 8, 1>;
+using FwdL6 = GroupedGemmKernel<F, 128, 128, 6, 8, 0, 256>;
+using FwdWr4 = GroupedGemmKernel<F, 128, 256, 3, 4>;
+using FwdWr16 = GroupedGemmKernel<F, 128, 256, 3, 16>;
+}  // namespace hx
+#define HX_KERNEL(NAME, K) \
+  extern "C" __global__ void __launch_bounds__(K::kNumThreads, 1) NAME(const __grid_constant__ GroupedGemmParams p) { K::run(p); }
+HX_KERNEL(hx_fwd_128x128x64_s5_ovl, hx::FwdLOvl)
+HX_KERNEL(hx_dgrad_128x128x64_s5_ovl, hx::DgradLOvl)
+HX_KERNEL(hx_fwd_128x128x64_s6_t256, hx::FwdL6)
+HX_KERNEL(hx_fwd_128x256x64_s3_r4, hx::FwdWr4)
+HX_KERNEL(hx_fwd_128x256x64_s3_r16, hx::FwdWr16)
+
+static std::vector<Form> all_forms(bool extra) {
+  std::vector<Form> f = {
       make_form<FwdL>("fwd_128x128x64_s5", cake_gg_sm90_fwd_128x128x64_s5),
       make_form<FwdW>("fwd_128x256x64_s3", cake_gg_sm90_fwd_128x256x64_s3),
       make_form<FwdS>("fwd_64x128x64_s8", cake_gg_sm90_fwd_64x128x64_s8),
@@ -111,6 +136,14 @@ static std::vector<Form> all_forms() {
       make_form<DgradW>("dgrad_128x256x64_s3", cake_gg_sm90_dgrad_128x256x64_s3),
       make_form<DgradS>("dgrad_64x128x64_s8", cake_gg_sm90_dgrad_64x128x64_s8),
   };
+  if (extra) {
+    f.push_back(make_form<hx::FwdLOvl>("fwd_128x128x64_s5_ovl", hx_fwd_128x128x64_s5_ovl));
+    f.push_back(make_form<hx::FwdL6>("fwd_128x128x64_s6_t256", hx_fwd_128x128x64_s6_t256));
+    f.push_back(make_form<hx::FwdWr4>("fwd_128x256x64_s3_r4", hx_fwd_128x256x64_s3_r4));
+    f.push_back(make_form<hx::FwdWr16>("fwd_128x256x64_s3_r16", hx_fwd_128x256x64_s3_r16));
+    f.push_back(make_form<hx::DgradLOvl>("dgrad_128x128x64_s5_ovl", hx_dgrad_128x128x64_s5_ovl));
+  }
+  return f;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -226,7 +259,9 @@ static void launch(const Form& f, const GroupedGemmParams& p, int grid, cudaStre
 }
 
 // wait with a watchdog: a pipeline deadlock must not hang the harness silently
-static void sync_or_die(cudaStream_t s, const char* what, double seconds = 20.0) {
+// (env CAKE_GG_WATCHDOG_S overrides the 20 s limit, e.g. under compute-sanitizer)
+static void sync_or_die(cudaStream_t s, const char* what) {
+  static const double seconds = std::getenv("CAKE_GG_WATCHDOG_S") ? std::atof(std::getenv("CAKE_GG_WATCHDOG_S")) : 20.0;
   const auto t0 = std::chrono::steady_clock::now();
   for (;;) {
     cudaError_t e = cudaStreamQuery(s);
@@ -381,7 +416,7 @@ static void run_case(const Case& c, const std::vector<Form>& forms, uint64_t see
       const bool ok = nonfinite == 0 && poison_broken == 0 && rel < 1e-2 && (total == 0 || rel_pert >= 1e-2);
       char buf[512];
       std::snprintf(buf, sizeof(buf),
-                    "%-20s %-26s E=%-4d N=%-5d K=%-5d rows=%-6d cap=%-6d rel_rms=%.3e (2%%-perturbed %.3e) "
+                    "%-24s %-26s E=%-4d N=%-5d K=%-5d rows=%-6d cap=%-6d rel_rms=%.3e (2%%-perturbed %.3e) "
                     "nonfinite=%lld poison_broken=%lld",
                     f.name, c.name.c_str(), E, c.N, c.K, total, cap, rel, rel_pert, (long long)nonfinite,
                     (long long)poison_broken);
@@ -395,7 +430,7 @@ static void run_case(const Case& c, const std::vector<Form>& forms, uint64_t see
   CUDA_CHECK(cudaFree(d_ref));
 }
 
-static void correctness(const std::vector<Form>& forms) {
+static void correctness(const std::vector<Form>& forms, bool small_only) {
   std::vector<Case> cases;
   cases.push_back({"g[300,0,1,700]", 256, 512, {300, 0, 1, 700}, 37, false});
   cases.push_back({"g[1,257,511,4099,0,33]", 384, 192, {1, 257, 511, 4099, 0, 33}, 5, false});
@@ -418,7 +453,13 @@ static void correctness(const std::vector<Form>& forms) {
   cases.push_back({"moe_w2_T16384", 2048, 768, imbalanced_groups(16384, 16, 4321), 0, false});
 
   uint64_t seed = 1;
-  for (const Case& c : cases) run_case(c, forms, seed++);
+  for (const Case& c : cases) {
+    int64_t rows = 0;
+    for (int g : c.groups) rows += g;
+    const bool small = rows <= 5000 && c.groups.size() <= 64;
+    if (!small_only || small) run_case(c, forms, seed);
+    ++seed;
+  }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -515,11 +556,13 @@ static void timing(const std::vector<Form>& forms, bool with_dgrad) {
 }
 
 int main(int argc, char** argv) {
-  bool do_check = true, do_time = true, dgrad_time = true;
+  bool do_check = true, do_time = true, dgrad_time = true, extra = false, small_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--no-time")) do_time = false;
     if (!std::strcmp(argv[i], "--time")) do_check = false;
     if (!std::strcmp(argv[i], "--fwd-time-only")) dgrad_time = false;
+    if (!std::strcmp(argv[i], "--extra-forms")) extra = true;
+    if (!std::strcmp(argv[i], "--small")) small_only = true;  // small cases only (compute-sanitizer)
   }
   int dev = 0;
   CUDA_CHECK(cudaSetDevice(dev));
@@ -533,14 +576,14 @@ int main(int argc, char** argv) {
     std::printf("this harness needs an sm_90 device\n0 passed, 1 failed\n");
     return 1;
   }
-  const std::vector<Form> forms = all_forms();
+  const std::vector<Form> forms = all_forms(extra);
   for (const Form& f : forms) {
     CUDA_CHECK(cudaFuncSetAttribute(f.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)f.smem));
     cudaFuncAttributes a;
     CUDA_CHECK(cudaFuncGetAttributes(&a, f.fn));
     std::printf("form %-22s threads=%d dyn_smem=%u regs=%d\n", f.name, f.threads, f.smem, a.numRegs);
   }
-  if (do_check) correctness(forms);
+  if (do_check) correctness(forms, small_only);
   if (do_time) timing(forms, dgrad_time);
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# GPU suite for the H200 (sm_90a): build on the GPU machine with its own nvcc, then ctest,
+# pytest -m gpu, compute-sanitizer on the kernels, the demo and a benchmark smoke.
+# Logs go to $OUT; the last lines are a short table and "N passed, N failed".
+#   usage: bash ci/gpu.sh [pytest -k expression]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/cake-moe-gpu}
+mkdir -p "$OUT"
+export CUDACXX=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+export CAKE_MOE_CUDA_ARCHS=${CAKE_MOE_CUDA_ARCHS:-90a}
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+K=${1:-}
+declare -a NAMES RESULTS
+record() { NAMES+=("$1"); RESULTS+=("$2"); }
+passed=0; failed=0
+
+t0=$(date +%s)
+if CMAKE_BUILD_PARALLEL_LEVEL=16 "$PY" -m pip install --no-build-isolation --no-deps -v . >"$OUT/build.log" 2>&1; then
+  record build "ok ($(( $(date +%s) - t0 )) s, arches $CAKE_MOE_CUDA_ARCHS)"
+else
+  record build "FAILED (see build.log)"; tail -40 "$OUT/build.log"
+  printf '\n%s\n' "0 passed, 1 failed"; exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+
+# host-side C++ tests
+if cmake -S . -B build/host-tests -DCAKE_MOE_HOST_TESTS_ONLY=ON -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/ctest.log" 2>&1 \
+   && cmake --build build/host-tests -j 16 >>"$OUT/ctest.log" 2>&1 && (cd build/host-tests && ctest >>"$OUT/ctest.log" 2>&1); then
+  record ctest "ok: $(grep -Eo '[0-9]+% tests passed.*' "$OUT/ctest.log")"
+else
+  record ctest "FAILED (ctest.log)"
+fi
+
+# GPU tests (and the CPU ones, which must pass here too)
+"$PY" -m pytest -q -p no:cacheprovider tests ${K:+-k "$K"} --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
+record pytest "$(tail -1 "$OUT/pytest.log")"
+read -r p f < <("$PY" - "$OUT/pytest.xml" <<'PYEOF'
+import sys, xml.etree.ElementTree as ET
+r = ET.parse(sys.argv[1]).getroot()
+s = r if r.tag == "testsuite" else r.find("testsuite")
+t, fl, e, sk = (int(s.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+print(t - fl - e - sk, fl + e)
+PYEOF
+)
+passed=$((passed + ${p:-0})); failed=$((failed + ${f:-1}))
+grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
+
+# compute-sanitizer memcheck on every format kernel (small shapes)
+if compute-sanitizer --tool memcheck --error-exitcode 7 "$PY" ci/sanitize.py >"$OUT/memcheck.log" 2>&1; then
+  record memcheck "clean: $(grep -Eo 'ERROR SUMMARY: [0-9]+ errors' "$OUT/memcheck.log" | tail -1)"; passed=$((passed + 1))
+else
+  record memcheck "FAILED (memcheck.log)"; failed=$((failed + 1)); tail -30 "$OUT/memcheck.log"
+fi
+
+# the main job
+if cake-moe demo >"$OUT/demo.log" 2>&1; then record demo "$(tail -1 "$OUT/demo.log")"; passed=$((passed + 1))
+else record demo "FAILED: $(tail -1 "$OUT/demo.log")"; failed=$((failed + 1)); fi
+cake-moe info >"$OUT/info.log" 2>&1
+
+# benchmark smoke
+if cake-moe bench formats --out "$OUT/bench_formats" >"$OUT/bench.log" 2>&1; then record bench "ok (bench_formats.md)"
+else record bench "FAILED (bench.log)"; fi
+
+echo; echo "== device =="; cat "$OUT/gpu.txt"
+echo "== benchmark (formats) =="; cat "$OUT/bench_formats.md" 2>/dev/null | tail -n +3
+echo "== demo =="; cat "$OUT/demo.log"
+echo "== summary =="
+for i in "${!NAMES[@]}"; do printf '%-10s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"; done
+printf '\n%s\n' "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

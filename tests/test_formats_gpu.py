@@ -1,0 +1,165 @@
+"""GPU tests of the format kernels: bit-identical to the CPU reference (SPEC §3, §11)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cake_moe import formats
+from cake_moe.reference import formats as ref
+
+from .conftest import poison_
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 32), (3, 64), (130, 96), (257, 512), (64, 7168)]
+
+
+def _draw(rows: int, cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Random values over a wide dynamic range plus every edge case the rules single out."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g)
+    exps = torch.randint(-40, 40, (rows, 1), generator=g).float()
+    if seed % 3 == 0:
+        exps = torch.randint(-140, 120, (rows, 1), generator=g).float()  # subnormal .. huge scales
+    x = x * torch.exp2(exps)
+    flat = x.view(-1)
+    n = flat.numel()
+    picks = torch.randint(0, n, (max(1, n // 50),), generator=g)
+    specials = torch.tensor([0.0, -0.0, 448.0, -448.0, 449.0, 6.0, -6.0, 7.0, 1e-40, -1e-42, 2.0 ** -133, 3.0e38],
+                            dtype=torch.float32)
+    flat[picks] = specials[torch.randint(0, len(specials), picks.shape, generator=g)]
+    if rows > 2 and cols >= 32:
+        x[1, :32] = 0.0                 # an all-zero block
+        x[2, 3] = float("nan")          # a NaN block
+        x[-1, -1] = float("inf")        # an infinite block
+    return x.to(dtype)
+
+
+def _equal_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.uint8).cpu(), b.view(torch.uint8).cpu())
+
+
+def _outputs_like(ref_q, ref_s):
+    q = poison_(torch.empty(ref_q.shape, dtype=ref_q.dtype, device="cuda"))
+    s = poison_(torch.empty(ref_s.shape, dtype=ref_s.dtype, device="cuda"))
+    return q, s
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("fmt,rule", [("mxfp8", "round_up"), ("mxfp8", "ocp_floor"), ("mxfp4", "round_up"),
+                                      ("mxfp4", "ocp_floor"), ("nvfp4", None)])
+def test_quantize_bit_identical(fmt, rule, swizzled, dtype, shape):
+    for seed in range(6):
+        x = _draw(*shape, dtype, seed)
+        if fmt == "nvfp4":
+            g = ref.nvfp4_global_scale(torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
+            want = ref.quantize_nvfp4(x, g, swizzled=swizzled)
+            out = _outputs_like(*want)
+            got = formats.nvfp4_quantize(x.cuda(), g.cuda(), swizzled=swizzled, out=out)
+        else:
+            want = ref.quantize_mx(x, fmt, scale_rule=rule, swizzled=swizzled)
+            out = _outputs_like(*want)
+            fn = formats.mxfp8_quantize if fmt == "mxfp8" else formats.mxfp4_quantize
+            got = fn(x.cuda(), swizzled=swizzled, scale_rule=rule, out=out)
+        assert got[0] is out[0] and got[1] is out[1]
+        assert _equal_bytes(got[1], want[1]), f"scales differ (seed {seed})"
+        assert _equal_bytes(got[0], want[0]), f"elements differ (seed {seed})"
+
+
+def _same_floats(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.float().cpu(), b.float().cpu()
+    both_nan = a.isnan() & b.isnan()
+    return bool(((a.view(torch.int32) == b.view(torch.int32)) | both_nan).all())
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
+def test_dequantize_bit_identical_over_all_codes(fmt, swizzled, dtype, shape):
+    rows, cols = shape
+    g = torch.Generator().manual_seed(rows * 7 + cols)
+    qcols = cols if fmt == "mxfp8" else cols // 2
+    q = torch.randint(0, 256, (rows, qcols), generator=g, dtype=torch.uint8)  # every code, NaN included
+    block = 16 if fmt == "nvfp4" else 32
+    s = torch.randint(0, 256, (rows, cols // block), generator=g, dtype=torch.uint8)
+    if fmt == "mxfp8":
+        q = q.view(torch.float8_e4m3fn)
+    if fmt == "nvfp4":
+        s = s.view(torch.float8_e4m3fn)
+    s_in = ref.swizzle_scales(s.view(torch.uint8)).view(s.dtype) if swizzled else s
+    gs = torch.tensor([3.7])
+    if fmt == "nvfp4":
+        want = ref.dequantize_nvfp4(q, s_in, gs, swizzled=swizzled, dtype=dtype)
+        out = poison_(torch.empty(want.shape, dtype=dtype, device="cuda"))
+        got = formats.nvfp4_dequantize(q.cuda(), s_in.cuda(), gs.cuda(), swizzled=swizzled, dtype=dtype, out=out)
+    else:
+        want = ref.dequantize_mx(q, s_in, fmt, swizzled=swizzled, dtype=dtype)
+        out = poison_(torch.empty(want.shape, dtype=dtype, device="cuda"))
+        fn = formats.mxfp8_dequantize if fmt == "mxfp8" else formats.mxfp4_dequantize
+        got = fn(q.cuda(), s_in.cuda(), swizzled=swizzled, dtype=dtype, out=out)
+    assert got is out
+    assert _same_floats(got, want)
+
+
+def test_leading_dims_and_empty_inputs():
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16, device="cuda")
+    q, s = formats.mxfp4_quantize(x)
+    assert q.shape == (2, 3, 32) and s.shape == (6, 2)
+    rq, rs = ref.quantize_mx(x.cpu(), "mxfp4")
+    assert _equal_bytes(q, rq) and _equal_bytes(s, rs)
+    q, s = formats.mxfp8_quantize(torch.empty(0, 64, dtype=torch.bfloat16, device="cuda"), swizzled=True)
+    assert q.shape == (0, 64) and s.numel() == 0
+
+
+def test_swizzled_padding_is_written():
+    x = torch.randn(5, 96, dtype=torch.bfloat16, device="cuda")  # 5 rows -> 128, 3 scale cols -> 4
+    want = ref.quantize_mx(x.cpu(), "mxfp8", swizzled=True)
+    out = _outputs_like(*want)
+    formats.mxfp8_quantize(x, swizzled=True, out=out)
+    assert _equal_bytes(out[1], want[1]) and int(out[1].cpu().sum()) == int(want[1].sum())
+
+
+def test_side_stream_and_graph_replay_are_bitwise_equal():
+    x = torch.randn(512, 1024, dtype=torch.bfloat16, device="cuda")
+    q0, s0 = formats.mxfp8_quantize(x, swizzled=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        q1, s1 = formats.mxfp8_quantize(x, swizzled=True)
+    torch.cuda.current_stream().wait_stream(side)
+    out = (poison_(torch.empty_like(q0)), poison_(torch.empty_like(s0)))
+    graph = torch.cuda.CUDAGraph()
+    formats.mxfp8_quantize(x, swizzled=True, out=out)  # warm up (loads the kernel) outside capture
+    poison_(out[0]), poison_(out[1])
+    with torch.cuda.graph(graph):
+        formats.mxfp8_quantize(x, swizzled=True, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    for q, s in ((q1, s1), out):
+        assert _equal_bytes(q, q0) and _equal_bytes(s, s0)
+
+
+def test_opcheck_and_compile():
+    x = torch.randn(64, 256, dtype=torch.bfloat16, device="cuda")
+    g = ref.nvfp4_global_scale(x).cuda()
+    torch.library.opcheck(torch.ops.cake_moe.mxfp8_quantize.default, (x, True, 0))
+    torch.library.opcheck(torch.ops.cake_moe.nvfp4_quantize.default, (x, g, False))
+    q, s = formats.mxfp4_quantize(x)
+    torch.library.opcheck(torch.ops.cake_moe.mxfp4_dequantize.default, (q, s, False, torch.bfloat16))
+
+    @torch.compile(fullgraph=True)
+    def f(t):
+        q, s = formats.mxfp8_quantize(t * 2)
+        return formats.mxfp8_dequantize(q, s, dtype=torch.float32)
+
+    want = ref.dequantize_mx(*ref.quantize_mx((x * 2).cpu(), "mxfp8"), "mxfp8")
+    assert _same_floats(f(x), want)
+
+
+def test_inputs_on_another_device_are_refused():
+    x = torch.randn(4, 64, device="cuda")
+    with pytest.raises(ValueError, match="global_scale"):
+        formats.nvfp4_quantize(x, torch.ones(1))  # global scale left on the CPU

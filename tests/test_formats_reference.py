@@ -1,0 +1,174 @@
+"""CPU tests of the reference quantizers against hand-computed cases (SPEC §3)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cake_moe import formats
+from cake_moe.reference import formats as ref
+
+
+def bits(*vals):
+    return torch.tensor(vals, dtype=torch.float32)
+
+
+def test_e2m1_encode_rounds_to_nearest_even_and_saturates():
+    v = bits(0.0, 0.25, 0.26, 0.75, 1.25, 1.26, 1.75, 2.5, 2.6, 3.5, 5.0, 5.1, 6.0, 100.0, float("inf"))
+    assert ref.e2m1_encode(v).tolist() == [0, 0, 1, 2, 2, 3, 4, 4, 5, 6, 6, 7, 7, 7, 7]
+    assert ref.e2m1_encode(bits(-0.0, -0.5, -6.0)).tolist() == [8, 9, 15]
+
+
+def test_e2m1_decode_all_codes():
+    assert ref.e2m1_decode(torch.arange(16)).tolist() == [0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6]
+
+
+def test_e4m3_encode_saturates_and_keeps_subnormals():
+    codes = ref.e4m3_encode(bits(448.0, 500.0, 1e30, -1e30, 2.0 ** -9, 2.0 ** -10, 1.0, float("inf")))
+    assert codes.tolist() == [0x7E, 0x7E, 0x7E, 0xFE, 0x01, 0x00, 0x38, 0x7E]
+
+
+@pytest.mark.parametrize("t,code", [(0.0, 0), (1.0, 127), (1.5, 128), (2.0, 128), (2.0 ** -126, 1),
+                                    (2.0 ** -140, 1), (2.0 ** 127, 254), (3.0e38, 254), (float("inf"), 254)])
+def test_ue8m0_round_up(t, code):
+    assert ref.ue8m0_round_up(bits(t)).item() == code
+
+
+@pytest.mark.parametrize("amax,emax,code", [(0.0, 8, 0), (448.0, 8, 127), (449.0, 8, 127), (512.0, 8, 128),
+                                            (6.0, 2, 127), (8.0, 2, 128), (2.0 ** -140, 8, 1), (1e38, 2, 251)])
+def test_ue8m0_ocp_floor(amax, emax, code):
+    assert ref.ue8m0_ocp_floor(bits(amax), emax).item() == code
+
+
+def test_mxfp8_hand_block():
+    # amax 896 -> t = 2 -> code 128 (scale 2); elements are x / 2
+    x = torch.zeros(1, 32)
+    x[0, :4] = bits(896.0, -3.0, 1.0, 0.0)
+    x[0, 4:] = 0.5
+    q, s = ref.quantize_mx(x, "mxfp8")
+    assert s.tolist() == [[128]]
+    assert q.float()[0, :5].tolist() == [448.0, -1.5, 0.5, 0.0, 0.25]
+    back = ref.dequantize_mx(q, s, "mxfp8")
+    assert torch.equal(back, x)  # every value here is exactly representable
+
+
+def test_mxfp4_hand_block_and_packing():
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 1], x[0, 2] = 12.0, -1.0, 2.9  # amax 12 -> t = 2 -> code 128
+    q, s = ref.quantize_mx(x, "mxfp4")
+    assert s.item() == 128
+    # 12/2 = 6 -> code 7 (low nibble); -1/2 = -0.5 -> code 9 (high nibble); 2.9/2 = 1.45 -> 1.5 code 3
+    assert q[0, 0].item() == (9 << 4) | 7 and q[0, 1].item() == 3
+    assert ref.dequantize_mx(q, s, "mxfp4")[0, :3].tolist() == [12.0, -1.0, 3.0]
+
+
+def test_zero_block_nan_block_and_inf():
+    x = torch.randn(3, 64)
+    x[0, :32] = 0.0
+    x[1, 5] = float("nan")
+    x[2, 40] = float("-inf")
+    for fmt in ("mxfp8", "mxfp4"):
+        q, s = ref.quantize_mx(x, fmt)
+        qb = q.view(torch.uint8)
+        assert s[0, 0] == 0 and qb[0, : qb.shape[1] // 2].eq(0).all()
+        assert s[1, 0] == 0xFF
+        expect_nan_elem = 0x7F if fmt == "mxfp8" else 0
+        assert qb[1, : qb.shape[1] // 2].eq(expect_nan_elem).all()
+        assert s[2, 1] == 254
+        back = ref.dequantize_mx(q, s, fmt)
+        assert back[1, :32].isnan().all() and not back[1, 32:].isnan().any()
+        assert back[2, 40] == -(448.0 if fmt == "mxfp8" else 6.0) * 2.0 ** 127
+    g = torch.tensor([1.0])
+    q, s = ref.quantize_nvfp4(x, g)
+    assert s.view(torch.uint8)[1, 0] == 0x7F and s.view(torch.uint8)[0, 0] == 0
+    assert ref.dequantize_nvfp4(q, s, g)[1, :16].isnan().all()
+
+
+def test_subnormal_blocks_are_kept():
+    x = torch.full((1, 32), 2.0 ** -130)  # FP32 subnormal input, amax tiny but nonzero
+    q, s = ref.quantize_mx(x, "mxfp8")
+    assert s.item() == 1 and q.float().gt(0).all()
+
+
+def test_nvfp4_hand_block():
+    x = torch.zeros(1, 16)
+    x[0, 0], x[0, 1] = 6.0, -0.75
+    g = torch.tensor([2.0])  # s = e4m3(6 * 2 / 6) = 2; element (x * 2) / 2 = x
+    q, s = ref.quantize_nvfp4(x, g)
+    assert s.float().item() == 2.0
+    assert q[0, 0].item() == (10 << 4) | 7  # -0.75 rounds to even -1.0 (code 2 | sign)
+    assert ref.dequantize_nvfp4(q, s, g)[0, :2].tolist() == [6.0, -1.0]
+
+
+def test_swizzle_matches_spec_formula_and_round_trips():
+    rows, cols = 200, 7
+    s = torch.randint(0, 255, (rows, cols), dtype=torch.uint8)
+    flat = ref.swizzle_scales(s)
+    rp, cp = 256, 8
+    assert flat.numel() == rp * cp
+    for r, c in [(0, 0), (1, 0), (31, 3), (32, 0), (127, 6), (128, 1), (199, 6)]:
+        off = (r // 128) * (cp // 4) * 512 + (c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + (c % 4)
+        assert flat[off] == s[r, c]
+    assert torch.equal(ref.unswizzle_scales(flat, rows, cols), s)
+    assert flat.sum() == s.sum()  # padding is zero
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
+def test_swizzled_equals_linear_then_swizzle(fmt):
+    x = torch.randn(130, 96, dtype=torch.bfloat16)
+    if fmt == "nvfp4":
+        g = ref.nvfp4_global_scale(x)
+        (ql, sl), (qs, ss) = ref.quantize_nvfp4(x, g), ref.quantize_nvfp4(x, g, swizzled=True)
+    else:
+        (ql, sl), (qs, ss) = ref.quantize_mx(x, fmt), ref.quantize_mx(x, fmt, swizzled=True)
+    assert torch.equal(ql.view(torch.uint8), qs.view(torch.uint8))
+    assert torch.equal(ref.swizzle_scales(sl.view(torch.uint8)), ss.view(torch.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4"])
+def test_round_trip_error_is_within_format_precision(fmt):
+    torch.manual_seed(1)
+    x = torch.randn(64, 256)
+    q, s = ref.quantize_mx(x, fmt)
+    err = (ref.dequantize_mx(q, s, fmt) - x).norm() / x.norm()
+    assert err < (0.04 if fmt == "mxfp8" else 0.2)
+    assert err > 0  # random data is not exactly representable: the check is live
+
+
+def test_public_api_on_cpu_is_the_reference():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    q, s = formats.mxfp8_quantize(x)
+    rq, rs = ref.quantize_mx(x, "mxfp8")
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+    out = (torch.empty_like(q), torch.empty_like(s))
+    q2, s2 = formats.mxfp8_quantize(x, out=out)
+    assert q2 is out[0] and torch.equal(q2.view(torch.uint8), rq.view(torch.uint8))
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: formats.mxfp8_quantize(torch.randn(4, 48)), "multiple of 32"),
+    (lambda: formats.nvfp4_quantize(torch.randn(4, 24), torch.ones(1)), "multiple of 16"),
+    (lambda: formats.mxfp8_quantize(torch.randn(4, 64).half()), "dtype"),
+    (lambda: formats.mxfp8_quantize(torch.randn(64, 64).t()), "contiguous"),
+    (lambda: formats.mxfp8_quantize(torch.randn(4, 64), scale_rule="floor"), "scale_rule"),
+    (lambda: formats.nvfp4_quantize(torch.randn(4, 32), torch.ones(2)), "one element"),
+    (lambda: formats.mxfp8_dequantize(torch.zeros(4, 64, dtype=torch.uint8), torch.zeros(4, 3, dtype=torch.uint8)), "shape"),
+    (lambda: formats.mxfp8_dequantize(torch.zeros(4, 64, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8),
+                                      dtype=torch.float16), "dtype"),
+    (lambda: formats.mxfp8_quantize(torch.randn(4, 64), out=(torch.empty(4, 64), torch.empty(4, 2))), "dtype"),
+])
+def test_bad_arguments_raise_value_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_fake_implementations_give_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(8, 128, dtype=torch.bfloat16)
+        q, s = torch.ops.cake_moe.mxfp4_quantize(x, True, 0)
+        assert q.shape == (8, 64) and s.shape == (128 * 4,)
+        q, s = torch.ops.cake_moe.nvfp4_quantize(x, torch.empty(1), False)
+        assert q.shape == (8, 64) and s.shape == (8, 8) and s.dtype == torch.float8_e4m3fn
+        y = torch.ops.cake_moe.mxfp8_dequantize(torch.empty(8, 128, dtype=torch.uint8), torch.empty(8, 4, dtype=torch.uint8),
+                                                False, torch.float32)
+        assert y.shape == (8, 128) and y.dtype == torch.float32

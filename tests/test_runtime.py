@@ -1,0 +1,121 @@
+"""CPU tests of the packaging and runtime: manifest integrity, checksum refusal, CLI."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import cake_moe
+from cake_moe import _runtime
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXT = _runtime.ext()
+
+
+def _table():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import gen_kernels
+    return gen_kernels.load_table()
+
+
+def test_import_loads_no_kernel():
+    out = subprocess.run([sys.executable, "-c", "import cake_moe, cake_moe._ext as e; print(e.loaded_image_count())"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0"
+
+
+def test_manifest_lists_every_form_with_matching_digests():
+    m = _runtime.manifest()
+    assert m["schema"] == "cake_moe.manifest.v1"
+    names = [f["name"] for f in m["forms"]]
+    assert names == [f.name for f in _table().FORMS]
+    images = {(form, arch): (sha, size) for form, arch, sha, size in EXT.images()}
+    assert len(images) == len(names) * len(m["archs"])
+    for f in m["forms"]:
+        assert set(f["arches"]) == set(m["archs"])
+        for arch, info in f["arches"].items():
+            assert info["kind"] in ("native", "portable")
+            data = EXT.image_bytes(f["name"], arch)
+            assert hashlib.sha256(data).hexdigest() == info["sha256"] == images[(f["name"], arch)][0]
+            assert len(data) == info["bytes"]
+            assert EXT.verify_image(f["name"], arch)
+
+
+def test_sha256_matches_hashlib():
+    for blob in (b"", b"abc", bytes(range(256)) * 300):
+        assert EXT.sha256_hex(blob) == hashlib.sha256(blob).hexdigest()
+
+
+def test_corrupted_bytes_are_refused_before_loading():
+    form, arch = EXT.images()[0][:2]
+    data = bytearray(EXT.image_bytes(form, arch))
+    data[len(data) // 2] ^= 0x40
+    with pytest.raises(RuntimeError, match=f"{form}.*SHA-256"):
+        EXT.load_image_bytes(form, arch, bytes(data))
+
+
+def test_patched_extension_reports_and_refuses(tmp_path):
+    """Corrupt one image inside a copy of the installed extension; the copy must notice."""
+    pkg = pathlib.Path(cake_moe.__file__).parent
+    shutil.copytree(pkg, tmp_path / "cake_moe")
+    so = next((tmp_path / "cake_moe").glob("_ext*.so"))
+    form, arch = EXT.images()[-1][:2]
+    image = EXT.image_bytes(form, arch)
+    blob = bytearray(so.read_bytes())
+    at = blob.find(image)
+    assert at >= 0
+    blob[at + len(image) // 2] ^= 0x01
+    so.write_bytes(bytes(blob))
+    code = f"""
+import cake_moe._ext as e
+assert e.verify_image({form!r}, {arch!r}) is False
+try:
+    e.load_image_bytes({form!r}, {arch!r}, e.image_bytes({form!r}, {arch!r}))
+except RuntimeError as err:
+    print("refused:", err)
+"""
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "refused:" in out.stdout and form in out.stdout and "SHA-256" in out.stdout
+    info = subprocess.run([sys.executable, "-m", "cake_moe", "info"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path)
+    assert info.returncode == 1 and "SHA-BAD" in info.stdout and "1 failed" in info.stdout
+
+
+def test_info_lists_all_forms_and_arches():
+    out = subprocess.run([sys.executable, "-m", "cake_moe", "info"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    m = _runtime.manifest()
+    for arch in m["archs"]:
+        assert f"sm_{arch}" in out.stdout
+    for f in m["forms"]:
+        assert f["name"] in out.stdout
+    n = len(m["forms"]) * len(m["archs"])
+    assert f"{n} checksums verified, 0 failed" in out.stdout
+
+
+def test_forms_json_is_consistent_with_table():
+    table = _table()
+    m = _runtime.manifest()
+    by_name = {f.name: f for f in table.FORMS}
+    for f in m["forms"]:
+        src = by_name[f["name"]]
+        assert f["kernels"] == [k.name for k in src.kernels]
+        for arch, info in f["arches"].items():
+            assert info["validated"] == (arch in src.validated)
+            assert info["kind"] == ("native" if arch in src.native else "portable")
+    json.dumps(m)  # serialisable
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU fallback")
+def test_demo_without_gpu_runs_reference():
+    out = subprocess.run([sys.executable, "-m", "cake_moe", "demo", "--tokens", "8"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "no CUDA GPU" in out.stdout and "reference" in out.stdout
