@@ -23,20 +23,20 @@ else
   record build "FAILED (see build.log)"; tail -40 "$OUT/build.log"
   printf '\n%s\n' "0 passed, 1 failed"; exit 1
 fi
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/misc.log" 2>&1
 
 # host-side C++ tests
-if cmake -S . -B build/host-tests -DCAKE_MOE_HOST_TESTS_ONLY=ON -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/ctest.log" 2>&1 \
-   && cmake --build build/host-tests -j 16 >>"$OUT/ctest.log" 2>&1 && (cd build/host-tests && ctest >>"$OUT/ctest.log" 2>&1); then
-  record ctest "ok: $(grep -Eo '[0-9]+% tests passed.*' "$OUT/ctest.log")"
+if cmake -S . -B build/host-tests -DCAKE_MOE_HOST_TESTS_ONLY=ON -DPython_EXECUTABLE="$(command -v "$PY")" >>"$OUT/misc.log" 2>&1 \
+   && cmake --build build/host-tests -j 16 >>"$OUT/misc.log" 2>&1 && (cd build/host-tests && ctest >>"$OUT/misc.log" 2>&1); then
+  record ctest "ok: $(grep -Eo '[0-9]+% tests passed.*' "$OUT/misc.log")"
 else
-  record ctest "FAILED (ctest.log)"
+  record ctest "FAILED (misc.log)"
 fi
 
 # GPU tests (and the CPU ones, which must pass here too)
-"$PY" -m pytest -q -p no:cacheprovider tests ${K:+-k "$K"} --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
+"$PY" -m pytest -q -p no:cacheprovider tests ${K:+-k "$K"} --junitxml=/tmp/cake-pytest.xml >"$OUT/pytest.log" 2>&1
 record pytest "$(tail -1 "$OUT/pytest.log")"
-read -r p f < <("$PY" - "$OUT/pytest.xml" <<'PYEOF'
+read -r p f < <("$PY" - /tmp/cake-pytest.xml <<'PYEOF'
 import sys, xml.etree.ElementTree as ET
 r = ET.parse(sys.argv[1]).getroot()
 s = r if r.tag == "testsuite" else r.find("testsuite")
@@ -57,13 +57,13 @@ fi
 # the main job
 if cake-moe demo >"$OUT/demo.log" 2>&1; then record demo "$(tail -1 "$OUT/demo.log")"; passed=$((passed + 1))
 else record demo "FAILED: $(tail -1 "$OUT/demo.log")"; failed=$((failed + 1)); fi
-cake-moe info >"$OUT/info.log" 2>&1
+cake-moe info >>"$OUT/misc.log" 2>&1
 
 # benchmark smoke
-if cake-moe bench formats --out "$OUT/bench_formats" >"$OUT/bench.log" 2>&1; then record bench "ok (bench_formats.md)"
-else record bench "FAILED (bench.log)"; fi
+if cake-moe bench formats --out "$OUT/bench_formats" >>"$OUT/misc.log" 2>&1; then record bench "ok (bench_formats.md)"
+else record bench "FAILED (misc.log)"; fi
 
-echo; echo "== device =="; cat "$OUT/gpu.txt"
+echo; echo "== device =="; head -1 "$OUT/misc.log"
 echo "== benchmark (formats) =="; cat "$OUT/bench_formats.md" 2>/dev/null | tail -n +3
 echo "== demo =="; cat "$OUT/demo.log"
 echo "== summary =="

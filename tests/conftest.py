@@ -20,7 +20,8 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     """Fill an output with NaN (floating) or 0xFF bytes before a kernel writes it."""
     if t.dtype in (torch.float32, torch.bfloat16, torch.float16):
         return t.fill_(float("nan"))
-    return t.view(torch.uint8).fill_(0xFF) and t
+    t.view(torch.uint8).fill_(0xFF)
+    return t
 
 
 @pytest.fixture

@@ -163,3 +163,21 @@ def test_inputs_on_another_device_are_refused():
     x = torch.randn(4, 64, device="cuda")
     with pytest.raises(ValueError, match="global_scale"):
         formats.nvfp4_quantize(x, torch.ones(1))  # global scale left on the CPU
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_fp4_rounding_ties_and_neighbours(fmt):
+    """Every E2M1 midpoint exactly (ties to even) and one FP32 ulp either side."""
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    vals = torch.cat([mids, torch.nextafter(mids, torch.tensor(10.0)), torch.nextafter(mids, torch.tensor(0.0))])
+    row = torch.cat([torch.tensor([6.0]), vals, -vals, torch.tensor([0.0, -0.0, 6.0, 7.0])])  # 47 values
+    row = torch.cat([row, torch.zeros(64 - row.numel())])
+    x = torch.stack([row * 2.0 ** k for k in (-20, -3, 0, 5, 40)])  # amax 6 * 2^k: exact power-of-two scales
+    if fmt == "nvfp4":
+        g = torch.tensor([1.0])  # s = e4m3(amax / 6) = 2^k (for these k), elements x / s
+        want = ref.quantize_nvfp4(x, g)
+        got = formats.nvfp4_quantize(x.cuda(), g.cuda())
+    else:
+        want = ref.quantize_mx(x, "mxfp4")
+        got = formats.mxfp4_quantize(x.cuda())
+    assert _equal_bytes(got[1], want[1]) and _equal_bytes(got[0], want[0])

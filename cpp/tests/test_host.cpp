@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "common/fast_divmod.hpp"
 #include "formats/args.hpp"
 #include "runtime/sha256.hpp"
 
@@ -67,11 +68,29 @@ static void test_geometry() {
   EXPECT(formats::round_up(1, 128) == 128 && formats::round_up(128, 128) == 128 && formats::round_up(0, 4) == 0);
 }
 
+static void test_fast_divmod() {
+  const uint32_t divisors[] = {1, 2, 3, 7, 12, 56, 224, 896, 1000, 4096, 65535, 65537, 0x7FFFFFFF, 0xFFFFFFFF};
+  const uint32_t values[] = {0, 1, 2, 3, 100, 895, 896, 897, 65536, 123456789, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFE,
+                             0xFFFFFFFF};
+  for (uint32_t d : divisors) {
+    FastDivmod f(d);
+    for (uint32_t n : values) EXPECT(f.div(n) == n / d);
+    for (uint64_t n = 0xFFFFFFFFull; n > 0xFFFFFFFFull - 1000; --n) EXPECT(f.div(uint32_t(n)) == uint32_t(n) / d);
+    uint32_t x = 12345;
+    for (int i = 0; i < 20000; ++i) {  // xorshift sample of the whole range
+      x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+      uint32_t q = f.div(x);
+      EXPECT(q == x / d && f.mod(x, q) == x % d);
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   std::string which = argc > 1 ? argv[1] : "all";
   if (which == "sha256" || which == "all") test_sha256();
   if (which == "swizzle" || which == "all") test_swizzle();
   if (which == "geometry" || which == "all") test_geometry();
+  if (which == "fastdiv" || which == "all") test_fast_divmod();
   std::printf("%s: %s\n", which.c_str(), failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }

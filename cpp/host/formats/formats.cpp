@@ -12,8 +12,6 @@ namespace cake_moe::formats {
 namespace {
 
 constexpr unsigned kThreads = 256;   // matches __launch_bounds__ in forms.py
-constexpr int kChunkElems = 8;       // elements per thread (formats/chunk_io.cuh)
-constexpr int kQuantizeUnroll = 2;   // chunks per thread in quantize (formats/quantize.cuh)
 
 const char* fmt_name(Fmt f) { return f == Fmt::kMxfp8 ? "mxfp8" : (f == Fmt::kMxfp4 ? "mxfp4" : "nvfp4"); }
 
@@ -34,6 +32,13 @@ class Table {
   std::vector<runtime::KernelRef> refs_;
 };
 
+// Chunk indices are 32-bit on the device; refuse larger tensors before any launch.
+int64_t checked_chunks(int64_t rows, int64_t cols) {
+  const int64_t chunks = rows * cols / kChunkElems;
+  if (chunks >= kMaxChunks) throw ValueError("format kernels take tensors of fewer than 2^35 elements");
+  return chunks;
+}
+
 unsigned blocks_for(int64_t items) {
   int64_t b = (items + kThreads - 1) / kThreads;
   if (b > int64_t(0x7FFFFFFF)) throw ValueError("tensor too large for the format kernels");
@@ -47,25 +52,30 @@ int64_t scale_bytes(Fmt fmt, int64_t rows, int64_t cols, bool swizzled) {
   return swizzled ? round_up(rows, 128) * round_up(cols_sf, 4) : rows * cols_sf;
 }
 
-void launch_quantize(Fmt fmt, bool in_bf16, bool swizzled, const QuantizeArgs& args, int device,
+void launch_quantize(Fmt fmt, bool in_bf16, bool swizzled, const QuantizeArgs& in_args, int device,
                      std::uintptr_t stream) {
   static Table table("quantize");
-  const int64_t chunks = args.rows * args.cols / kChunkElems;
+  const int64_t chunks = checked_chunks(in_args.rows, in_args.cols);
   if (chunks == 0 && !swizzled) return;
+  QuantizeArgs args = in_args;
+  args.chunks_per_row = FastDivmod(uint32_t(args.cols / kChunkElems));
+  const int unroll = quantize_unroll(in_bf16 ? 2 : 4);
   runtime::KernelRef& k = table.at(fmt, in_bf16, swizzled);
   runtime::ScopedDevice scope(device);
   runtime::LaunchConfig cfg;
-  cfg.grid[0] = blocks_for((chunks + kQuantizeUnroll - 1) / kQuantizeUnroll);
+  cfg.grid[0] = blocks_for((chunks + unroll - 1) / unroll);
   cfg.block[0] = kThreads;
   cfg.stream = stream;
   runtime::launch(k.get(device), cfg, &args, k.name());
 }
 
-void launch_dequantize(Fmt fmt, bool out_bf16, bool swizzled, const DequantizeArgs& args, int device,
+void launch_dequantize(Fmt fmt, bool out_bf16, bool swizzled, const DequantizeArgs& in_args, int device,
                        std::uintptr_t stream) {
   static Table table("dequantize");
-  const int64_t chunks = args.rows * args.cols / kChunkElems;
+  const int64_t chunks = checked_chunks(in_args.rows, in_args.cols);
   if (chunks == 0) return;
+  DequantizeArgs args = in_args;
+  args.chunks_per_row = FastDivmod(uint32_t(args.cols / kChunkElems));
   runtime::KernelRef& k = table.at(fmt, out_bf16, swizzled);
   runtime::ScopedDevice scope(device);
   runtime::LaunchConfig cfg;

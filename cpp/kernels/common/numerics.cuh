@@ -45,13 +45,17 @@ __device__ __forceinline__ float ue8m0_value(uint32_t code) {
   return code == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(code << 23);
 }
 
-// E2M1 code (sign in bit 3) of v, round-to-nearest-even, saturating at 6. Thresholds are the
-// midpoints of {0, .5, 1, 1.5, 2, 3, 4, 6}; ties go to the even mantissa. NaN encodes as +-0.
+// E2M1 code (sign in bit 3) of v, round-to-nearest-even, saturating at 6. The E2M1 grid has
+// step 1/2 below 2, step 1 in [2, 4) and step 2 from 4, so the code is an integer rounding of
+// a scaled magnitude plus an offset; one FMA with 2^23 rounds to that integer (RNE) exactly.
+// (The reference states the same rule as comparisons with the midpoints.) NaN encodes as 7;
+// callers zero NaN blocks.
 __device__ __forceinline__ uint32_t e2m1_encode(float v) {
-  const float a = fabsf(v);
-  const uint32_t c = uint32_t(a > 0.25f) + uint32_t(a >= 0.75f) + uint32_t(a > 1.25f) + uint32_t(a >= 1.75f) +
-                     uint32_t(a > 2.5f) + uint32_t(a >= 3.5f) + uint32_t(a > 5.0f);
-  return c | ((__float_as_uint(v) >> 28) & 8u);
+  const float a = fminf(fabsf(v), kE2m1Max);
+  const float m = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
+  const uint32_t off = a < 2.0f ? 0u : (a < 4.0f ? 2u : 4u);
+  const uint32_t r = __float_as_uint(__fmaf_rn(a, m, 8388608.0f)) & 0xFu;
+  return (r + off) | ((__float_as_uint(v) >> 28) & 8u);
 }
 
 __device__ __forceinline__ float e2m1_decode(uint32_t code) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "common/fast_divmod.hpp"
 #include "common/host_device.hpp"
 
 namespace cake_moe::formats {
@@ -29,6 +30,12 @@ CAKE_HD int64_t swizzled_scale_offset(int64_t r, int64_t c, int64_t padded_cols)
 
 CAKE_HD constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// Threads work on 8-element chunks; chunk indices are 32-bit (tensors below 2^35 elements).
+constexpr int kChunkElems = 8;
+constexpr int64_t kMaxChunks = int64_t(1) << 32;
+// Chunks per thread in quantize: 64 bytes of input in flight per thread for either dtype.
+CAKE_HD constexpr int quantize_unroll(int in_bytes) { return 64 / (kChunkElems * in_bytes); }
+
 struct QuantizeArgs {
   const void* x;               // [rows, cols] bf16 or f32, contiguous, 16-byte aligned
   uint8_t* q;                  // [rows, cols / elems_per_byte]
@@ -37,6 +44,7 @@ struct QuantizeArgs {
   int64_t rows;
   int64_t cols;                // multiple of block_size
   int32_t scale_rule;          // ScaleRule (MX only)
+  FastDivmod chunks_per_row;   // cols / kChunkElems (set by the host launcher)
 };
 
 struct DequantizeArgs {
@@ -46,6 +54,7 @@ struct DequantizeArgs {
   void* out;                   // [rows, cols] bf16 or f32
   int64_t rows;
   int64_t cols;
+  FastDivmod chunks_per_row;   // cols / kChunkElems (set by the host launcher)
 };
 
 }  // namespace cake_moe::formats

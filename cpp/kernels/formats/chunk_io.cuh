@@ -5,9 +5,11 @@
 
 #include <cstdint>
 
+#include "formats/args.hpp"
+
 namespace cake_moe::formats {
 
-constexpr int kChunk = 8;
+constexpr int kChunk = kChunkElems;
 
 template <typename T>
 __device__ __forceinline__ void load_chunk(const void* base, int64_t chunk, float (&v)[kChunk]);

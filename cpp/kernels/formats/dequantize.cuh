@@ -14,8 +14,9 @@ __device__ __forceinline__ void dequantize(const DequantizeArgs& a) {
   const int64_t chunks = a.rows * a.cols / kChunk;
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= chunks) return;
-  const int64_t elem = c * kChunk;
-  const int64_t r = elem / a.cols, cols_sf = a.cols / kBlock, sc = (elem % a.cols) / kBlock;
+  const uint32_t r = a.chunks_per_row.div(uint32_t(c));
+  const int64_t cols_sf = a.cols / kBlock;
+  const uint32_t sc = a.chunks_per_row.mod(uint32_t(c), r) / (kBlock / kChunk);
   const uint32_t code = a.scale[kSwizzled ? swizzled_scale_offset(r, sc, round_up(cols_sf, 4)) : r * cols_sf + sc];
 
   float v[kChunk];

@@ -13,7 +13,6 @@ namespace cake_moe::formats {
 
 namespace detail {
 
-constexpr int kUnroll = 2;
 constexpr float kInv448 = 1.0f / 448.0f;  // rounded once to FP32, as in the reference
 
 // Encodes one chunk and returns its packed element bytes (FP8: 8 bytes in a uint2; FP4: 4 bytes
@@ -81,14 +80,18 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
   static_assert(kBlock % kChunk == 0 && (kLanes == 2 || kLanes == 4), "a scale block is 2 or 4 chunks");
   static_assert(32 % kLanes == 0, "scale blocks must not straddle warps");
 
-  const int64_t chunks = a.rows * a.cols / kChunk;
+  constexpr int kUnroll = quantize_unroll(sizeof(In));
+  static_assert(kUnroll >= 1, "at least one chunk per thread");
+
+  const int64_t chunks = a.rows * a.cols / kChunk;  // < 2^32, checked by the host
   const int64_t cols_sf = a.cols / kBlock;
-  const int64_t first = int64_t(blockIdx.x) * blockDim.x * detail::kUnroll + threadIdx.x;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x;
   const float nv_global = F == Fmt::kNvfp4 ? *a.global_scale : 0.0f;
 
-  float v[detail::kUnroll][kChunk];
+  // All loads first: kUnroll independent 16/32-byte loads in flight per thread.
+  float v[kUnroll][kChunk];
 #pragma unroll
-  for (int u = 0; u < detail::kUnroll; ++u) {
+  for (int u = 0; u < kUnroll; ++u) {
     const int64_t c = first + int64_t(u) * blockDim.x;
     if (c < chunks) {
       load_chunk<In>(a.x, c, v[u]);
@@ -99,7 +102,7 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
   }
 
 #pragma unroll
-  for (int u = 0; u < detail::kUnroll; ++u) {
+  for (int u = 0; u < kUnroll; ++u) {
     const int64_t c = first + int64_t(u) * blockDim.x;
     float amax = 0.0f;
     uint32_t nan = 0u;
@@ -132,8 +135,8 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
     detail::store_elements<F>(a.q, c, detail::encode_chunk<F>(v[u], nan != 0u, code, to_elem, nv_global, nv_scale));
 
     if (threadIdx.x % kLanes == 0) {
-      const int64_t elem = c * kChunk;
-      const int64_t r = elem / a.cols, sc = (elem % a.cols) / kBlock;
+      const uint32_t r = a.chunks_per_row.div(uint32_t(c));
+      const uint32_t sc = a.chunks_per_row.mod(uint32_t(c), r) / kLanes;
       const int64_t off = kSwizzled ? swizzled_scale_offset(r, sc, round_up(cols_sf, 4)) : r * cols_sf + sc;
       a.scale[off] = uint8_t(code);
     }

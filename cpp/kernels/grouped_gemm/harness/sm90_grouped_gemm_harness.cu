@@ -411,15 +411,29 @@ static void run_case(const Case& c, const std::vector<Form>& forms, uint64_t see
         }
       }
       for (size_t i = (size_t)total * n_out; i < out.size(); ++i) poison_broken += out[i] != 0xFFFF;
+      // bitwise repeatability: poison again, run again (on a side stream), compare every byte
+      bool repeat_ok = true;
+      if (cap > 0) {
+        cudaStream_t side;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaMemsetAsync(d_out, 0xFF, out.size() * 2, side));
+        launch(f, make_params(f, pr), grid_for(f, pr), side);
+        sync_or_die(side, (c.name + " " + f.name + " (repeat)").c_str());
+        CUDA_CHECK(cudaStreamDestroy(side));
+        std::vector<uint16_t> again(out.size());
+        CUDA_CHECK(cudaMemcpy(again.data(), d_out, again.size() * 2, cudaMemcpyDeviceToHost));
+        repeat_ok = std::memcmp(again.data(), out.data(), out.size() * 2) == 0;
+      }
       const double rel = ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0;
       const double rel_pert = ref2 > 0 ? std::sqrt(pert2 / ref2) : 1.0;
-      const bool ok = nonfinite == 0 && poison_broken == 0 && rel < 1e-2 && (total == 0 || rel_pert >= 1e-2);
-      char buf[512];
+      const bool ok =
+          nonfinite == 0 && poison_broken == 0 && repeat_ok && rel < 1e-2 && (total == 0 || rel_pert >= 1e-2);
+      char buf[640];
       std::snprintf(buf, sizeof(buf),
                     "%-24s %-26s E=%-4d N=%-5d K=%-5d rows=%-6d cap=%-6d rel_rms=%.3e (2%%-perturbed %.3e) "
-                    "nonfinite=%lld poison_broken=%lld",
+                    "nonfinite=%lld poison_broken=%lld bitwise_repeat=%s",
                     f.name, c.name.c_str(), E, c.N, c.K, total, cap, rel, rel_pert, (long long)nonfinite,
-                    (long long)poison_broken);
+                    (long long)poison_broken, repeat_ok ? "ok" : "DIFFERS");
       report(ok, buf);
     }
   }
