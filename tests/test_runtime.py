@@ -36,9 +36,9 @@ def test_manifest_lists_every_form_with_matching_digests():
     names = [f["name"] for f in m["forms"]]
     assert names == [f.name for f in _table().FORMS]
     images = {(form, arch): (sha, size) for form, arch, sha, size in EXT.images()}
-    assert len(images) == len(names) * len(m["archs"])
+    assert len(images) == sum(len(f["arches"]) for f in m["forms"])
     for f in m["forms"]:
-        assert set(f["arches"]) == set(m["archs"])
+        assert f["arches"] and set(f["arches"]) <= set(m["archs"])
         for arch, info in f["arches"].items():
             assert info["kind"] in ("native", "portable")
             data = EXT.image_bytes(f["name"], arch)
@@ -97,7 +97,7 @@ def test_info_lists_all_forms_and_arches():
         assert f"sm_{arch}" in out.stdout
     for f in m["forms"]:
         assert f["name"] in out.stdout
-    n = len(m["forms"]) * len(m["archs"])
+    n = sum(len(f["arches"]) for f in m["forms"])
     assert f"{n} checksums verified, 0 failed" in out.stdout
 
 

@@ -57,4 +57,5 @@ NB_MODULE(_ext, m) {
   m.def("device_sm_count", &runtime::device_sm_count);
 
   bindings::bind_formats(m);
+  bindings::bind_grouped_gemm(m);
 }

@@ -20,6 +20,7 @@ class Kernel:
     name: str          # extern "C" symbol
     body: str          # device function template instantiation called with the args
     threads: int = 256  # __launch_bounds__
+    min_blocks: int = 0  # __launch_bounds__ minimum blocks per SM (0: unspecified)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class Form:
     args: str                         # by-value __grid_constant__ argument struct
     kernels: tuple[Kernel, ...]
     params: dict = field(default_factory=dict)
+    # arches the form is compiled for (arch-specific instructions restrict it)
+    arches: tuple[str, ...] = ALL_ARCHES
+    # C++ placed after the include: aliases and static_asserts tying the table to the template
+    prelude: str = ""
     # arches whose code path is the intended (arch-native) one; others run it as a portable form
     native: tuple[str, ...] = ALL_ARCHES
     # arches on which the GPU suite (ci/gpu.sh) has passed for this form; see docs/support.md
@@ -59,4 +64,31 @@ def _format_forms() -> list[Form]:
     return forms
 
 
-FORMS: list[Form] = [*_format_forms()]
+# sm_90a grouped GEMM tiles: (BM, BN, stages). 128x128 wins at moderate T, 128x256 at large T,
+# 64x128 serves groups of a few dozen rows (cpp/host/grouped_gemm/heuristics_sm90.hpp picks).
+SM90_GG_TILES = ((128, 128, 5), (128, 256, 3), (64, 128, 8))
+
+
+def _grouped_gemm_sm90_forms() -> list[Form]:
+    forms = []
+    for op, enum in (("fwd", "kFwd"), ("dgrad", "kDgrad")):
+        for bm, bn, st in SM90_GG_TILES:
+            alias = f"cake_moe::sm90::GroupedGemmKernel<cake_moe::sm90::GroupedGemmOp::{enum}, {bm}, {bn}, {st}>"
+            prelude = "\n".join([
+                '#include "grouped_gemm/sm90_geometry.hpp"',
+                f"using Form = {alias};",
+                f"static_assert(Form::kSmemBytes == cake_moe::sm90::GroupedGemmGeometry{{{bm}, {bn}, {st}}}.smem_bytes(),",
+                '              "sm90_geometry.hpp disagrees with the kernel template");',
+                "static_assert(Form::kNumThreads == cake_moe::sm90::GroupedGemmGeometry::kThreads);",
+                f"static_assert(Form::kBoxBRows == cake_moe::sm90::GroupedGemmGeometry{{{bm}, {bn}, {st}}}.box_b_rows({'true' if op == 'dgrad' else 'false'}));",
+            ])
+            forms.append(Form(
+                f"gg_sm90_{op}_{bm}x{bn}", "grouped_gemm", "grouped_gemm/sm90_bf16_grouped_gemm.cuh",
+                "cake_moe::sm90::GroupedGemmParams",
+                (Kernel(f"cake_gg_sm90_{op}_{bm}x{bn}x64_s{st}", "Form::run", threads=384, min_blocks=1),),
+                {"op": op, "bm": bm, "bn": bn, "bk": 64, "stages": st},
+                arches=("90a",), native=("90a",), prelude=prelude))
+    return forms
+
+
+FORMS: list[Form] = [*_format_forms(), *_grouped_gemm_sm90_forms()]

@@ -32,7 +32,10 @@ def cmd_info(_args) -> int:
     for form in m["forms"]:
         cells = []
         for arch in m["archs"]:
-            info = form["arches"][arch]
+            info = form["arches"].get(arch)
+            if info is None:  # not compiled for this arch (e.g. an sm_90a-only native form)
+                cells.append(f"{'-':>22}")
+                continue
             ok = _runtime.ext().verify_image(form["name"], arch)
             bad += not ok
             tag = info["kind"] + ("+validated" if info["validated"] else "")

@@ -1,5 +1,6 @@
 // Dequantization of MXFP8 / MXFP4 / NVFP4 to BF16 or FP32: value = element * scale, computed
-// exactly in FP32 (NVFP4: (e2m1 * s) / q), then rounded once to the output type.
+// in FP32 (MX: exact; NVFP4: e2m1 * (s / q) with the ratio rounded once per block), then rounded
+// once to the output type.
 #pragma once
 #include "common/numerics.cuh"
 #include "formats/args.hpp"
@@ -32,9 +33,9 @@ __device__ __forceinline__ void dequantize(const DequantizeArgs& a) {
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) v[i] = __fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s);
     } else {
-      const float s = e4m3_decode(code), g = *a.global_scale;
+      const float d = __fdiv_rn(e4m3_decode(code), *a.global_scale);  // s / q, once per block
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) v[i] = __fdiv_rn(__fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s), g);
+      for (int i = 0; i < kChunk; ++i) v[i] = __fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), d);
     }
   }
   store_chunk<Out>(a.out, c, v);

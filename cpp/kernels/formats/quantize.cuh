@@ -16,10 +16,11 @@ namespace detail {
 constexpr float kInv448 = 1.0f / 448.0f;  // rounded once to FP32, as in the reference
 
 // Encodes one chunk and returns its packed element bytes (FP8: 8 bytes in a uint2; FP4: 4 bytes
-// in .x). `code` is the block's scale byte, already decided.
+// in .x). `scale_code` is the block's scale byte, `to_elem` the factor into the element range
+// (2^(127 - code) for MX, q / s for NVFP4; 0 for blocks that encode as zeros).
 template <Fmt F>
 __device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan, uint32_t scale_code,
-                                              float to_elem, float nv_global, float nv_scale) {
+                                              float to_elem) {
   using namespace numerics;
   uint32_t w[2] = {0u, 0u};
   if constexpr (F == Fmt::kMxfp8) {
@@ -28,14 +29,11 @@ __device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       w[i / 2] |= e4m3_encode2(__fmul_rn(v[2 * i], to_elem), __fmul_rn(v[2 * i + 1], to_elem)) << (16 * (i % 2));
-  } else if constexpr (F == Fmt::kMxfp4) {
-    if (nan || scale_code == 0u) return make_uint2(0u, 0u);
+  } else {
+    // FP4: a NaN block, an all-zero MX block (code 0) and an NVFP4 block with s == 0 are zeros
+    if (nan || to_elem == 0.0f) return make_uint2(0u, 0u);
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) w[0] |= e2m1_encode(__fmul_rn(v[i], to_elem)) << (4 * i);
-  } else {
-    if (nan || nv_scale == 0.0f) return make_uint2(0u, 0u);
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) w[0] |= e2m1_encode(__fdiv_rn(__fmul_rn(v[i], nv_global), nv_scale)) << (4 * i);
   }
   return make_uint2(w[0], w[1]);
 }
@@ -104,27 +102,24 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t c = first + int64_t(u) * blockDim.x;
+    // amax with NaN propagation: a NaN anywhere in the block makes amax NaN.
     float amax = 0.0f;
-    uint32_t nan = 0u;
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) {
-      amax = fmaxf(amax, fabsf(v[u][i]));  // fmaxf drops NaN: tracked separately
-      nan |= uint32_t(v[u][i] != v[u][i]);
-    }
+    for (int i = 0; i < kChunk; ++i) amax = max_abs_nan(amax, v[u][i]);
     // Every lane takes part in the shuffles (whole chunks past the end carry zeros): a scale
     // block's lanes are either all in range or all out, since cols is a multiple of kBlock.
 #pragma unroll
-    for (int m = 1; m < kLanes; m <<= 1) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
-      nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, m);
-    }
+    for (int m = 1; m < kLanes; m <<= 1) amax = max_abs_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
     if (c >= chunks) continue;
+    const bool nan = amax != amax;
 
     uint32_t code = 0u;
-    float to_elem = 0.0f, nv_scale = 0.0f;
+    float to_elem = 0.0f;
     if constexpr (F == Fmt::kNvfp4) {
+      // s = e4m3((amax * q) / 6); elements are x * (q / s), the ratio rounded once per block
       code = nan ? uint32_t(kE4m3Nan) : e4m3_encode(__fdiv_rn(__fmul_rn(amax, nv_global), 6.0f));
-      nv_scale = nan ? 0.0f : e4m3_decode(code);
+      const float s = nan ? 0.0f : e4m3_decode(code);
+      to_elem = s == 0.0f ? 0.0f : __fdiv_rn(nv_global, s);
     } else {
       constexpr int emax = F == Fmt::kMxfp8 ? kE4m3Emax : kE2m1Emax;
       const float t = F == Fmt::kMxfp8 ? __fmul_rn(amax, detail::kInv448) : __fdiv_rn(amax, 6.0f);
@@ -132,7 +127,7 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
                  : (a.scale_rule == int32_t(ScaleRule::kOcpFloor) ? ue8m0_ocp_floor(amax, emax) : ue8m0_round_up(t));
       to_elem = (code == 0u || nan) ? 0.0f : ue8m0_inverse(code);
     }
-    detail::store_elements<F>(a.q, c, detail::encode_chunk<F>(v[u], nan != 0u, code, to_elem, nv_global, nv_scale));
+    detail::store_elements<F>(a.q, c, detail::encode_chunk<F>(v[u], nan, code, to_elem));
 
     if (threadIdx.x % kLanes == 0) {
       const uint32_t r = a.chunks_per_row.div(uint32_t(c));

@@ -1,4 +1,4 @@
 """Pure-torch references: the exact rules every kernel is tested against (CPU or GPU tensors)."""
-from . import formats
+from . import formats, grouped_gemm
 
-__all__ = ["formats"]
+__all__ = ["formats", "grouped_gemm"]

@@ -12,7 +12,10 @@ Conventions
   For subnormal t (amax below ~2^-117) the code is 1.
 - OCP floor rule: code = floor(log2 amax) - emax + 127 clamped to [1, 254] (0 when amax == 0),
   emax = 8 (E4M3) or 2 (E2M1); elements saturate.
-- NVFP4: s = e4m3_rn_satfinite((amax * q) / 6); element e2m1_rn((x * q) / s); s == 0 -> zeros.
+- NVFP4: s = e4m3_rn_satfinite((amax * q) / 6); r = q / s (one FP32 division per block);
+  element e2m1_rn(x * r); a block with s == 0 (or r == 0) is zeros. Dequantization is
+  e2m1 * (s / q), the ratio again rounded once per block. (SPEC writes x * q / s: this is its FP32
+  evaluation order, the one production NVFP4 kernels use: a division per block, not per element.)
 - NaN policy: a block containing a NaN gets the NaN scale (UE8M0 0xFF, or E4M3 0x7F for NVFP4)
   and elements 0x7F (MXFP8, the E4M3 NaN) or 0 (FP4, which has no NaN); dequantizing it gives NaN.
   Infinities saturate: +-inf in a block sets the largest scale and encodes as the format's max.
@@ -38,8 +41,9 @@ SCALE_RULES = (ROUND_UP, OCP_FLOOR)
 # ---------------------------------------------------------------------------------------------
 
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
-    """E2M1 codes (int32, sign in bit 3) of FP32 values: round to nearest even, saturate at 6."""
-    a = v.abs()
+    """E2M1 codes (int32, sign in bit 3) of FP32 values: round to nearest even, saturate at 6
+    (NaN encodes as the max, 7; the quantizers zero NaN blocks before this matters)."""
+    a = torch.where(torch.isnan(v), torch.full_like(v, 6.0), v.abs())
     c = ((a > 0.25).int() + (a >= 0.75).int() + (a > 1.25).int() + (a >= 1.75).int()
          + (a > 2.5).int() + (a >= 3.5).int() + (a > 5.0).int())
     return c | (torch.signbit(v).int() << 3)
@@ -195,9 +199,9 @@ def quantize_nvfp4(x: torch.Tensor, global_scale, *, swizzled: bool = False):
     s_code = e4m3_encode((amax * g) / torch.tensor(6.0, device=b.device)).int()
     s_code = torch.where(nan, torch.full_like(s_code, 0x7F), s_code)
     s = e4m3_decode(s_code.to(torch.uint8))
-    zero_block = (s == 0) | nan
-    safe_s = torch.where(zero_block, torch.ones_like(s), s)
-    c = e2m1_encode((b * g) / safe_s.unsqueeze(-1))
+    r = g / torch.where(s == 0, torch.ones_like(s), s)  # q / s, rounded once per block
+    zero_block = (s == 0) | nan | (r == 0)
+    c = e2m1_encode(b * r.unsqueeze(-1))
     c = torch.where(zero_block.unsqueeze(-1), torch.zeros_like(c), c)
     scale = _finish_scale(s_code, b.shape[0], swizzled).view(torch.float8_e4m3fn)
     return _pack_fp4(c, x.shape), scale
@@ -231,7 +235,7 @@ def dequantize_nvfp4(q: torch.Tensor, scale: torch.Tensor, global_scale, *, swiz
     b = vals.reshape(-1, shape[-1] // 16, 16)
     s = e4m3_decode(_linear_scale(scale, b.shape[0], b.shape[1], swizzled))
     g = torch.as_tensor(global_scale, dtype=torch.float32, device=b.device).reshape(())
-    return ((b * s.unsqueeze(-1)) / g).reshape(shape).to(dtype)
+    return (b * (s / g).unsqueeze(-1)).reshape(shape).to(dtype)
 
 
 def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:

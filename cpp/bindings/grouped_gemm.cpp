@@ -1,0 +1,92 @@
+// Bindings of family A (ragged BF16 grouped GEMM). Python (cake_moe.grouped_gemm) validates
+// dtypes, shapes, devices and bounds; the plan object owns the encoded kernel parameters.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+
+#include <memory>
+#include <optional>
+
+#include "bindings/common.hpp"
+#include "host/grouped_gemm/grouped_gemm.hpp"
+
+namespace cake_moe::bindings {
+namespace {
+
+using grouped_gemm::Launch;
+
+// A prepared grouped GEMM. launch() enqueues on the given stream: no allocation, no sync.
+struct GroupedGemmPlan {
+  std::unique_ptr<Launch> launch;  // null when there is nothing to compute (no rows)
+};
+
+grouped_gemm::Problem problem(int op, int variant, Tensor a, Tensor b, Tensor out, Tensor offs, bool leading_zero,
+                              int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32,
+                              std::optional<Tensor> workspace) {
+  grouped_gemm::Problem p;
+  if (op < 0 || op > 2) throw ValueError("op must be 0 (fwd), 1 (dgrad) or 2 (wgrad)");
+  if (variant < 0 || variant > 1) throw ValueError("variant must be 0 (det) or 1 (fast)");
+  p.op = grouped_gemm::Op(op);
+  p.variant = grouped_gemm::Variant(variant);
+  p.device = tensor_device(out, "out");
+  tensor_device(a, "a", p.device);
+  tensor_device(b, "b", p.device);
+  tensor_device(offs, "offs", p.device);
+  for (const Tensor* t : {&a, &b, &out}) require_aligned(*t, "operand", 16);
+  p.a = a.data();
+  p.b = b.data();
+  p.out = out.data();
+  p.offs = static_cast<const int32_t*>(offs.data());
+  p.offs_leading_zero = leading_zero;
+  p.out_f32 = out_f32;
+  p.num_groups = num_groups;
+  p.n = n;
+  p.k = k;
+  p.rows = rows;
+  if (workspace) {
+    tensor_device(*workspace, "workspace", p.device);
+    require_aligned(*workspace, "workspace", 256);
+    p.workspace = workspace->data();
+    p.workspace_bytes = nbytes(*workspace);
+  }
+  return p;
+}
+
+}  // namespace
+
+void bind_grouped_gemm(nb::module_& m) {
+  nb::class_<GroupedGemmPlan>(m, "GroupedGemmPlan")
+      .def("launch", [](const GroupedGemmPlan& self, std::uintptr_t stream) {
+        if (self.launch) self.launch->launch(stream);
+      }, nb::arg("stream"))
+      .def_prop_ro("form", [](const GroupedGemmPlan& self) {
+        return self.launch ? self.launch->form() : std::string("none (no rows)");
+      });
+
+  m.def("grouped_gemm_prepare",
+        [](int op, int variant, Tensor a, Tensor b, Tensor out, Tensor offs, bool leading_zero, int32_t num_groups,
+           int32_t n, int32_t k, int64_t rows, bool out_f32, std::optional<Tensor> workspace) {
+          auto p = problem(op, variant, a, b, out, offs, leading_zero, num_groups, n, k, rows, out_f32, workspace);
+          auto plan = std::make_unique<GroupedGemmPlan>();
+          plan->launch = grouped_gemm::prepare(p);
+          return plan;
+        },
+        nb::arg("op"), nb::arg("variant"), nb::arg("a"), nb::arg("b"), nb::arg("out"), nb::arg("offs"),
+        nb::arg("leading_zero"), nb::arg("num_groups"), nb::arg("n"), nb::arg("k"), nb::arg("rows"),
+        nb::arg("out_f32"), nb::arg("workspace").none());
+
+  m.def("grouped_gemm_workspace_bytes",
+        [](int op, int variant, int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32) {
+          grouped_gemm::Problem p;
+          p.op = grouped_gemm::Op(op);
+          p.variant = grouped_gemm::Variant(variant);
+          p.num_groups = num_groups;
+          p.n = n;
+          p.k = k;
+          p.rows = rows;
+          p.out_f32 = out_f32;
+          return grouped_gemm::workspace_bytes(p);
+        });
+}
+
+}  // namespace cake_moe::bindings

@@ -1,0 +1,41 @@
+// A ragged grouped-GEMM request as the host launchers see it (family A, SPEC §6), after
+// Python validated shapes, dtypes, devices and 32-bit bounds.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace cake_moe::grouped_gemm {
+
+enum class Op : int { kFwd = 0, kDgrad = 1, kWgrad = 2 };
+enum class Variant : int { kDet = 0, kFast = 1 };
+
+struct Problem {
+  Op op = Op::kFwd;
+  Variant variant = Variant::kDet;  // only the wgrad has a fast form
+  const void* a = nullptr;    // fwd: x [cap, K]; dgrad and wgrad: g [cap, N]
+  const void* b = nullptr;    // fwd and dgrad: w [E, N, K]; wgrad: x [cap, K]
+  void* out = nullptr;        // fwd: y [cap, N]; dgrad: dx [cap, K]; wgrad: dw [E, N, K]
+  const int32_t* offs = nullptr;
+  bool offs_leading_zero = false;  // offs holds E + 1 entries (m_indptr)
+  bool out_f32 = false;            // wgrad output dtype
+  int32_t num_groups = 0;          // E
+  int32_t n = 0;                   // weight rows (w [E, N, K])
+  int32_t k = 0;                   // weight columns
+  int64_t rows = 0;                // capacity of the packed row dimension (x.shape[0])
+  void* workspace = nullptr;       // wgrad split-K scratch, from workspace_bytes()
+  int64_t workspace_bytes = 0;
+  int device = 0;
+};
+
+// A bound launch: tensor maps encoded and the kernel resolved once; launch() only enqueues.
+class Launch {
+ public:
+  virtual ~Launch() = default;
+  virtual void launch(std::uintptr_t stream) const = 0;
+  virtual const std::string& form() const = 0;
+};
+
+const char* op_name(Op op);
+
+}  // namespace cake_moe::grouped_gemm

@@ -1,0 +1,93 @@
+#include "host/grouped_gemm/sm90_bf16_grouped_gemm.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "runtime/driver.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/images.hpp"
+#include "runtime/launch.hpp"
+#include "runtime/tensor_map.hpp"
+
+namespace cake_moe::grouped_gemm {
+namespace {
+
+using runtime::TensorMapSpec;
+
+CUtensorMap rows_map(const void* base, int64_t cols, int64_t rows, uint32_t box_rows) {
+  TensorMapSpec s;
+  s.base = const_cast<void*>(base);
+  s.dims = {uint64_t(cols), uint64_t(rows)};
+  s.strides = {uint64_t(cols) * 2};
+  s.box = {64, box_rows};
+  return runtime::encode_tiled(s);
+}
+
+class Sm90Launch final : public Launch {
+ public:
+  Sm90Launch(const Problem& p, Sm90Tile tile) {
+    const bool dgrad = p.op == Op::kDgrad;
+    const sm90::GroupedGemmGeometry geo{tile.bm, tile.bn, tile.stages};
+    form_ = std::string("gg_sm90_") + op_name(p.op) + "_" + std::to_string(tile.bm) + "x" + std::to_string(tile.bn);
+    const std::string kernel = "cake_gg_sm90_" + std::string(op_name(p.op)) + "_" + std::to_string(tile.bm) + "x" +
+                               std::to_string(tile.bn) + "x64_s" + std::to_string(tile.stages);
+    const int64_t n_out = dgrad ? p.k : p.n;
+    const int64_t k_red = dgrad ? p.n : p.k;
+    params_ = std::make_unique<sm90::GroupedGemmParams>();
+    std::memset(params_.get(), 0, sizeof(sm90::GroupedGemmParams));
+    sm90::GroupedGemmParams& q = *params_;
+    q.tmap_a = rows_map(p.a, k_red, p.rows, uint32_t(geo.box_a_rows()));
+    TensorMapSpec w;  // w [E, N, K] as a 3D map: K innermost
+    w.base = const_cast<void*>(p.b);
+    w.dims = {uint64_t(p.k), uint64_t(p.n), uint64_t(p.num_groups)};
+    w.strides = {uint64_t(p.k) * 2, uint64_t(p.k) * uint64_t(p.n) * 2};
+    w.box = {64, uint32_t(geo.box_b_rows(dgrad)), 1};
+    q.tmap_b = runtime::encode_tiled(w);
+    q.tmap_d = rows_map(p.out, n_out, p.rows, 64);
+    q.out = p.out;
+    q.offs = p.offs;
+    q.num_groups = p.num_groups;
+    q.sum_m_capacity = int32_t(p.rows);
+    q.n_out = int32_t(n_out);
+    q.k_red = int32_t(k_red);
+    q.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
+
+    runtime::ScopedDevice scope(p.device);
+    kernel_ = runtime::get_kernel(form_, kernel.c_str(), p.device);
+    runtime::set_max_dynamic_smem(kernel_, p.device, geo.smem_bytes());
+    // Persistent: one CTA per SM at most; the tile count is only known on the device, so the
+    // grid is min(SMs, an upper bound on tiles) and surplus CTAs exit at once.
+    const int64_t n_tiles = (n_out + tile.bn - 1) / tile.bn;
+    const int64_t upper = ((p.rows + tile.bm - 1) / tile.bm + p.num_groups) * n_tiles;
+    cfg_.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(runtime::device_sm_count(p.device), upper)));
+    cfg_.block[0] = sm90::GroupedGemmGeometry::kThreads;
+    cfg_.smem_bytes = geo.smem_bytes();
+    device_ = p.device;
+  }
+
+  void launch(std::uintptr_t stream) const override {
+    runtime::ScopedDevice scope(device_);
+    runtime::LaunchConfig cfg = cfg_;
+    cfg.stream = stream;
+    runtime::launch(kernel_, cfg, params_.get(), form_.c_str());
+  }
+
+  const std::string& form() const override { return form_; }
+
+ private:
+  std::unique_ptr<sm90::GroupedGemmParams> params_;  // 64-byte aligned: holds CUtensorMaps
+  CUkernel kernel_ = nullptr;
+  runtime::LaunchConfig cfg_;
+  std::string form_;
+  int device_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Launch> make_sm90_launch(const Problem& p, Sm90Tile tile) {
+  if (p.op == Op::kWgrad) throw NotImplemented("the sm_90a fwd/dgrad launcher does not run wgrad");
+  return std::make_unique<Sm90Launch>(p, tile);
+}
+
+}  // namespace cake_moe::grouped_gemm

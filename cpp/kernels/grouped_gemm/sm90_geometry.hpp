@@ -1,0 +1,32 @@
+// Geometry of one sm_90a grouped-GEMM form (fwd/dgrad), shared by the kernel template and its
+// host launcher: shared-memory bytes, threads and TMA boxes follow from (BM, BN, stages). Each
+// generated translation unit static_asserts that the kernel agrees with this (forms.py).
+#pragma once
+#include <cstdint>
+
+#include "common/host_device.hpp"
+
+namespace cake_moe::sm90 {
+
+struct GroupedGemmGeometry {
+  int bm;
+  int bn;
+  int stages;
+  int table = 1024;  // scheduler smem slots
+
+  static constexpr int kBK = 64;  // one 128-byte swizzle row of bf16
+  static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+
+  CAKE_HD constexpr int wg_tile_n() const { return bn / (2 / (bm / 64)); }
+  CAKE_HD constexpr uint32_t smem_bytes() const {
+    return uint32_t(stages) * uint32_t(bm + bn) * kBK * 2   // A and B stages
+           + 2u * 64u * uint32_t(wg_tile_n()) * 2u          // two epilogue staging tiles
+           + 2u * uint32_t(stages) * 8u                     // full/empty mbarriers
+           + uint32_t(table + 32) * 4u                      // scheduler prefix table
+           + 1024u;                                         // run-time 1024-B alignment of the base
+  }
+  CAKE_HD constexpr int box_a_rows() const { return bm; }
+  CAKE_HD constexpr int box_b_rows(bool dgrad) const { return dgrad ? kBK : bn; }
+};
+
+}  // namespace cake_moe::sm90

@@ -1,0 +1,81 @@
+"""Family A: ragged BF16 grouped GEMM for MoE training (SPEC §6), torch._grouped_mm semantics.
+
+Groups are consecutive row ranges of one packed tensor, described by int32 offsets on the
+device, read only on the device (no host sync, no padding): ``offs`` [E] cumulative ends, or
+``m_indptr`` [E+1] with a leading zero. FP32 accumulation, one rounding to BF16.
+
+==========  =========================================  ===========================
+fwd         ``Y[g_e] = X[g_e] @ W[e]^T``                ``[sum_m, N]`` bf16
+dgrad       ``dX[g_e] = G[g_e] @ W[e]``                 ``[sum_m, K]`` bf16
+wgrad       ``dW[e] = G[g_e]^T @ X[g_e]``               ``[E, N, K]`` bf16 or fp32
+==========  =========================================  ===========================
+
+Rows past the last group end are not written. ``det`` (default) reduces every output in a fixed
+order; ``fast`` may differ in the weight gradient only (see :func:`cake_moe.configure`).
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _config
+from . import _ops
+from ._ops import (GroupedGemmLaunch, check_grouped_dims, max_grouped_rows, prepare_grouped_gemm_dgrad,
+                   prepare_grouped_gemm_fwd, prepare_grouped_gemm_wgrad, release)
+
+__all__ = [
+    "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad", "grouped_mm", "grouped_mm_bf16",
+    "prepare_grouped_gemm_fwd", "prepare_grouped_gemm_dgrad", "prepare_grouped_gemm_wgrad",
+    "GroupedGemmLaunch", "check_grouped_dims", "max_grouped_rows", "release",
+]
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _no_out_under_compile(out, name):
+    if out is not None:
+        raise ValueError(f"{name}: out= is not supported under torch.compile")
+
+
+def grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None):
+    """``Y[g_e] = X[g_e] @ W[e]^T``; x [sum_m, K], w [E, N, K] bf16 -> [sum_m, N] bf16."""
+    if _compiling():
+        _no_out_under_compile(out, "grouped_gemm_fwd")
+        return torch.ops.cake_moe.grouped_gemm_fwd(x, w, offs)
+    return _ops.fwd_impl(x, w, offs, out)
+
+
+def grouped_gemm_dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None):
+    """``dX[g_e] = G[g_e] @ W[e]``; g [sum_m, N], w [E, N, K] -> [sum_m, K] bf16."""
+    if _compiling():
+        _no_out_under_compile(out, "grouped_gemm_dgrad")
+        return torch.ops.cake_moe.grouped_gemm_dgrad(g, w, offs)
+    return _ops.dgrad_impl(g, w, offs, out)
+
+
+def grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None,
+                       out_dtype: torch.dtype = torch.bfloat16, num_groups: int | None = None,
+                       variant: str | None = None):
+    """``dW[e] = G[g_e]^T @ X[g_e]``; g [sum_m, N], x [sum_m, K] -> [E, N, K] in ``out_dtype``.
+
+    ``num_groups`` disambiguates offs [E] from m_indptr [E+1] (default: offs is [E]).
+    """
+    e = offs.numel() if num_groups is None else num_groups
+    if _compiling():
+        _no_out_under_compile(out, "grouped_gemm_wgrad")
+        return torch.ops.cake_moe.grouped_gemm_wgrad(g, x, offs, e, out_dtype, _config.grouped_gemm_variant(variant))
+    return _ops.wgrad_impl(g, x, offs, e, out_dtype, variant, out)
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: str | None = None) -> torch.Tensor:
+    """Autograd grouped GEMM: ``y = grouped_gemm_fwd(x, w, offs)``; the backward computes x.grad
+    with dgrad and w.grad with wgrad in w's dtype, running the variant of this forward."""
+    return torch.ops.cake_moe.grouped_mm(x, w, offs, _config.grouped_gemm_variant(variant))
+
+
+def grouped_mm_bf16(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor, out: torch.Tensor | None = None):
+    """Forward with the ``m_indptr`` [E+1] convention: a [cum_m, K], b [E, N, K] -> [cum_m, N]."""
+    if m_indptr.dim() != 1 or m_indptr.numel() != b.shape[0] + 1:
+        raise ValueError(f"m_indptr must have E+1={b.shape[0] + 1} entries, got shape {tuple(m_indptr.shape)}")
+    return grouped_gemm_fwd(a, b, m_indptr, out)

@@ -1,0 +1,270 @@
+"""Validation, binding and torch.library registration of the ragged BF16 grouped GEMM."""
+from __future__ import annotations
+
+import torch
+
+from .. import _config, _runtime, _validate
+from ..reference import grouped_gemm as ref
+
+_INT32_MAX = 2**31 - 1
+_MIN_TILE = 64  # smallest tile edge of any form: bounds the tile counts kernels index in int32
+_OPS = {"fwd": 0, "dgrad": 1, "wgrad": 2}
+_VARIANTS = {"det": 0, "fast": 1}
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def max_grouped_rows(n: int, k: int, num_groups: int = 0) -> int:
+    """The largest packed row count (sum over groups) whose fwd, dgrad and wgrad stay inside
+    the kernels' 32-bit index ranges for weights [E, n, k]."""
+    tiles_per_block_row = _ceil(max(n, k), _MIN_TILE)
+    by_tiles = (_INT32_MAX // tiles_per_block_row - num_groups) * _MIN_TILE
+    return max(0, min(_INT32_MAX, by_tiles))
+
+
+def check_grouped_dims(n: int, k: int, *, num_groups: int | None = None, max_rows: int | None = None) -> None:
+    """Raise ValueError unless weights [num_groups, n, k] with up to ``max_rows`` packed rows
+    are served by fwd, dgrad and wgrad (N, K positive multiples of 8; 32-bit bounds)."""
+    for name, v in (("N", n), ("K", k)):
+        if not isinstance(v, int) or v <= 0 or v % 8:
+            raise ValueError(f"{name} must be a positive multiple of 8 (16-byte rows), got {v}")
+    e = 0 if num_groups is None else num_groups
+    if e < 0 or e > _INT32_MAX // 4:
+        raise ValueError(f"num_groups must be in [0, {_INT32_MAX // 4}], got {e}")
+    if e * _ceil(n, _MIN_TILE) * _ceil(k, _MIN_TILE) > _INT32_MAX:
+        raise ValueError(f"{e} groups of {n}x{k} weights exceed the 2^31 weight-gradient tiles")
+    if max_rows is not None:
+        limit = max_grouped_rows(n, k, e)
+        if max_rows < 0 or max_rows > limit:
+            raise ValueError(f"{max_rows} rows exceed the {limit} rows served for N={n}, K={k}, E={e}")
+
+
+def _offsets(offs, num_groups: int, device: torch.device) -> bool:
+    """Checks offs and returns whether it is m_indptr ([E+1], leading zero)."""
+    _validate.tensor(offs, "offs", dtypes=(torch.int32,), ndim=1, device=device)
+    if offs.numel() == num_groups:
+        return False
+    if offs.numel() == num_groups + 1:
+        return True
+    raise ValueError(f"offs must have E={num_groups} (cumulative ends) or E+1 (m_indptr) entries, got {offs.numel()}")
+
+
+def _bf16(t, name: str, ndim: int, device=None) -> torch.Tensor:
+    return _validate.tensor(t, name, dtypes=(torch.bfloat16,), ndim=ndim, device=device, align=16)
+
+
+class GroupedGemmLaunch:
+    """A prepared grouped GEMM: arguments validated, form chosen, kernel parameters (tensor maps
+    included) encoded once. :meth:`launch` enqueues on the current stream: it allocates nothing,
+    never synchronises, may be captured in a CUDA graph, and reads the offsets and values that
+    are in the bound tensors at run time (write new ones in place between launches)."""
+
+    def __init__(self, op: str, plan, device: torch.device, out: torch.Tensor, keep: tuple, pre=None, cpu=None):
+        self.op = op
+        self.out = out
+        self._plan = plan
+        self._device = device
+        self._keep = keep      # the bound tensors stay alive as long as the launch
+        self._pre = pre        # an in-place fill that must precede the kernel (empty wgrad)
+        self._cpu = cpu        # CPU tensors: the reference computes the result
+
+    @property
+    def form(self) -> str:
+        """The kernel form this launch runs (see ``cake-moe info``)."""
+        return self._plan.form if self._plan is not None else "cpu-reference"
+
+    def launch(self) -> torch.Tensor:
+        if self._cpu is not None:
+            return self._cpu()
+        if self._pre is not None:
+            self._pre()
+        if self._plan is not None:
+            self._plan.launch(torch.cuda.current_stream(self._device).cuda_stream)
+        return self.out
+
+    def __repr__(self) -> str:
+        return f"GroupedGemmLaunch(op={self.op!r}, form={self.form!r}, out={tuple(self.out.shape)})"
+
+
+# ---------------------------------------------------------------------------------------------
+# per-stream workspaces of the wgrad split-K reduction
+# ---------------------------------------------------------------------------------------------
+
+_workspaces: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
+    if nbytes == 0:
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        # a captured launch owns its workspace (the graph's pool keeps it)
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    ws = _workspaces.get(key)
+    if ws is None or ws.numel() < nbytes:
+        ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        _workspaces[key] = ws
+    return ws
+
+
+def release() -> None:
+    """Drop the per-device, per-stream workspaces held for one-shot weight gradients."""
+    _workspaces.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# prepare
+# ---------------------------------------------------------------------------------------------
+
+def _out(out, shape, dtype, device, name="out"):
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    _validate.tensor(out, name, dtypes=(dtype,), device=device, align=16)
+    _validate.shape(out, name, shape)
+    return out
+
+
+def _cpu_launch(op, out, compute):
+    """CPU tensors: the FP64 reference, rounded once, writing only the groups' rows."""
+    def run():
+        res = compute()
+        mask = torch.isfinite(res)
+        out[mask] = res[mask].to(out.dtype)
+        return out
+    return GroupedGemmLaunch(op, None, out.device, out, (), cpu=run)
+
+
+def prepare_grouped_gemm_fwd(x, w, offs, out=None) -> GroupedGemmLaunch:
+    """Y[g_e] = X[g_e] @ W[e]^T: x [sum_m, K], w [E, N, K] bf16, offs int32 [E] or [E+1]."""
+    _bf16(x, "x", 2)
+    _bf16(w, "w", 3, x.device)
+    e, n, k = w.shape
+    if x.shape[1] != k:
+        raise ValueError(f"x has K={x.shape[1]} columns but w has K={k}")
+    check_grouped_dims(n, k, num_groups=e, max_rows=x.shape[0])
+    lz = _offsets(offs, e, x.device)
+    out = _out(out, (x.shape[0], n), torch.bfloat16, x.device)
+    _validate.no_overlap(("out", out), ("x", x), ("w", w), ("offs", offs))
+    if x.device.type != "cuda":
+        return _cpu_launch("fwd", out, lambda: ref.fwd(x, w, offs, lz))
+    _runtime.require_served(x.device, "grouped_gemm_fwd")
+    plan = _runtime.ext().grouped_gemm_prepare(_OPS["fwd"], 0, x, w, out, offs, lz, e, n, k, x.shape[0], False, None)
+    return GroupedGemmLaunch("fwd", plan, x.device, out, (x, w, offs))
+
+
+def prepare_grouped_gemm_dgrad(g, w, offs, out=None) -> GroupedGemmLaunch:
+    """dX[g_e] = G[g_e] @ W[e]: g [sum_m, N], w [E, N, K] (read in place) -> dx [sum_m, K]."""
+    _bf16(g, "g", 2)
+    _bf16(w, "w", 3, g.device)
+    e, n, k = w.shape
+    if g.shape[1] != n:
+        raise ValueError(f"g has {g.shape[1]} columns but w has N={n}")
+    check_grouped_dims(n, k, num_groups=e, max_rows=g.shape[0])
+    lz = _offsets(offs, e, g.device)
+    out = _out(out, (g.shape[0], k), torch.bfloat16, g.device)
+    _validate.no_overlap(("out", out), ("g", g), ("w", w), ("offs", offs))
+    if g.device.type != "cuda":
+        return _cpu_launch("dgrad", out, lambda: ref.dgrad(g, w, offs, lz))
+    _runtime.require_served(g.device, "grouped_gemm_dgrad")
+    plan = _runtime.ext().grouped_gemm_prepare(_OPS["dgrad"], 0, g, w, out, offs, lz, e, n, k, g.shape[0], False, None)
+    return GroupedGemmLaunch("dgrad", plan, g.device, out, (g, w, offs))
+
+
+def prepare_grouped_gemm_wgrad(g, x, offs, out=None, out_dtype=torch.bfloat16, num_groups=None,
+                               variant: str | None = None) -> GroupedGemmLaunch:
+    """dW[e] = G[g_e]^T @ X[g_e]: g [sum_m, N], x [sum_m, K] -> dw [E, N, K] (bf16 or fp32).
+
+    ``num_groups`` tells offs [E] (cumulative ends) from [E+1] (m_indptr); without it offs is
+    taken as E cumulative ends. Empty groups give exact zeros.
+    """
+    _bf16(g, "g", 2)
+    _bf16(x, "x", 2, g.device)
+    if g.shape[0] != x.shape[0]:
+        raise ValueError(f"g and x must have the same rows, got {g.shape[0]} and {x.shape[0]}")
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
+    n, k = g.shape[1], x.shape[1]
+    _validate.tensor(offs, "offs", dtypes=(torch.int32,), ndim=1, device=g.device)
+    e = offs.numel() if num_groups is None else int(num_groups)
+    lz = _offsets(offs, e, g.device)
+    check_grouped_dims(n, k, num_groups=e, max_rows=g.shape[0])
+    v = _config.grouped_gemm_variant(variant)
+    out = _out(out, (e, n, k), out_dtype, g.device)
+    _validate.no_overlap(("out", out), ("g", g), ("x", x), ("offs", offs))
+    if g.device.type != "cuda":
+        return _cpu_launch("wgrad", out, lambda: ref.wgrad(g, x, offs, lz))
+    _runtime.require_served(g.device, "grouped_gemm_wgrad")
+    ext = _runtime.ext()
+    if g.shape[0] == 0 or e == 0:  # no rows: dW is all zeros, no kernel needed
+        return GroupedGemmLaunch("wgrad", None, g.device, out, (g, x, offs), pre=out.zero_)
+    nbytes = ext.grouped_gemm_workspace_bytes(_OPS["wgrad"], _VARIANTS[v], e, n, k, g.shape[0], out_dtype == torch.float32)
+    ws = torch.empty(nbytes, dtype=torch.uint8, device=g.device) if nbytes else None
+    plan = ext.grouped_gemm_prepare(_OPS["wgrad"], _VARIANTS[v], g, x, out, offs, lz, e, n, k, g.shape[0],
+                                    out_dtype == torch.float32, ws)
+    return GroupedGemmLaunch("wgrad", plan, g.device, out, (g, x, offs, ws))
+
+
+# ---------------------------------------------------------------------------------------------
+# one-shot implementations (eager) and torch.library ops
+# ---------------------------------------------------------------------------------------------
+
+def fwd_impl(x, w, offs, out=None):
+    return prepare_grouped_gemm_fwd(x, w, offs, out).launch()
+
+
+def dgrad_impl(g, w, offs, out=None):
+    return prepare_grouped_gemm_dgrad(g, w, offs, out).launch()
+
+
+def wgrad_impl(g, x, offs, num_groups, out_dtype, variant, out=None):
+    return prepare_grouped_gemm_wgrad(g, x, offs, out, out_dtype, num_groups, variant).launch()
+
+
+def _register() -> None:
+    lib = torch.library
+
+    @lib.custom_op("cake_moe::grouped_gemm_fwd", mutates_args=())
+    def grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return fwd_impl(x, w, offs)
+
+    @lib.custom_op("cake_moe::grouped_gemm_dgrad", mutates_args=())
+    def grouped_gemm_dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return dgrad_impl(g, w, offs)
+
+    @lib.custom_op("cake_moe::grouped_gemm_wgrad", mutates_args=())
+    def grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, num_groups: int,
+                           out_dtype: torch.dtype, variant: str) -> torch.Tensor:
+        return wgrad_impl(g, x, offs, num_groups, out_dtype, variant)
+
+    @lib.custom_op("cake_moe::grouped_mm", mutates_args=())
+    def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: str) -> torch.Tensor:
+        return fwd_impl(x, w, offs)
+
+    grouped_gemm_fwd.register_fake(lambda x, w, offs: x.new_empty((x.shape[0], w.shape[1])))
+    grouped_gemm_dgrad.register_fake(lambda g, w, offs: g.new_empty((g.shape[0], w.shape[2])))
+    grouped_gemm_wgrad.register_fake(
+        lambda g, x, offs, num_groups, out_dtype, variant: g.new_empty((num_groups, g.shape[1], x.shape[1]),
+                                                                       dtype=out_dtype))
+    grouped_mm.register_fake(lambda x, w, offs, variant: x.new_empty((x.shape[0], w.shape[1])))
+
+    def setup_context(ctx, inputs, output):
+        x, w, offs, variant = inputs
+        ctx.save_for_backward(x, w, offs)
+        ctx.variant = variant
+        ctx.num_groups = w.shape[0]
+        ctx.w_dtype = w.dtype
+
+    def backward(ctx, grad):
+        x, w, offs = ctx.saved_tensors
+        grad = grad.contiguous()
+        dx = torch.ops.cake_moe.grouped_gemm_dgrad(grad, w, offs) if ctx.needs_input_grad[0] else None
+        dw = (torch.ops.cake_moe.grouped_gemm_wgrad(grad, x, offs, ctx.num_groups, ctx.w_dtype, ctx.variant)
+              if ctx.needs_input_grad[1] else None)
+        return dx, dw, None, None
+
+    grouped_mm.register_autograd(backward, setup_context=setup_context)
+
+
+_register()

@@ -1,0 +1,55 @@
+"""FP64 references of the ragged grouped GEMM (SPEC §6), group by group, computed on the
+inputs' device (FP64 matmul on a GPU keeps large test shapes fast).
+
+Offsets follow torch._grouped_mm: ``offs[e]`` is the cumulative end row of group e (E entries),
+or ``m_indptr`` with a leading zero (E + 1 entries, ``leading_zero=True``).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def group_bounds(offs: torch.Tensor, leading_zero: bool = False) -> list[tuple[int, int]]:
+    """[(start, end)] row ranges of the groups (a decreasing end gives an empty group)."""
+    o = [int(v) for v in offs.cpu().tolist()]
+    if leading_zero:
+        starts, ends = o[:-1], o[1:]
+    else:
+        starts, ends = [0] + o[:-1], o
+    return [(s, max(s, e)) for s, e in zip(starts, ends)]
+
+
+def fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, leading_zero: bool = False) -> torch.Tensor:
+    """Y[g_e] = X[g_e] @ W[e]^T in FP64; rows past the last end are NaN (must stay untouched)."""
+    y = torch.full((x.shape[0], w.shape[1]), float("nan"), dtype=torch.float64, device=x.device)
+    xd, wd = x.double(), w.double()
+    for e, (s, t) in enumerate(group_bounds(offs, leading_zero)):
+        y[s:t] = xd[s:t] @ wd[e].T
+    return y
+
+
+def dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, leading_zero: bool = False) -> torch.Tensor:
+    """dX[g_e] = G[g_e] @ W[e] in FP64; rows past the last end are NaN."""
+    dx = torch.full((g.shape[0], w.shape[2]), float("nan"), dtype=torch.float64, device=g.device)
+    gd, wd = g.double(), w.double()
+    for e, (s, t) in enumerate(group_bounds(offs, leading_zero)):
+        dx[s:t] = gd[s:t] @ wd[e]
+    return dx
+
+
+def wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, leading_zero: bool = False) -> torch.Tensor:
+    """dW[e] = G[g_e]^T @ X[g_e] in FP64; empty groups give zeros."""
+    bounds = group_bounds(offs, leading_zero)
+    dw = torch.zeros((len(bounds), g.shape[1], x.shape[1]), dtype=torch.float64, device=g.device)
+    gd, xd = g.double(), x.double()
+    for e, (s, t) in enumerate(bounds):
+        dw[e] = gd[s:t].T @ xd[s:t]
+    return dw
+
+
+def rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want|| over the finite entries of `want` (FP64)."""
+    mask = torch.isfinite(want)
+    a, b = got.double().to(want.device)[mask], want[mask]
+    denom = b.norm()
+    return float((a - b).norm() / denom) if denom > 0 else float((a - b).norm())

@@ -1,0 +1,110 @@
+"""CPU tests of family A's host side: validation, bounds, variant resolution, the CPU path."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cake_moe
+from cake_moe import _config
+from cake_moe.reference import grouped_gemm as ref
+
+from .grouped_gemm_cases import bf16, offsets
+
+
+def _cpu_problem(sizes, n=32, k=64):
+    rows = sum(sizes) + 4
+    return (bf16(rows, k, device="cpu"), bf16(len(sizes), n, k, seed=1, device="cpu"),
+            bf16(rows, n, seed=2, device="cpu"), offsets(sizes, device="cpu"))
+
+
+def test_reference_groups_and_conventions():
+    assert ref.group_bounds(torch.tensor([3, 3, 8])) == [(0, 3), (3, 3), (3, 8)]
+    assert ref.group_bounds(torch.tensor([0, 3, 3, 8]), leading_zero=True) == [(0, 3), (3, 3), (3, 8)]
+    x, w, g, offs = _cpu_problem([3, 0, 5])
+    y = ref.fwd(x, w, offs)
+    assert y[8:].isnan().all() and torch.isfinite(y[:8]).all()
+    assert torch.allclose(y[3:8], x[3:8].double() @ w[2].double().T)
+    dw = ref.wgrad(g, x, offs)
+    assert torch.equal(dw[1], torch.zeros_like(dw[1]))
+
+
+def test_cpu_path_matches_reference_and_leaves_padding():
+    x, w, g, offs = _cpu_problem([2, 5, 0, 1])
+    out = torch.full((x.shape[0], w.shape[1]), 7.0, dtype=torch.bfloat16)
+    cake_moe.grouped_gemm_fwd(x, w, offs, out=out)
+    assert (out[8:] == 7.0).all()
+    assert ref.rel_rms(out[:8], ref.fwd(x, w, offs)[:8]) < 6e-3
+    dw = cake_moe.grouped_gemm_wgrad(g, x, offs, out_dtype=torch.float32)
+    assert dw.dtype == torch.float32 and ref.rel_rms(dw, ref.wgrad(g, x, offs)) < 1e-5
+    mi = offsets([2, 5, 0, 1], device="cpu", leading_zero=True)
+    assert torch.equal(cake_moe.grouped_mm_bf16(x, w, mi)[:8], cake_moe.grouped_gemm_fwd(x, w, offs)[:8])
+
+
+def test_check_grouped_dims():
+    cake_moe.check_grouped_dims(7168, 2048, num_groups=8, max_rows=65536)
+    for bad in ((7167, 2048), (0, 64), (64, -8)):
+        with pytest.raises(ValueError, match="multiple of 8"):
+            cake_moe.check_grouped_dims(*bad)
+    limit = cake_moe.max_grouped_rows(4096, 4096, 16)
+    cake_moe.check_grouped_dims(4096, 4096, num_groups=16, max_rows=limit)
+    with pytest.raises(ValueError, match="exceed"):
+        cake_moe.check_grouped_dims(4096, 4096, num_groups=16, max_rows=limit + 1)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x[:, :60].contiguous(), w, o), "K="),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x, w, o.to(torch.int64)), "dtype"),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x, w, o[:2]), "entries"),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_dgrad(x, w, o), "columns"),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_wgrad(g, x[:-1], o), "same rows"),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_wgrad(g, x, o, out_dtype=torch.float16), "out_dtype"),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_wgrad(g, x, o, num_groups=7), "entries"),
+    (lambda x, w, g, o: cake_moe.grouped_mm_bf16(x, w, o), "m_indptr"),
+])
+def test_bad_arguments(call, match):
+    x, w, g, offs = _cpu_problem([2, 5, 1])
+    with pytest.raises(ValueError, match=match):
+        call(x, w, g, offs)
+
+
+def test_variant_resolution():
+    try:
+        assert _config.grouped_gemm_variant() == "det"
+        cake_moe.configure(grouped_gemm_variant="fast")
+        assert _config.grouped_gemm_variant() == "fast"
+        torch.use_deterministic_algorithms(True)
+        assert _config.grouped_gemm_variant() == "det"  # forced, logged once
+        with pytest.raises(ValueError, match="deterministic"):
+            _config.grouped_gemm_variant("fast")
+        with pytest.raises(ValueError, match="conflicts"):
+            cake_moe.configure(grouped_gemm_variant="fast")
+        with pytest.raises(ValueError, match="'det' or 'fast'"):
+            cake_moe.configure(grouped_gemm_variant="quick")
+    finally:
+        torch.use_deterministic_algorithms(False)
+        cake_moe.configure(grouped_gemm_variant=None)
+
+
+def test_fake_tensors_give_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(100, 64, dtype=torch.bfloat16)
+        w = torch.empty(4, 32, 64, dtype=torch.bfloat16)
+        offs = torch.empty(4, dtype=torch.int32)
+        assert torch.ops.cake_moe.grouped_gemm_fwd(x, w, offs).shape == (100, 32)
+        assert torch.ops.cake_moe.grouped_gemm_dgrad(torch.empty(100, 32, dtype=torch.bfloat16), w, offs).shape == (100, 64)
+        dw = torch.ops.cake_moe.grouped_gemm_wgrad(torch.empty(100, 32, dtype=torch.bfloat16), x, offs, 4,
+                                                   torch.float32, "det")
+        assert dw.shape == (4, 32, 64) and dw.dtype == torch.float32
+
+
+def test_autograd_on_cpu_matches_reference():
+    x, w, g, offs = _cpu_problem([3, 4, 1], n=16, k=32)
+    rows = 8
+    x = x[:rows].clone().requires_grad_()
+    w = w.clone().requires_grad_()
+    y = cake_moe.grouped_mm(x, w, offs)
+    y.backward(g[:rows])
+    assert ref.rel_rms(x.grad, ref.dgrad(g[:rows], w.detach(), offs)) < 6e-3
+    assert w.grad.dtype == torch.bfloat16
+    assert ref.rel_rms(w.grad, ref.wgrad(g[:rows], x.detach(), offs)) < 6e-3

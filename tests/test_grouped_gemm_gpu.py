@@ -1,0 +1,170 @@
+"""GPU tests of family A (ragged BF16 grouped GEMM) against the FP64 reference (SPEC §6, §11)."""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import cake_moe
+from cake_moe.reference import grouped_gemm as ref
+
+from .conftest import poison_
+from .grouped_gemm_cases import LAYERS, PATTERNS, bf16, offsets, random_sizes
+
+pytestmark = pytest.mark.gpu
+
+# BF16 output rounding alone gives ~1.7e-3 relative RMS; a 2% perturbation gives ~2e-2.
+BUDGET = 6e-3
+
+
+def _problem(sizes, n, k, seed=0, leading_zero=False, pad=16):
+    rows = sum(sizes) + pad  # rows past the last group end must stay untouched
+    e = len(sizes)
+    x = bf16(rows, k, seed=seed)
+    w = bf16(e, n, k, seed=seed + 1, scale=0.05)
+    g = bf16(rows, n, seed=seed + 2)
+    return x, w, g, offsets(sizes, leading_zero=leading_zero)
+
+
+def _check_rows(got, want, budget=BUDGET):
+    """Budget on the groups' rows, untouched (still poisoned NaN) rows elsewhere."""
+    err = ref.rel_rms(got, want)
+    assert err < budget, f"relative RMS {err:.2e} over budget {budget:.0e}"
+    written = torch.isfinite(want)
+    assert not got[written].isnan().any(), "a row inside a group was not written"
+    assert got[~written].isnan().all(), "a row past the last group end was written"
+
+
+def test_budget_catches_a_two_percent_perturbation():
+    x, w, _, offs = _problem(PATTERNS["mixed"], 256, 512)
+    want = ref.fwd(x, w, offs)
+    y = cake_moe.grouped_gemm_fwd(x, w, offs)
+    assert ref.rel_rms(y, want) < BUDGET
+    noise = torch.randn_like(y, dtype=torch.float32) * 0.02 * y.float().abs().mean() * 1.25
+    assert ref.rel_rms((y.float() + noise).to(torch.bfloat16), want) > BUDGET
+
+
+@pytest.mark.parametrize("pattern", sorted(PATTERNS))
+@pytest.mark.parametrize("nk", [(256, 512), (200, 264), (72, 136)])
+@pytest.mark.parametrize("leading_zero", [False, True])
+def test_fwd_dgrad_patterns(pattern, nk, leading_zero):
+    n, k = nk
+    x, w, g, offs = _problem(PATTERNS[pattern], n, k, leading_zero=leading_zero)
+    y = poison_(torch.empty(x.shape[0], n, dtype=torch.bfloat16, device="cuda"))
+    cake_moe.grouped_gemm_fwd(x, w, offs, out=y)
+    _check_rows(y, ref.fwd(x, w, offs, leading_zero))
+    dx = poison_(torch.empty(x.shape[0], k, dtype=torch.bfloat16, device="cuda"))
+    cake_moe.grouped_gemm_dgrad(g, w, offs, out=dx)
+    _check_rows(dx, ref.dgrad(g, w, offs, leading_zero))
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("which", ["w13", "w2"])
+def test_moe_layers(layer, which):
+    h, i, e = layer
+    n, k = (2 * i, h) if which == "w13" else (h, i)
+    sizes = random_sizes(4096, e, seed=h + i)
+    x, w, g, offs = _problem(sizes, n, k, seed=e)
+    _check_rows(cake_moe.grouped_gemm_fwd(x, w, offs), ref.fwd(x, w, offs))
+    _check_rows(cake_moe.grouped_gemm_dgrad(g, w, offs), ref.dgrad(g, w, offs))
+
+
+def test_many_groups_and_one_row_groups():
+    sizes = [1, 0, 2] * 400  # 1200 groups
+    x, w, g, offs = _problem(sizes, 64, 128, seed=3)
+    _check_rows(cake_moe.grouped_gemm_fwd(x, w, offs), ref.fwd(x, w, offs))
+    _check_rows(cake_moe.grouped_gemm_dgrad(g, w, offs), ref.dgrad(g, w, offs))
+
+
+def test_sum_m_zero_and_no_rows():
+    x = torch.empty(0, 64, dtype=torch.bfloat16, device="cuda")
+    w = bf16(3, 32, 64)
+    offs = torch.zeros(3, dtype=torch.int32, device="cuda")
+    assert cake_moe.grouped_gemm_fwd(x, w, offs).shape == (0, 32)
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def test_det_bitwise_repeatable_streams_graphs_processes():
+    sizes = random_sizes(6000, 8, seed=11)
+    x, w, g, offs = _problem(sizes, 512, 1024, seed=5, pad=0)
+    y0 = cake_moe.grouped_gemm_fwd(x, w, offs)
+    d0 = cake_moe.grouped_gemm_dgrad(g, w, offs)
+    for _ in range(3):
+        assert torch.equal(cake_moe.grouped_gemm_fwd(x, w, offs), y0)
+        assert torch.equal(cake_moe.grouped_gemm_dgrad(g, w, offs), d0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y1 = cake_moe.grouped_gemm_fwd(x, w, offs)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(y1, y0)
+    launch = cake_moe.prepare_grouped_gemm_fwd(x, w, offs)
+    launch.launch()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch.launch()
+    poison_(launch.out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(launch.out, y0)
+    code = (
+        "import torch, cake_moe, hashlib, sys; sys.path.insert(0, 'tests');"
+        "from grouped_gemm_cases import bf16, offsets, random_sizes;"
+        "s = random_sizes(6000, 8, seed=11); r = sum(s);"
+        "x = bf16(r, 1024, seed=5); w = bf16(8, 512, 1024, seed=6, scale=0.05);"
+        "y = cake_moe.grouped_gemm_fwd(x, w, offsets(s));"
+        "print(hashlib.sha256(y.view(torch.uint8).cpu().numpy().tobytes()).hexdigest())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == _digest(y0)
+
+
+def test_prepared_launch_follows_new_offsets_without_allocating():
+    x, w, g, offs = _problem([100, 200, 300], 128, 256, seed=9)
+    launch = cake_moe.prepare_grouped_gemm_fwd(x, w, offs)
+    launch.launch()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    for sizes in ([600, 0, 0], [0, 1, 599], [5, 5, 5]):
+        offs.copy_(offsets(sizes))
+        x.copy_(bf16(*x.shape, seed=sum(sizes[:2])))
+        poison_(launch.out)
+        launch.launch()
+        _check_rows(launch.out, ref.fwd(x, w, offs))
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x, w[:, :, :60], o), "contiguous|K="),
+    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x.float(), w, o), "dtype"),
+    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x, w, o.long()), "dtype"),
+    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x, w, o[:-1]), "entries"),
+    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x, w, o.cpu()), "device|cpu"),
+    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x, w, o, out=torch.empty(3, 3, dtype=torch.bfloat16, device="cuda")),
+     "shape"),
+    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x, w, o, out=x[:, :64]), "contiguous|overlap"),
+])
+def test_bad_arguments_raise_before_any_launch(call, match):
+    x, w, _, offs = _problem([10, 20], 64, 128)
+    with pytest.raises(ValueError, match=match):
+        call(x, w, offs)
+
+
+def test_bounds_refused_before_launch():
+    with pytest.raises(ValueError, match="rows exceed"):
+        cake_moe.check_grouped_dims(7168, 2048, num_groups=8, max_rows=2**31)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        cake_moe.check_grouped_dims(7164, 2048)
+    assert cake_moe.max_grouped_rows(7168, 2048) > 2**28
+
+
+def test_torch_library_opcheck():
+    x, w, g, offs = _problem([64, 0, 128], 64, 128, pad=0)
+    torch.library.opcheck(torch.ops.cake_moe.grouped_gemm_fwd.default, (x, w, offs))
+    torch.library.opcheck(torch.ops.cake_moe.grouped_gemm_dgrad.default, (g, w, offs))
