@@ -47,24 +47,36 @@ PYEOF
 passed=$((passed + ${p:-0})); failed=$((failed + ${f:-1}))
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 
-# compute-sanitizer memcheck on every format kernel (small shapes)
-if compute-sanitizer --tool memcheck --error-exitcode 7 "$PY" ci/sanitize.py >"$OUT/memcheck.log" 2>&1; then
-  record memcheck "clean: $(grep -Eo 'ERROR SUMMARY: [0-9]+ errors' "$OUT/memcheck.log" | tail -1)"; passed=$((passed + 1))
-else
-  record memcheck "FAILED (memcheck.log)"; failed=$((failed + 1)); tail -30 "$OUT/memcheck.log"
-fi
+# compute-sanitizer: memcheck on every kernel family, racecheck on the shared-memory pipelines
+sanitize() {  # name, tool, env, family
+  if env $3 compute-sanitizer --tool "$2" --error-exitcode 7 "$PY" ci/sanitize.py "$4" >>"$OUT/sanitizer.log" 2>&1; then
+    record "$1" "clean: $(grep -Eo 'ERROR SUMMARY: [0-9]+ errors|RACECHECK SUMMARY: [0-9]+ hazard[s]? displayed.*' "$OUT/sanitizer.log" | tail -1)"
+    passed=$((passed + 1))
+  else
+    record "$1" "FAILED (sanitizer.log)"; failed=$((failed + 1)); tail -30 "$OUT/sanitizer.log"
+  fi
+}
+sanitize memcheck memcheck "X=0" all
+sanitize memcheck-pt memcheck "CAKE_MOE_GG_FORCE_PORTABLE=1" grouped_gemm
+sanitize racecheck racecheck "X=0" grouped_gemm
+sanitize racecheck-pt racecheck "CAKE_MOE_GG_FORCE_PORTABLE=1" grouped_gemm
 
 # the main job
 if cake-moe demo >"$OUT/demo.log" 2>&1; then record demo "$(tail -1 "$OUT/demo.log")"; passed=$((passed + 1))
 else record demo "FAILED: $(tail -1 "$OUT/demo.log")"; failed=$((failed + 1)); fi
 cake-moe info >>"$OUT/misc.log" 2>&1
 
-# benchmark smoke
-if cake-moe bench formats --out "$OUT/bench_formats" >>"$OUT/misc.log" 2>&1; then record bench "ok (bench_formats.md)"
-else record bench "FAILED (misc.log)"; fi
+# benchmarks (the PERF.md grids)
+if cake-moe bench formats --out "$OUT/bench_formats" >>"$OUT/misc.log" 2>&1; then record bench-fmt "ok (bench_formats.md)"
+else record bench-fmt "FAILED (misc.log)"; fi
+if [ "${CAKE_BENCH_GG:-1}" = 1 ]; then
+  if cake-moe bench grouped-gemm --out "$OUT/bench_gg" >>"$OUT/misc.log" 2>&1; then record bench-gg "ok (bench_gg.md)"
+  else record bench-gg "FAILED (misc.log)"; fi
+fi
 
 echo; echo "== device =="; head -1 "$OUT/misc.log"
 echo "== benchmark (formats) =="; cat "$OUT/bench_formats.md" 2>/dev/null | tail -n +3
+echo "== benchmark (grouped GEMM) =="; tail -4 "$OUT/bench_gg.md" 2>/dev/null
 echo "== demo =="; cat "$OUT/demo.log"
 echo "== summary =="
 for i in "${!NAMES[@]}"; do printf '%-10s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"; done

@@ -168,3 +168,131 @@ def test_torch_library_opcheck():
     x, w, g, offs = _problem([64, 0, 128], 64, 128, pad=0)
     torch.library.opcheck(torch.ops.cake_moe.grouped_gemm_fwd.default, (x, w, offs))
     torch.library.opcheck(torch.ops.cake_moe.grouped_gemm_dgrad.default, (g, w, offs))
+
+
+# --- weight gradient -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pattern", sorted(PATTERNS))
+@pytest.mark.parametrize("nk", [(256, 512), (200, 264)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_wgrad_patterns(pattern, nk, out_dtype):
+    n, k = nk
+    sizes = PATTERNS[pattern]
+    x, w, g, offs = _problem(sizes, n, k)
+    dw = poison_(torch.empty(len(sizes), n, k, dtype=out_dtype, device="cuda"))
+    cake_moe.grouped_gemm_wgrad(g, x, offs, out=dw, out_dtype=out_dtype)
+    want = ref.wgrad(g, x, offs)
+    assert ref.rel_rms(dw, want) < BUDGET
+    for e, size in enumerate(sizes):
+        if size == 0:
+            assert torch.equal(dw[e], torch.zeros_like(dw[e])), "an empty group's dW must be exactly zero"
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("which", ["w13", "w2"])
+def test_wgrad_moe_layers(layer, which):
+    h, i, e = layer
+    n, k = (2 * i, h) if which == "w13" else (h, i)
+    x, w, g, offs = _problem(random_sizes(4096, e, seed=h * 3 + i), n, k, seed=e + 1)
+    assert ref.rel_rms(cake_moe.grouped_gemm_wgrad(g, x, offs), ref.wgrad(g, x, offs)) < BUDGET
+
+
+def test_wgrad_det_repeatable_and_fast_within_budget():
+    sizes = random_sizes(8192, 8, seed=21)
+    x, w, g, offs = _problem(sizes, 512, 768, seed=7, pad=0)
+    d0 = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")
+    for _ in range(3):
+        assert torch.equal(cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det"), d0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        d1 = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(d1, d0)
+    fast = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="fast")
+    assert ref.rel_rms(fast, ref.wgrad(g, x, offs)) < BUDGET
+    # fast gives det's bits for fwd and dgrad (they have one variant)
+    cake_moe.configure(grouped_gemm_variant="fast")
+    try:
+        y_fast = cake_moe.grouped_gemm_fwd(x, w, offs)
+    finally:
+        cake_moe.configure(grouped_gemm_variant=None)
+    assert torch.equal(y_fast, cake_moe.grouped_gemm_fwd(x, w, offs))
+
+
+def test_prepared_wgrad_graph_replay_and_empty_rows():
+    x, w, g, offs = _problem([50, 0, 70], 128, 256, pad=0)
+    launch = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, out_dtype=torch.float32)
+    launch.launch()
+    want = launch.out.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch.launch()
+    poison_(launch.out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(launch.out, want)
+    empty = torch.empty(0, 128, dtype=torch.bfloat16, device="cuda")
+    dw = cake_moe.grouped_gemm_wgrad(empty, torch.empty(0, 256, dtype=torch.bfloat16, device="cuda"),
+                                     torch.zeros(3, dtype=torch.int32, device="cuda"))
+    assert dw.shape == (3, 128, 256) and not dw.any()
+
+
+def test_grouped_mm_autograd_and_compile():
+    sizes = [100, 0, 37, 211]
+    x, w, g, offs = _problem(sizes, 64, 128, pad=0)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = cake_moe.grouped_mm(xr, wr, offs)
+    y.backward(g)
+    assert ref.rel_rms(y, ref.fwd(x, w, offs)) < BUDGET
+    assert ref.rel_rms(xr.grad, ref.dgrad(g, w, offs)) < BUDGET
+    assert wr.grad.dtype == torch.bfloat16 and ref.rel_rms(wr.grad, ref.wgrad(g, x, offs)) < BUDGET
+
+    class MoEMLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w13 = torch.nn.Parameter(bf16(4, 256, 128, seed=3, scale=0.05))
+            self.w2 = torch.nn.Parameter(bf16(4, 128, 128, seed=4, scale=0.05))
+
+        def forward(self, t, o):
+            h = cake_moe.grouped_mm(t, self.w13, o)
+            gate, up = h.chunk(2, dim=-1)
+            return cake_moe.grouped_mm((torch.nn.functional.silu(gate) * up).contiguous(), self.w2, o)
+
+    model = MoEMLP().cuda()
+    compiled = torch.compile(model, fullgraph=True)
+    t = bf16(sum(sizes), 128, seed=8)
+    out_eager = model(t, offs)
+    out_comp = compiled(t, offs)
+    assert ref.rel_rms(out_comp, out_eager.double()) < BUDGET
+    out_comp.float().square().mean().backward()
+    assert model.w13.grad is not None and torch.isfinite(model.w13.grad.float()).all()
+
+
+def test_portable_forms_on_this_gpu():
+    """The mma.sync forms that serve arches without a native form, run here on sm_90a."""
+    code = """
+import sys, torch, cake_moe
+sys.path.insert(0, 'tests')
+from grouped_gemm_cases import PATTERNS, bf16, offsets
+from cake_moe.reference import grouped_gemm as ref
+worst = 0.0
+for name, sizes in PATTERNS.items():
+    for n, k in ((256, 512), (200, 264)):
+        rows = sum(sizes) + 8
+        x, w, g = bf16(rows, k), bf16(len(sizes), n, k, seed=1, scale=0.05), bf16(rows, n, seed=2)
+        o = offsets(sizes)
+        y = torch.full((rows, n), float('nan'), dtype=torch.bfloat16, device='cuda')
+        launch = cake_moe.prepare_grouped_gemm_fwd(x, w, o, out=y)
+        assert launch.form == 'gg_portable_fwd', launch.form
+        launch.launch()
+        assert y[sum(sizes):].isnan().all()
+        worst = max(worst, ref.rel_rms(y, ref.fwd(x, w, o)),
+                    ref.rel_rms(cake_moe.grouped_gemm_dgrad(g, w, o), ref.dgrad(g, w, o)),
+                    ref.rel_rms(cake_moe.grouped_gemm_wgrad(g, x, o), ref.wgrad(g, x, o)))
+print(worst)
+"""
+    env = dict(__import__("os").environ, CAKE_MOE_GG_FORCE_PORTABLE="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.strip()) < BUDGET

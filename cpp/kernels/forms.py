@@ -91,4 +91,16 @@ def _grouped_gemm_sm90_forms() -> list[Form]:
     return forms
 
 
-FORMS: list[Form] = [*_format_forms(), *_grouped_gemm_sm90_forms()]
+def _grouped_gemm_portable_forms() -> list[Form]:
+    """mma.sync / cp.async forms (sm_80+ instructions): the path on arches without a native
+    form, built for sm_90a as well so the H200 validates the same source."""
+    ops = {"fwd": ("fwd",), "dgrad": ("dgrad",), "wgrad": ("wgrad_bf16", "wgrad_f32")}
+    return [Form(f"gg_portable_{op}", "grouped_gemm", "grouped_gemm/portable_bf16_grouped_gemm.cuh",
+                 "cake_moe::portable::PortableGroupedGemmParams",
+                 tuple(Kernel(f"cake_gg_portable_{k}", f"cake_moe::portable::portable_grouped_gemm_{k}",
+                              threads=256, min_blocks=2) for k in kernels),
+                 {"op": op, "bm": 128, "bn": 128, "bk": 32, "stages": 4}, native=())
+            for op, kernels in ops.items()]
+
+
+FORMS: list[Form] = [*_format_forms(), *_grouped_gemm_sm90_forms(), *_grouped_gemm_portable_forms()]

@@ -59,6 +59,9 @@ def cmd_bench(args) -> int:
     if args.what == "formats":
         from .bench import formats as bench_formats
         bench_formats.main(args.out)
+    elif args.what == "grouped-gemm":
+        from .bench import grouped_gemm as bench_gg
+        bench_gg.main(args.out, ops=tuple(args.ops.split(",")))
     return 0
 
 
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--tokens", type=int, default=None, help="token count (default 4096 on GPU, 64 on CPU)")
     d.set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmarks against their anchors, JSON + markdown")
-    b.add_argument("what", choices=["formats"])
+    b.add_argument("what", choices=["formats", "grouped-gemm"])
+    b.add_argument("--ops", default="fwd,dgrad,wgrad", help="grouped-gemm: comma list of fwd,dgrad,wgrad")
     b.add_argument("--out", default=None, help="output prefix for .json/.md")
     b.set_defaults(fn=cmd_bench)
     args = p.parse_args(argv)

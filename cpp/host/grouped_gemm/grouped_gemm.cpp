@@ -1,8 +1,10 @@
 #include "host/grouped_gemm/grouped_gemm.hpp"
 
+#include <cstdlib>
 #include <string>
 
 #include "host/grouped_gemm/heuristics_sm90.hpp"
+#include "host/grouped_gemm/portable_bf16_grouped_gemm.hpp"
 #include "host/grouped_gemm/sm90_bf16_grouped_gemm.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/errors.hpp"
@@ -30,12 +32,18 @@ int64_t workspace_bytes(const Problem&) { return 0; }
 std::unique_ptr<Launch> prepare(const Problem& p) {
   check_bounds(p);
   if (p.op != Op::kWgrad && (p.rows == 0 || p.num_groups == 0)) return nullptr;
+  // CAKE_MOE_GG_FORCE_PORTABLE=1 runs the portable forms on sm_90a too (validation of the path
+  // that serves the arches without a native form).
+  static const bool force_portable = [] {
+    const char* v = std::getenv("CAKE_MOE_GG_FORCE_PORTABLE");
+    return v && v[0] == '1';
+  }();
   const std::string arch = runtime::device_arch(p.device);
-  if (arch == "90a" && p.op != Op::kWgrad) {
+  if (arch == "90a" && p.op != Op::kWgrad && !force_portable) {
     const int32_t n_out = p.op == Op::kDgrad ? p.k : p.n;
     return make_sm90_launch(p, choose_sm90_tile(p.rows, p.num_groups, n_out));
   }
-  throw NotImplemented(std::string("grouped GEMM ") + op_name(p.op) + " has no form for sm_" + arch + " in this build");
+  return make_portable_launch(p);
 }
 
 }  // namespace cake_moe::grouped_gemm

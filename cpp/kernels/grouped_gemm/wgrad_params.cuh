@@ -64,6 +64,13 @@
 #include <cstddef>
 #include <cstdint>
 
+// host + device under nvcc, plain constexpr in host-only C++
+#if defined(__CUDACC__)
+#define CAKE_GGW_HD __host__ __device__
+#else
+#define CAKE_GGW_HD
+#endif
+
 namespace cake_moe {
 namespace sm90 {
 
@@ -92,17 +99,17 @@ static_assert(sizeof(GroupedGemmWgradParams) <= 4096, "kernel parameters are lim
 
 // ---- workspace layout (host and device) ----------------------------------------
 constexpr uint64_t kWgradWsControlBytes = 256;  // [0]: unit counter, [1]: finished-CTA counter
-constexpr uint64_t grouped_gemm_wgrad_ws_flags_bytes(int slots) {
+CAKE_GGW_HD constexpr uint64_t grouped_gemm_wgrad_ws_flags_bytes(int slots) {
   return ((static_cast<uint64_t>(slots > 0 ? slots : 0) * 8u + 255u) / 256u) * 256u;  // 2 x u32 per slot
 }
-constexpr uint64_t grouped_gemm_wgrad_ws_tile_bytes(int bm, int bn) { return static_cast<uint64_t>(bm) * bn * 4u; }
+CAKE_GGW_HD constexpr uint64_t grouped_gemm_wgrad_ws_tile_bytes(int bm, int bn) { return static_cast<uint64_t>(bm) * bn * 4u; }
 // Workspace bytes for `slots` split-tile buffers of a BM x BN form.
-constexpr uint64_t grouped_gemm_wgrad_workspace_bytes(int bm, int bn, int slots) {
+CAKE_GGW_HD constexpr uint64_t grouped_gemm_wgrad_workspace_bytes(int bm, int bn, int slots) {
   return kWgradWsControlBytes + grouped_gemm_wgrad_ws_flags_bytes(slots) +
          static_cast<uint64_t>(slots > 0 ? slots : 0) * grouped_gemm_wgrad_ws_tile_bytes(bm, bn);
 }
 // Largest slot count that fits in `bytes` (what the kernel uses when ws_slots asks for more).
-constexpr int grouped_gemm_wgrad_slots_that_fit(int bm, int bn, uint64_t bytes) {
+CAKE_GGW_HD constexpr int grouped_gemm_wgrad_slots_that_fit(int bm, int bn, uint64_t bytes) {
   const uint64_t tile = grouped_gemm_wgrad_ws_tile_bytes(bm, bn);
   if (bytes < kWgradWsControlBytes + 256u + tile) return 0;
   // flags take <= 8 bytes per slot plus padding <= 256: solve conservatively
@@ -110,7 +117,7 @@ constexpr int grouped_gemm_wgrad_slots_that_fit(int bm, int bn, uint64_t bytes) 
   const uint64_t s = avail / (tile + 8u);
   return s > 0x3fffffffu ? 0x3fffffff : static_cast<int>(s);
 }
-constexpr int grouped_gemm_wgrad_default_slots(int num_sms) { return 4 * (num_sms > 0 ? num_sms : 1); }
+CAKE_GGW_HD constexpr int grouped_gemm_wgrad_default_slots(int num_sms) { return 4 * (num_sms > 0 ? num_sms : 1); }
 
 }  // namespace sm90
 }  // namespace cake_moe

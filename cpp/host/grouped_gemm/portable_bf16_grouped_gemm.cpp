@@ -1,0 +1,87 @@
+#include "host/grouped_gemm/portable_bf16_grouped_gemm.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "grouped_gemm/portable_params.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/images.hpp"
+#include "runtime/launch.hpp"
+
+namespace cake_moe::grouped_gemm {
+namespace {
+
+using portable::PortableGroupedGemmConfig;
+using portable::PortableGroupedGemmParams;
+
+class PortableLaunch final : public Launch {
+ public:
+  explicit PortableLaunch(const Problem& p) : device_(p.device) {
+    std::memset(&params_, 0, sizeof(params_));
+    std::string kernel = "cake_gg_portable_";
+    switch (p.op) {
+      case Op::kFwd:
+        params_.x = p.a;
+        params_.w = p.b;
+        kernel += "fwd";
+        break;
+      case Op::kDgrad:
+        params_.g = p.a;
+        params_.w = p.b;
+        kernel += "dgrad";
+        break;
+      case Op::kWgrad:
+        params_.g = p.a;
+        params_.x = p.b;
+        kernel += p.out_f32 ? "wgrad_f32" : "wgrad_bf16";
+        break;
+    }
+    form_ = std::string("gg_portable_") + op_name(p.op);
+    params_.out = p.out;
+    params_.offs = p.offs;
+    params_.num_groups = p.num_groups;
+    params_.sum_m = int32_t(p.rows);
+    params_.n = p.n;
+    params_.k = p.k;
+    params_.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
+
+    runtime::ScopedDevice scope(p.device);
+    kernel_ = runtime::get_kernel(form_, kernel.c_str(), p.device);
+    runtime::set_max_dynamic_smem(kernel_, p.device, PortableGroupedGemmConfig::kSmemBytes);
+    const int64_t bm = PortableGroupedGemmConfig::kBlockM, bn = PortableGroupedGemmConfig::kBlockN;
+    int64_t tiles;
+    if (p.op == Op::kWgrad) {
+      tiles = int64_t(p.num_groups) * ((p.n + bm - 1) / bm) * ((p.k + bn - 1) / bn);
+    } else {
+      const int64_t n_out = p.op == Op::kFwd ? p.n : p.k;
+      tiles = ((p.rows + bm - 1) / bm + p.num_groups) * ((n_out + bn - 1) / bn);
+    }
+    const int64_t ctas = int64_t(PortableGroupedGemmConfig::kMinBlocksPerSM) * runtime::device_sm_count(p.device);
+    cfg_.grid[0] = unsigned(std::max<int64_t>(1, std::min(ctas, tiles)));
+    cfg_.block[0] = PortableGroupedGemmConfig::kThreads;
+    cfg_.smem_bytes = PortableGroupedGemmConfig::kSmemBytes;
+  }
+
+  void launch(std::uintptr_t stream) const override {
+    runtime::ScopedDevice scope(device_);
+    runtime::LaunchConfig cfg = cfg_;
+    cfg.stream = stream;
+    runtime::launch(kernel_, cfg, &params_, form_.c_str());
+  }
+
+  const std::string& form() const override { return form_; }
+
+ private:
+  PortableGroupedGemmParams params_;
+  CUkernel kernel_ = nullptr;
+  runtime::LaunchConfig cfg_;
+  std::string form_;
+  int device_;
+};
+
+}  // namespace
+
+std::unique_ptr<Launch> make_portable_launch(const Problem& p) { return std::make_unique<PortableLaunch>(p); }
+
+}  // namespace cake_moe::grouped_gemm

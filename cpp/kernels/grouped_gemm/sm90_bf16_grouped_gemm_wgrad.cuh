@@ -1,0 +1,718 @@
+// sm_90a ragged BF16 grouped GEMM, weight gradient (family A, wgrad):
+//
+//   dW[e] = G[g_e]^T @ X[g_e]      G [sum_m, N], X [sum_m, K] bf16, dW [E, N, K] bf16|f32
+//
+// The ragged dimension (the group's token rows) is the reduction. Both wgmma
+// operands are MN-major: A = G_e^T (M = output rows along N, the 64 N-columns of
+// a G row are contiguous) and B = X_e (N = output columns along K); a TMA box of
+// 64 token rows x 64 columns lands as one 128B-swizzled 8 KB atom column, which
+// is exactly the MN-major SW128 layout (wgmma transpose bits set for A and B).
+// FP32 accumulation, one rounding at the end.
+//
+// Work units. Output tiles are BM (=128, along N) x BN (128 or 256, along K). A
+// group whose token count is large is cut into `num_chunks` chunks of whole
+// 64-row k-blocks; a unit is (group, chunk, tile). The chunk length is chosen on
+// the device from offs (no host sync): at most kb_chunk_max k-blocks, where
+//   kb_chunk_max = max(kMinChunkKB, ceil(tiles * R / (W * kSplitQ * 64)),
+//                      ceil(tiles * R / (ws_slots * 64)))
+// (tiles = ceil(N/BM) * ceil(K/BN), R = total rows, W = params.num_workers), so
+// that there are about kSplitQ units per worker or more, and the number of split
+// tiles never exceeds the workspace's ws_slots (each split group has more than
+// 64 * kb_chunk_max rows, so fewer than R / (64 * kb_chunk_max) groups split).
+// Units are ordered group-major, then chunk, then tile (n-major): the CTAs that
+// run together read the same token rows of the same group (L2 reuse).
+//
+// Scheduling. Persistent CTAs (one per SM) take units from an atomic counter in
+// the workspace (dynamic: the load is balanced whatever the group sizes), or,
+// without a workspace, stride over them statically (then nothing is split).
+// The decomposition never depends on the grid or on timing.
+//
+// Split tiles (num_chunks > 1) are reduced through an FP32 tile in the
+// workspace, per consumer warpgroup (each owns 64 output rows):
+//   kDet : chunk c waits for flag == c, then buf = buf + acc (chunk 0 stores),
+//          flag = c + 1; the last chunk adds buf and writes dW. The sum order
+//          is chunk order: bitwise deterministic. A chunk only waits for a
+//          lower-numbered unit, which a running CTA has already taken from the
+//          counter, so the chain cannot deadlock (no co-residency assumption).
+//   kFast: every chunk red.global.add's its partial into buf and counts in;
+//          the last one to arrive reads buf and writes dW (FP32 sums in
+//          arrival order: not bitwise repeatable, within the bf16 budget).
+// The last chunk clears buf and its flag: the workspace is all zero between
+// launches (zero it once when allocating it).
+//
+// Structure (384 threads): warpgroup 0 = producer (one thread: takes units,
+// issues TMA loads into a kStages ring, publishes the unit id per ring stage;
+// setmaxnreg.dec), warpgroups 1, 2 = consumers (wgmma m64 x BN x k16, one group
+// in flight; each owns 64 output rows). Rows of the last k-block past the group
+// end are zeroed in shared memory (both operands) before wgmma reads them.
+// Epilogue: 4x4 quad transposes of the accumulator fragment give each thread 8
+// consecutive output columns -> predicated 16-byte stores (bf16) or two (f32),
+// never outside [0, N) x [0, K) of dW[e]. Empty groups store exact zeros.
+//
+// Parameters, tensor maps and workspace contract: wgrad_params.cuh.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/ptx/mbarrier.cuh"
+#include "common/ptx/tma.cuh"
+#include "common/ptx/wgmma.cuh"
+#include "grouped_gemm/wgrad_params.cuh"
+
+namespace cake_moe {
+namespace sm90 {
+
+enum class WgradReduce : int { kDet = 0, kFast = 1 };
+
+namespace wgrad_detail {
+
+__device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed_gpu(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+__device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+__device__ __forceinline__ float4 ld_cg_f4(const float* p) {
+  float4 v;
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_cg_f4(float* p, float a, float b, float c, float d) {
+  asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+__device__ __forceinline__ void st_v4_u32(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+__device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0u) : "memory");
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// 4x4 transpose of 32-bit words across the 4 lanes of a quad: before, lane q
+// holds M[0..3][q] in v[0..3]; after, lane q holds M[q][0..3].
+__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
+  const bool hi = (q & 2) != 0;
+  uint32_t a = hi ? v[0] : v[2];
+  uint32_t b = hi ? v[1] : v[3];
+  a = __shfl_xor_sync(0xffffffffu, a, 2);
+  b = __shfl_xor_sync(0xffffffffu, b, 2);
+  if (hi) {
+    v[0] = a;
+    v[1] = b;
+  } else {
+    v[2] = a;
+    v[3] = b;
+  }
+  const bool odd = (q & 1) != 0;
+  a = odd ? v[0] : v[1];
+  b = odd ? v[2] : v[3];
+  a = __shfl_xor_sync(0xffffffffu, a, 1);
+  b = __shfl_xor_sync(0xffffffffu, b, 1);
+  if (odd) {
+    v[0] = a;
+    v[2] = b;
+  } else {
+    v[1] = a;
+    v[3] = b;
+  }
+}
+
+}  // namespace wgrad_detail
+
+// One work unit: a chunk of a group's token rows for one output tile.
+struct WgradUnit {
+  int32_t e;           // group
+  int32_t row0;        // first token row of the chunk
+  int32_t kb;          // 64-row k-blocks in the chunk (0: empty group -> zeros)
+  int32_t tail;        // valid rows of the last k-block (1..64)
+  int32_t n0, k0;      // output tile origin in dW[e]
+  int32_t chunk;       // chunk index inside the group
+  int32_t num_chunks;  // chunks of the group (> 1: split tile)
+  int32_t slot;        // workspace slot of the split tile (num_chunks > 1)
+};
+
+// Ragged unit scheduler: per-CTA shared-memory prefix over groups of the packed
+// (units | split tiles << 32) counts, built from offs on the device; a unit id
+// maps to (group, chunk, tile) by binary search. More groups than kTableSize:
+// each table slot covers `span` consecutive groups (short linear walk).
+template <int kBM, int kBN, int kSplitQ, int kMinChunkKB, int kTableSize>
+struct WgradScheduler {
+  static_assert(kTableSize % 32 == 0 && kTableSize / 32 <= 32, "two-level scan: at most 32 chunks of 32 slots");
+  static constexpr int kScratch = 16;  // int64 words for the row-count reduction (<= 16 warps)
+  static constexpr uint32_t kSmemBytes = (kTableSize + 32 + kScratch) * sizeof(uint64_t);
+
+  const uint64_t* table;
+  const int32_t* offs;
+  int32_t num_groups, capacity, leading_zero;
+  int32_t tiles_k, tiles_nk;
+  int32_t span, num_slots;
+  int32_t kb_chunk_max;
+  int32_t total_units;
+
+  __device__ __forceinline__ void group_rows(int32_t e, int32_t& begin, int32_t& end) const {
+    int32_t b, en;
+    if (leading_zero) {
+      b = __ldg(offs + e);
+      en = __ldg(offs + e + 1);
+    } else {
+      b = e == 0 ? 0 : __ldg(offs + e - 1);
+      en = __ldg(offs + e);
+    }
+    b = min(max(b, 0), capacity);
+    en = min(max(en, b), capacity);
+    begin = b;
+    end = en;
+  }
+
+  // chunking of a group of m rows: num_chunks chunks of chunk_kb k-blocks (last shorter)
+  __device__ __forceinline__ void split(int32_t m, int32_t& num_chunks, int32_t& chunk_kb) const {
+    const int32_t kb = (m + 63) / 64;
+    if (kb <= kb_chunk_max) {
+      num_chunks = 1;
+      chunk_kb = kb;
+      return;
+    }
+    const int32_t s = (kb + kb_chunk_max - 1) / kb_chunk_max;
+    chunk_kb = (kb + s - 1) / s;
+    num_chunks = (kb + chunk_kb - 1) / chunk_kb;
+  }
+
+  __device__ __forceinline__ uint64_t packed_count(int32_t e) const {
+    int32_t b, en, s, ckb;
+    group_rows(e, b, en);
+    split(en - b, s, ckb);
+    return static_cast<uint64_t>(static_cast<uint32_t>(s * tiles_nk)) |
+           (static_cast<uint64_t>(s > 1 ? tiles_nk : 0) << 32);
+  }
+
+  // Collective (all threads of the CTA; contains __syncthreads).
+  __device__ __forceinline__ void init(uint64_t* smem_table, const GroupedGemmWgradParams& p, int32_t workers,
+                                       int32_t slots) {
+    uint64_t* chunk_total = smem_table + kTableSize;
+    int64_t* scratch = reinterpret_cast<int64_t*>(chunk_total + 32);
+    table = smem_table;
+    offs = p.offs;
+    num_groups = max(p.num_groups, 0);
+    capacity = max(p.sum_m_capacity, 0);
+    leading_zero = p.offs_has_leading_zero;
+    const int32_t tiles_n = (max(p.n, 0) + kBM - 1) / kBM;
+    tiles_k = (max(p.k, 0) + kBN - 1) / kBN;
+    tiles_nk = tiles_n * tiles_k;
+    span = num_groups > 0 ? (num_groups + kTableSize - 1) / kTableSize : 1;
+    num_slots = (num_groups + span - 1) / span;
+
+    const int32_t lane = threadIdx.x & 31;
+    const int32_t warp = threadIdx.x >> 5;
+    const int32_t num_warps = blockDim.x >> 5;
+
+    // 1) total rows R (exact sum of the clamped group sizes)
+    int64_t part = 0;
+    for (int32_t e = threadIdx.x; e < num_groups; e += blockDim.x) {
+      int32_t b, en;
+      group_rows(e, b, en);
+      part += en - b;
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) part += __shfl_xor_sync(0xffffffffu, part, d);
+    if (lane == 0 && warp < kScratch) scratch[warp] = part;
+    __syncthreads();
+    int64_t rows = 0;
+    for (int32_t w = 0; w < num_warps && w < kScratch; ++w) rows += scratch[w];
+
+    // 2) chunk length (k-blocks)
+    if (slots <= 0 || tiles_nk == 0) {
+      kb_chunk_max = 0x7fffffff;
+    } else {
+      const int64_t work = static_cast<int64_t>(tiles_nk) * rows;  // row-tiles
+      const int64_t w = static_cast<int64_t>(max(workers, 1)) * kSplitQ * 64;
+      const int64_t a = (work + w - 1) / w;
+      const int64_t s = static_cast<int64_t>(slots) * 64;
+      const int64_t b = (work + s - 1) / s;
+      int64_t kb = a > b ? a : b;
+      if (kb < kMinChunkKB) kb = kMinChunkKB;
+      kb_chunk_max = kb > 0x7fffffff ? 0x7fffffff : static_cast<int32_t>(kb);
+    }
+
+    // 3) packed counts per table slot
+    for (int32_t j = threadIdx.x; j < num_slots; j += blockDim.x) {
+      const int32_t e_end = min(num_groups, (j + 1) * span);
+      uint64_t c = 0;
+      for (int32_t e = j * span; e < e_end; ++e) c += packed_count(e);
+      smem_table[j] = c;
+    }
+    __syncthreads();
+
+    // 4) inclusive scan: per-warp scans of 32-slot chunks, then chunk offsets
+    const int32_t num_chunks = (num_slots + 31) / 32;
+    for (int32_t c = warp; c < num_chunks; c += num_warps) {
+      const int32_t idx = c * 32 + lane;
+      uint64_t v = idx < num_slots ? smem_table[idx] : 0;
+#pragma unroll
+      for (int32_t d = 1; d < 32; d <<= 1) {
+        const uint64_t up = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += up;
+      }
+      if (idx < num_slots) smem_table[idx] = v;
+      if (lane == 31) chunk_total[c] = v;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const uint64_t own = lane < num_chunks ? chunk_total[lane] : 0;
+      uint64_t v = own;
+#pragma unroll
+      for (int32_t d = 1; d < 32; d <<= 1) {
+        const uint64_t up = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += up;
+      }
+      chunk_total[lane] = v - own;
+    }
+    __syncthreads();
+    for (int32_t idx = threadIdx.x; idx < num_slots; idx += blockDim.x) smem_table[idx] += chunk_total[idx >> 5];
+    __syncthreads();
+    total_units = num_slots > 0 ? static_cast<int32_t>(static_cast<uint32_t>(smem_table[num_slots - 1])) : 0;
+  }
+
+  __device__ __forceinline__ WgradUnit decode(int32_t u) const {
+    const uint32_t uu = static_cast<uint32_t>(u);
+    int32_t lo = 0, hi = num_slots - 1;
+    while (lo < hi) {
+      const int32_t mid = (lo + hi) >> 1;
+      if (static_cast<uint32_t>(table[mid]) > uu) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    const uint64_t prev = lo > 0 ? table[lo - 1] : 0;
+    int32_t local = static_cast<int32_t>(uu - static_cast<uint32_t>(prev));
+    int32_t split_base = static_cast<int32_t>(prev >> 32);
+    int32_t e = lo * span;
+    int32_t b, en, s, ckb;
+    for (;;) {  // at most `span` steps; ends because u < total_units
+      group_rows(e, b, en);
+      split(en - b, s, ckb);
+      const int32_t units = s * tiles_nk;
+      if (local < units) break;
+      local -= units;
+      if (s > 1) split_base += tiles_nk;
+      ++e;
+    }
+    const int32_t m = en - b;
+    const int32_t c = local / tiles_nk;
+    const int32_t t = local - c * tiles_nk;
+    const int32_t n_idx = t / tiles_k;
+    const int32_t k_idx = t - n_idx * tiles_k;
+    const int32_t kb_total = (m + 63) / 64;
+    const int32_t kb_begin = c * ckb;
+    WgradUnit w;
+    w.e = e;
+    w.row0 = b + kb_begin * 64;
+    w.kb = min(ckb, kb_total - kb_begin);
+    const int32_t rows_in_chunk = min(w.kb * 64, m - kb_begin * 64);
+    w.tail = w.kb > 0 ? rows_in_chunk - (w.kb - 1) * 64 : 64;
+    w.n0 = n_idx * kBM;
+    w.k0 = k_idx * kBN;
+    w.chunk = c;
+    w.num_chunks = s;
+    w.slot = s > 1 ? split_base + t : -1;
+    return w;
+  }
+};
+
+// kBN: output tile width along K (128 or 256); BM is 128 (two m64 consumer
+// warpgroups). OutT: __nv_bfloat16 or float. kSplitQ / kMinChunkKB: chunking
+// (see above). kTableSize: scheduler smem slots.
+template <int kBN, int kStages, WgradReduce kReduce, typename OutT, int kSplitQ = 8, int kMinChunkKB = 4,
+          int kTableSize = 1024>
+struct GroupedGemmWgradKernel {
+  static constexpr int kBM = 128;
+  static constexpr int kBK = 64;  // token rows per stage (one 128-B swizzle row per token per 64 columns)
+  static constexpr int kNumConsumerWG = 2;
+  static constexpr int kNumThreads = 128 * (1 + kNumConsumerWG);
+  static constexpr int kAccRegs = kBN / 2;
+  static constexpr int kAChunks = kBM / 64;
+  static constexpr int kBChunks = kBN / 64;
+  static constexpr bool kOutF32 = std::is_same<OutT, float>::value;
+  static constexpr bool kDet = kReduce == WgradReduce::kDet;
+  static_assert(kBN == 128 || kBN == 256, "BN: 128 or 256 (wgmma n, 64-column TMA boxes)");
+  static_assert(kStages >= 2, "need at least double buffering");
+  static_assert(std::is_same<OutT, float>::value || std::is_same<OutT, __nv_bfloat16>::value, "out: bf16 or f32");
+  // the form's parameters, for hosts and harnesses
+  static constexpr int kBlockM = kBM;
+  static constexpr int kBlockN = kBN;
+  static constexpr int kNumStages = kStages;
+  static constexpr bool kDeterministic = kDet;
+  static constexpr bool kOutputF32 = kOutF32;
+  static constexpr int kBoxInner = 64, kBoxRows = kBK;  // both tensor maps
+
+  // ---- shared memory ------------------------------------------------------------
+  static constexpr uint32_t kChunkBytes = 64 * 128;  // 64 token rows x 64 columns bf16 (one TMA box)
+  static constexpr uint32_t kABytes = kAChunks * kChunkBytes;
+  static constexpr uint32_t kBBytes = kBChunks * kChunkBytes;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  using Scheduler = WgradScheduler<kBM, kBN, kSplitQ, kMinChunkKB, kTableSize>;
+  static constexpr uint32_t kOffBar = kStages * kStageBytes;
+  static constexpr uint32_t kOffMeta = kOffBar + 2 * kStages * 8;
+  static constexpr uint32_t kOffBcast = kOffMeta + ((kStages * 4 + 15) / 16) * 16;
+  static constexpr uint32_t kOffTable = kOffBcast + 16;
+  static constexpr uint32_t kSmemUsed = kOffTable + Scheduler::kSmemBytes;
+  static constexpr uint32_t kSmemBytes = kSmemUsed + 1024;  // base aligned up to 1024 B at run time
+  static_assert(kChunkBytes % 1024 == 0 && kStageBytes % 1024 == 0, "stage buffers on 1024-B atom boundaries");
+  static_assert(kOffTable % 16 == 0, "table alignment");
+  static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of dynamic shared memory per block on sm_90");
+
+  // ---- registers ---------------------------------------------------------------
+  static constexpr uint32_t kProducerRegs = 40;
+  static constexpr uint32_t kConsumerRegs = 232;
+  static_assert(128 * kProducerRegs + 128 * kNumConsumerWG * kConsumerRegs <= 65536, "register budget");
+
+  using Mma = ptx::WgmmaBf16SSAB<kBN, 1, 1>;
+
+  static constexpr uint32_t kTileFloats = kBM * kBN;       // one workspace tile
+  static constexpr uint32_t kWgTileFloats = 64 * kBN;      // one consumer warpgroup's half
+
+  // ---------------------------------------------------------------------------------
+  struct Consumer {
+    int cw, tid_wg, lane, warp, g, q;
+    uint32_t smem_base;
+    uint64_t* full_bar;
+    uint64_t* empty_bar;
+    const int32_t* meta;
+    int32_t* bcast;
+    uint32_t stage, phase;
+    uint32_t* flags;
+    float* bufs;
+
+    __device__ __forceinline__ void advance() {
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1u;
+      }
+    }
+
+    // Zero token rows [tail, 64) of the current stage (this warpgroup's half of
+    // the boxes), make it visible to the async proxy, sync both warpgroups.
+    __device__ __forceinline__ void zero_tail(int32_t tail) {
+      const uint32_t base = smem_base + stage * kStageBytes;
+      const int32_t nrows = 64 - tail;
+      const int32_t per_chunk = nrows * 8;  // 16-B units
+      constexpr int kMyChunks = 1 + kBChunks / 2;
+      for (int32_t idx = tid_wg; idx < kMyChunks * per_chunk; idx += 128) {
+        const int32_t j = idx / per_chunk;
+        const int32_t r = idx - j * per_chunk;
+        const uint32_t chunk_addr = j == 0 ? base + cw * kChunkBytes
+                                           : base + kABytes + (cw * (kBChunks / 2) + (j - 1)) * kChunkBytes;
+        // whole 128-B rows: the swizzle only permutes 16-B units inside a row
+        wgrad_detail::st_shared_zero16(chunk_addr + (tail + r / 8) * 128 + (r % 8) * 16);
+      }
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_sync(3, 256);
+    }
+
+    __device__ __forceinline__ void mainloop(float (&acc)[kAccRegs], const WgradUnit& w) {
+#pragma unroll
+      for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
+      ptx::reg_fence(acc);
+      uint32_t prev_stage = 0;
+      for (int32_t i = 0; i < w.kb; ++i) {
+        if (i > 0) ptx::mbar_wait_parity(&full_bar[stage], phase);
+        if (i == w.kb - 1 && w.tail < 64) zero_tail(w.tail);
+        const uint32_t a_addr = smem_base + stage * kStageBytes + cw * kChunkBytes;
+        const uint32_t b_addr = smem_base + stage * kStageBytes + kABytes;
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          // MN-major: a k16 step is 16 token rows of 128 B = two swizzle atoms;
+          // LBO = 8 KB between 64-column boxes (B spans kBChunks of them).
+          const uint64_t da = ptx::make_desc_mnmajor_sw128(a_addr + kk * 2048, kChunkBytes);
+          const uint64_t db = ptx::make_desc_mnmajor_sw128(b_addr + kk * 2048, kChunkBytes);
+          Mma::mma(acc, da, db, 1u);
+        }
+        ptx::wgmma_commit();
+        ptx::reg_fence(acc);
+        ptx::wgmma_wait<1>();
+        ptx::reg_fence(acc);
+        if (i > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
+        prev_stage = stage;
+        advance();
+      }
+      ptx::wgmma_wait<0>();
+      ptx::reg_fence(acc);
+      if (w.kb > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
+    }
+
+    // Final conversion and store of this warpgroup's 64 x kBN part of the tile.
+    __device__ __forceinline__ void store_out(const float (&acc)[kAccRegs], const WgradUnit& w,
+                                              const GroupedGemmWgradParams& p) {
+      OutT* out = reinterpret_cast<OutT*>(p.out) + static_cast<int64_t>(w.e) * p.n * p.k;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int32_t row = w.n0 + cw * 64 + warp * 16 + g + 8 * h;
+        const bool row_ok = row < p.n;
+        OutT* out_row = out + static_cast<int64_t>(row) * p.k;
+#pragma unroll
+        for (int j = 0; j < kBN / 32; ++j) {
+          const int32_t col = w.k0 + 8 * (4 * j + q);
+          const bool ok = row_ok && col < p.k;
+          if constexpr (kOutF32) {
+            uint32_t x[4], y[4];
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+              x[b] = __float_as_uint(acc[4 * (4 * j + b) + 2 * h]);
+              y[b] = __float_as_uint(acc[4 * (4 * j + b) + 2 * h + 1]);
+            }
+            wgrad_detail::quad_transpose(x, q);
+            wgrad_detail::quad_transpose(y, q);
+            if (ok) {
+              wgrad_detail::st_v4_u32(out_row + col, x[0], y[0], x[1], y[1]);
+              wgrad_detail::st_v4_u32(out_row + col + 4, x[2], y[2], x[3], y[3]);
+            }
+          } else {
+            uint32_t v[4];
+#pragma unroll
+            for (int b = 0; b < 4; ++b)
+              v[b] = wgrad_detail::pack_bf16x2(acc[4 * (4 * j + b) + 2 * h], acc[4 * (4 * j + b) + 2 * h + 1]);
+            wgrad_detail::quad_transpose(v, q);
+            if (ok) wgrad_detail::st_v4_u32(out_row + col, v[0], v[1], v[2], v[3]);
+          }
+        }
+      }
+    }
+
+    __device__ __forceinline__ void epilogue(float (&acc)[kAccRegs], const WgradUnit& w,
+                                             const GroupedGemmWgradParams& p) {
+      if (w.num_chunks > 1) {
+        // this warpgroup's half of the slot's FP32 tile, in fragment order:
+        // float4 i of thread t at (i * 128 + t) -- 512 contiguous bytes per warp access
+        float* buf = bufs + static_cast<int64_t>(w.slot) * kTileFloats + cw * kWgTileFloats + tid_wg * 4;
+        uint32_t* flag = flags + 2 * w.slot + cw;
+        const bool last = w.chunk == w.num_chunks - 1;
+        if constexpr (kDet) {
+          if (w.chunk > 0) {
+            if (tid_wg == 0) {
+              while (wgrad_detail::ld_acquire_gpu(flag) != static_cast<uint32_t>(w.chunk)) __nanosleep(64);
+            }
+            ptx::named_barrier_sync(1 + cw, 128);
+#pragma unroll
+            for (int i = 0; i < kAccRegs / 4; ++i) {
+              const float4 v = wgrad_detail::ld_cg_f4(buf + i * 512);
+              // running sum in chunk order: (((p0 + p1) + p2) + ...)
+              acc[4 * i + 0] = v.x + acc[4 * i + 0];
+              acc[4 * i + 1] = v.y + acc[4 * i + 1];
+              acc[4 * i + 2] = v.z + acc[4 * i + 2];
+              acc[4 * i + 3] = v.w + acc[4 * i + 3];
+            }
+          }
+          if (!last) {
+#pragma unroll
+            for (int i = 0; i < kAccRegs / 4; ++i)
+              wgrad_detail::st_cg_f4(buf + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+            ptx::named_barrier_sync(1 + cw, 128);
+            if (tid_wg == 0) {
+              wgrad_detail::fence_acq_rel_gpu();
+              wgrad_detail::st_relaxed_gpu(flag, static_cast<uint32_t>(w.chunk + 1));
+            }
+            return;
+          }
+          // last chunk: leave the slot clean for the next launch
+#pragma unroll
+          for (int i = 0; i < kAccRegs / 4; ++i) wgrad_detail::st_cg_f4(buf + i * 512, 0.f, 0.f, 0.f, 0.f);
+          if (tid_wg == 0) wgrad_detail::st_relaxed_gpu(flag, 0u);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kAccRegs / 4; ++i)
+            wgrad_detail::red_add_v4(buf + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+          ptx::named_barrier_sync(1 + cw, 128);
+          if (tid_wg == 0) {
+            wgrad_detail::fence_acq_rel_gpu();
+            const uint32_t old = atomicAdd(flag, 1u);
+            wgrad_detail::fence_acq_rel_gpu();
+            bcast[cw] = static_cast<int32_t>(old);
+          }
+          ptx::named_barrier_sync(1 + cw, 128);
+          if (bcast[cw] != w.num_chunks - 1) return;
+          // last to arrive: buf holds every chunk's partial
+#pragma unroll
+          for (int i = 0; i < kAccRegs / 4; ++i) {
+            const float4 v = wgrad_detail::ld_cg_f4(buf + i * 512);
+            acc[4 * i + 0] = v.x;
+            acc[4 * i + 1] = v.y;
+            acc[4 * i + 2] = v.z;
+            acc[4 * i + 3] = v.w;
+          }
+#pragma unroll
+          for (int i = 0; i < kAccRegs / 4; ++i) wgrad_detail::st_cg_f4(buf + i * 512, 0.f, 0.f, 0.f, 0.f);
+          if (tid_wg == 0) wgrad_detail::st_relaxed_gpu(flag, 0u);
+        }
+      }
+      store_out(acc, w, p);
+    }
+  };
+
+  // -------------------------------------------------------------------------------
+  __device__ static __forceinline__ void run(const GroupedGemmWgradParams& p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    extern __shared__ __align__(1024) uint8_t cake_ggw_smem_raw[];
+    const uint32_t raw_addr = ptx::smem_addr(cake_ggw_smem_raw);
+    uint8_t* smem = cake_ggw_smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
+    const uint32_t smem_base = ptx::smem_addr(smem);
+
+    uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + kOffBar);
+    uint64_t* empty_bar = full_bar + kStages;
+    int32_t* meta = reinterpret_cast<int32_t*>(smem + kOffMeta);
+    int32_t* bcast = reinterpret_cast<int32_t*>(smem + kOffBcast);
+    uint64_t* table = reinterpret_cast<uint64_t*>(smem + kOffTable);
+
+    const int warpgroup = threadIdx.x / 128;
+    const int tid_wg = threadIdx.x % 128;
+
+    // workspace: [control 256 B][flags][FP32 tiles]
+    uint8_t* ws = reinterpret_cast<uint8_t*>(p.workspace);
+    const bool dynamic = ws != nullptr && p.workspace_bytes >= kWgradWsControlBytes;
+    int32_t slots = 0;
+    if (dynamic) {
+      const int fit = grouped_gemm_wgrad_slots_that_fit(kBM, kBN, p.workspace_bytes);
+      slots = min(max(p.ws_slots, 0), fit);
+    }
+    uint32_t* ctrl = reinterpret_cast<uint32_t*>(ws);
+    uint32_t* flags = reinterpret_cast<uint32_t*>(ws + kWgradWsControlBytes);
+    float* bufs = reinterpret_cast<float*>(ws + kWgradWsControlBytes + grouped_gemm_wgrad_ws_flags_bytes(slots));
+    const int32_t workers = p.num_workers > 0 ? p.num_workers : static_cast<int32_t>(gridDim.x);
+
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) {
+        ptx::mbar_init(&full_bar[s], 1);                    // producer's (expect_tx) arrival
+        ptx::mbar_init(&empty_bar[s], kNumConsumerWG * 4);  // one arrival per consumer warp
+      }
+      ptx::mbar_fence_init();
+      ptx::tma_prefetch_desc(&p.tmap_g);
+      ptx::tma_prefetch_desc(&p.tmap_x);
+    }
+    Scheduler sched;
+    sched.init(table, p, workers, slots);  // collective; its __syncthreads publish the barrier init
+
+    if (warpgroup == 0) {
+      // ============================ producer ============================
+      ptx::setmaxnreg_dec<kProducerRegs>();
+      if (tid_wg == 0) {
+        uint32_t stage = 0, phase = 0;
+        const uint32_t total = static_cast<uint32_t>(sched.total_units);
+        for (uint32_t iter = 0;; ++iter) {
+          const uint32_t u = dynamic ? atomicAdd(&ctrl[0], 1u) : blockIdx.x + iter * gridDim.x;
+          if (u >= total) break;
+          const WgradUnit w = sched.decode(static_cast<int32_t>(u));
+          if (w.kb == 0) {
+            // empty group: no data, the consumers store zeros
+            ptx::mbar_wait_parity(&empty_bar[stage], phase ^ 1u);
+            meta[stage] = static_cast<int32_t>(u);
+            ptx::mbar_arrive(&full_bar[stage]);
+            if (++stage == kStages) {
+              stage = 0;
+              phase ^= 1u;
+            }
+            continue;
+          }
+          // boxes wholly past N / K are skipped: their stale smem only feeds
+          // output rows / columns that are never stored
+          const int32_t na = min(kAChunks, (p.n - w.n0 + 63) / 64);
+          const int32_t nb = min(kBChunks, (p.k - w.k0 + 63) / 64);
+          const uint32_t tx = static_cast<uint32_t>(na + nb) * kChunkBytes;
+          for (int32_t i = 0; i < w.kb; ++i) {
+            ptx::mbar_wait_parity(&empty_bar[stage], phase ^ 1u);
+            if (i == 0) meta[stage] = static_cast<int32_t>(u);
+            ptx::mbar_arrive_expect_tx(&full_bar[stage], tx);
+            uint8_t* sa = smem + stage * kStageBytes;
+            uint8_t* sb = sa + kABytes;
+            const int32_t row = w.row0 + i * kBK;
+            for (int32_t j = 0; j < na; ++j)
+              ptx::tma_load_2d(&p.tmap_g, &full_bar[stage], sa + j * kChunkBytes, w.n0 + 64 * j, row);
+            for (int32_t j = 0; j < nb; ++j)
+              ptx::tma_load_2d(&p.tmap_x, &full_bar[stage], sb + j * kChunkBytes, w.k0 + 64 * j, row);
+            if (++stage == kStages) {
+              stage = 0;
+              phase ^= 1u;
+            }
+          }
+        }
+        // end marker for the consumers
+        ptx::mbar_wait_parity(&empty_bar[stage], phase ^ 1u);
+        meta[stage] = -1;
+        ptx::mbar_arrive(&full_bar[stage]);
+        if (dynamic) {
+          // the last CTA to finish taking units resets the counters for the next launch
+          __threadfence();
+          const uint32_t done = atomicAdd(&ctrl[1], 1u);
+          if (done == gridDim.x - 1) {
+            __threadfence();
+            atomicExch(&ctrl[0], 0u);
+            atomicExch(&ctrl[1], 0u);
+          }
+        }
+      }
+    } else {
+      // ============================ consumers ============================
+      ptx::setmaxnreg_inc<kConsumerRegs>();
+      Consumer c;
+      c.cw = warpgroup - 1;
+      c.tid_wg = tid_wg;
+      c.lane = tid_wg % 32;
+      c.warp = tid_wg / 32;
+      c.g = c.lane / 4;
+      c.q = c.lane % 4;
+      c.smem_base = smem_base;
+      c.full_bar = full_bar;
+      c.empty_bar = empty_bar;
+      c.meta = meta;
+      c.bcast = bcast;
+      c.stage = 0;
+      c.phase = 0;
+      c.flags = flags;
+      c.bufs = bufs;
+      float acc[kAccRegs];
+      for (;;) {
+        ptx::mbar_wait_parity(&full_bar[c.stage], c.phase);
+        const int32_t u = *reinterpret_cast<volatile const int32_t*>(&meta[c.stage]);
+        if (u < 0) break;
+        const WgradUnit w = sched.decode(u);
+        if (w.kb == 0) {
+          if (c.lane == 0) ptx::mbar_arrive(&empty_bar[c.stage]);
+          c.advance();
+#pragma unroll
+          for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
+        } else {
+          c.mainloop(acc, w);
+        }
+        c.epilogue(acc, w, p);
+      }
+    }
+#endif
+  }
+};
+
+}  // namespace sm90
+}  // namespace cake_moe
+
+// Defines one extern "C" kernel entry for a wgrad form.
+#define CAKE_GGW_SM90_DEFINE_KERNEL(NAME, KERNEL)                                                        \
+  extern "C" __global__ void __launch_bounds__(KERNEL::kNumThreads, 1)                                  \
+      NAME(const __grid_constant__ ::cake_moe::sm90::GroupedGemmWgradParams p) {                       \
+    KERNEL::run(p);                                                                                     \
+  }

@@ -1,0 +1,160 @@
+"""Family A benchmark: our grouped GEMM against torch._grouped_mm and a dense cuBLAS mm of the
+same total size, side by side in one run (PERF.md grid).
+
+Rows: (H, I, E) layers x {w13 [E, 2I, H], w2 [E, H, I]} x T, random imbalanced groups, plus a
+Zipf-skewed row and a row with empty groups. Ops: fwd, dgrad, wgrad (det, bf16 output; torch's
+wgrad is the ragged-K grouped mm its autograd runs).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+
+import torch
+
+from .. import grouped_gemm as gg
+from . import timing
+
+LAYERS = [(2048, 768, 16), (2048, 1536, 8), (4096, 2048, 9), (7168, 2048, 8)]
+TOKENS = [4096, 16384, 65536]
+
+
+def _sizes(total: int, e: int, kind: str, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "zipf":
+        w = 1.0 / torch.arange(1, e + 1, dtype=torch.float64) ** 1.2
+    elif kind == "empty":
+        w = torch.rand(e, generator=g, dtype=torch.float64)
+        w[::3] = 0.0
+    else:
+        w = torch.rand(e, generator=g, dtype=torch.float64) + 0.25
+    s = (w / w.sum() * total).floor().long()
+    s[int(torch.argmax(w))] += total - int(s.sum())
+    return s.tolist()
+
+
+def _rows():
+    for h, i, e in LAYERS:
+        for which in ("w13", "w2"):
+            n, k = (2 * i, h) if which == "w13" else (h, i)
+            for t in TOKENS:
+                yield (h, i, e, which, n, k, t, "random")
+    yield (2048, 1536, 8, "w13", 3072, 2048, 16384, "zipf")
+    yield (4096, 2048, 9, "w2", 4096, 2048, 16384, "empty")
+
+
+def _case(n, k, e, t, kind, seed):
+    sizes = _sizes(t, e, kind, seed)
+    offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * 0.05
+    g = torch.randn(t, n, device="cuda", dtype=torch.bfloat16)
+    return sizes, offs, x, w, g
+
+
+def run(ops=("fwd", "dgrad", "wgrad")) -> list[dict]:
+    has_torch_gmm = hasattr(torch, "_grouped_mm")
+    out = []
+    for idx, (h, i, e, which, n, k, t, kind) in enumerate(_rows()):
+        sizes, offs, x, w, g = _case(n, k, e, t, kind, idx)
+        flops = 2.0 * t * n * k
+        dense_a = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+        dense_b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        dense_ms = timing.time_cuda(lambda: torch.mm(dense_a, dense_b.T), iters=5, reps=10)
+        for op in ops:
+            if op == "fwd":
+                launch = gg.prepare_grouped_gemm_fwd(x, w, offs)
+                peer = (lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)) if has_torch_gmm else None
+            elif op == "dgrad":
+                launch = gg.prepare_grouped_gemm_dgrad(g, w, offs)
+                peer = (lambda: torch._grouped_mm(g, w, offs=offs)) if has_torch_gmm else None
+            else:
+                try:
+                    launch = gg.prepare_grouped_gemm_wgrad(g, x, offs, variant="det")
+                except NotImplementedError as err:
+                    print(f"wgrad skipped: {err}")
+                    continue
+                gt = g.t()
+                peer = (lambda: torch._grouped_mm(gt, x, offs=offs)) if has_torch_gmm else None
+            ours_ms = timing.time_cuda(launch.launch, iters=5, reps=10)
+            peer_ms = timing.time_cuda(peer, iters=5, reps=10) if peer else float("nan")
+            out.append({
+                "op": op, "layer": [h, i, e], "weight": which, "N": n, "K": k, "T": t, "groups": kind,
+                "form": launch.form, "ours_ms": ours_ms, "torch_ms": peer_ms, "dense_ms": dense_ms,
+                "ours_TFLOPs": flops / ours_ms / 1e9, "torch_TFLOPs": flops / peer_ms / 1e9,
+                "dense_TFLOPs": flops / dense_ms / 1e9, "speedup_vs_torch": peer_ms / ours_ms,
+                "fraction_of_dense": dense_ms / ours_ms, "rows_per_expert": t / e, "flops": flops,
+                "gpu": timing.gpu_name(), "date": datetime.date.today().isoformat(),
+            })
+            r = out[-1]
+            print(f"{op:5} {h:5} {i:5} {e:3} {which:3} T={t:6} {kind:6} {r['form']:22} ours {r['ours_TFLOPs']:6.1f} "
+                  f"torch {r['torch_TFLOPs']:6.1f} dense {r['dense_TFLOPs']:6.1f} x{r['speedup_vs_torch']:.2f}", flush=True)
+        del x, w, g, dense_a, dense_b
+    return out
+
+
+def summary(rows: list[dict]) -> str:
+    lines = []
+    for op in ("fwd", "dgrad", "wgrad"):
+        rs = [r for r in rows if r["op"] == op and math.isfinite(r["speedup_vs_torch"])]
+        if not rs:
+            continue
+        geo = math.exp(sum(math.log(r["speedup_vs_torch"]) for r in rs) / len(rs))
+        worst = min(rs, key=lambda r: r["speedup_vs_torch"])
+        big = [r["fraction_of_dense"] for r in rs if r["rows_per_expert"] >= 4096]
+        lines.append(f"{op}: geomean x{geo:.3f} over torch._grouped_mm ({len(rs)} rows), worst x"
+                     f"{worst['speedup_vs_torch']:.2f} ({worst['layer']} {worst['weight']} T={worst['T']} "
+                     f"{worst['groups']}); >=4096 rows/expert: {min(big, default=float('nan')):.2f}-"
+                     f"{max(big, default=float('nan')):.2f} of dense cuBLAS")
+    return "\n".join(lines)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| op | H, I, E | weight | T | groups | form | ours TF/s | torch TF/s | dense TF/s | vs torch | of dense |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['op']} | {', '.join(map(str, r['layer']))} | {r['weight']} | {r['T']} | {r['groups']} | "
+                     f"{r['form']} | {r['ours_TFLOPs']:.0f} | {r['torch_TFLOPs']:.0f} | {r['dense_TFLOPs']:.0f} | "
+                     f"{r['speedup_vs_torch']:.2f} | {r['fraction_of_dense']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    ops = [op for op in ("fwd", "dgrad", "wgrad") if any(r["op"] == op for r in rows)]
+    fig, axes = plt.subplots(len(ops), 1, figsize=(14, 4 * len(ops)), squeeze=False)
+    for ax, op in zip(axes[:, 0], ops):
+        rs = [r for r in rows if r["op"] == op]
+        xs = range(len(rs))
+        for key, label in (("ours_TFLOPs", "cake-moe"), ("torch_TFLOPs", "torch._grouped_mm"),
+                           ("dense_TFLOPs", "cuBLAS dense")):
+            ax.plot(xs, [r[key] for r in rs], marker="o", label=label)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([f"{r['layer'][0]}/{r['layer'][1]}/{r['layer'][2]} {r['weight']}\nT={r['T']} {r['groups']}"
+                            for r in rs], rotation=90, fontsize=6)
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"grouped GEMM {op} ({rows[0]['gpu']}, {rows[0]['date']})")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(out_prefix: str | None = None, ops=("fwd", "dgrad", "wgrad")) -> list[dict]:
+    rows = run(ops)
+    md = markdown(rows)
+    summ = summary(rows)
+    print(md)
+    print(summ)
+    if out_prefix:
+        with open(out_prefix + ".json", "w") as f:
+            json.dump(rows, f, indent=1)
+        with open(out_prefix + ".md", "w") as f:
+            f.write(f"GPU: {timing.gpu_name()}, {datetime.date.today().isoformat()}\n\n{md}\n\n{summ}\n")
+        plot(rows, out_prefix + ".png")
+    return rows
