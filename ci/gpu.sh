@@ -62,12 +62,14 @@ sanitize racecheck racecheck "X=0" grouped_gemm
 sanitize racecheck-pt racecheck "CAKE_MOE_GG_FORCE_PORTABLE=1" grouped_gemm
 
 # the main job
-if cake-moe demo >"$OUT/demo.log" 2>&1; then record demo "$(tail -1 "$OUT/demo.log")"; passed=$((passed + 1))
-else record demo "FAILED: $(tail -1 "$OUT/demo.log")"; failed=$((failed + 1)); fi
+if cake-moe demo >/tmp/cake-demo.log 2>&1; then record demo "$(tail -1 /tmp/cake-demo.log)"; passed=$((passed + 1))
+else record demo "FAILED: $(tail -1 /tmp/cake-demo.log)"; failed=$((failed + 1)); fi
+cat /tmp/cake-demo.log >>"$OUT/misc.log"
 cake-moe info >>"$OUT/misc.log" 2>&1
 
 # benchmarks (the PERF.md grids)
-if cake-moe bench formats --out "$OUT/bench_formats" >>"$OUT/misc.log" 2>&1; then record bench-fmt "ok (bench_formats.md)"
+if cake-moe bench formats --out /tmp/bench_formats >>"$OUT/misc.log" 2>&1; then
+  cp /tmp/bench_formats.json "$OUT/"; record bench-fmt "ok (bench_formats.json)"
 else record bench-fmt "FAILED (misc.log)"; fi
 if [ "${CAKE_BENCH_GG:-1}" = 1 ]; then
   if cake-moe bench grouped-gemm --out "$OUT/bench_gg" >>"$OUT/misc.log" 2>&1; then record bench-gg "ok (bench_gg.md)"
@@ -75,9 +77,9 @@ if [ "${CAKE_BENCH_GG:-1}" = 1 ]; then
 fi
 
 echo; echo "== device =="; head -1 "$OUT/misc.log"
-echo "== benchmark (formats) =="; cat "$OUT/bench_formats.md" 2>/dev/null | tail -n +3
+echo "== benchmark (formats) =="; tail -n +3 /tmp/bench_formats.md 2>/dev/null
 echo "== benchmark (grouped GEMM) =="; tail -4 "$OUT/bench_gg.md" 2>/dev/null
-echo "== demo =="; cat "$OUT/demo.log"
+echo "== demo =="; cat /tmp/cake-demo.log
 echo "== summary =="
 for i in "${!NAMES[@]}"; do printf '%-10s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"; done
 printf '\n%s\n' "$passed passed, $failed failed"

@@ -27,6 +27,8 @@ CUtensorMap rows_map(const void* base, int64_t cols, int64_t rows, uint32_t box_
 class Sm90Launch final : public Launch {
  public:
   Sm90Launch(const Problem& p, Sm90Tile tile) {
+    // Tensor-map encoding needs a current context: autograd's backward runs on its own threads.
+    runtime::ScopedDevice scope(p.device);
     const bool dgrad = p.op == Op::kDgrad;
     const sm90::GroupedGemmGeometry geo{tile.bm, tile.bn, tile.stages};
     form_ = std::string("gg_sm90_") + op_name(p.op) + "_" + std::to_string(tile.bm) + "x" + std::to_string(tile.bn);
@@ -53,7 +55,6 @@ class Sm90Launch final : public Launch {
     q.k_red = int32_t(k_red);
     q.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
 
-    runtime::ScopedDevice scope(p.device);
     kernel_ = runtime::get_kernel(form_, kernel.c_str(), p.device);
     runtime::set_max_dynamic_smem(kernel_, p.device, geo.smem_bytes());
     // Persistent: one CTA per SM at most; the tile count is only known on the device, so the

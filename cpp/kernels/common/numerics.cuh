@@ -52,12 +52,13 @@ __device__ __forceinline__ float ue8m0_value(uint32_t code) {
 // k + 2e. Integer work on the bits, no selects: ~11 instructions. The reference states the
 // same rule as comparisons with the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.
 __device__ __forceinline__ uint32_t e2m1_encode(float v) {
-  const uint32_t bits = __float_as_uint(v);
-  const uint32_t a = min(bits & 0x7FFFFFFFu, 0x40C00000u);  // |v| saturated at 6.0 (inf, NaN too)
-  const uint32_t e = max(a >> 23, 127u);                     // biased exponent, subnormal grid below 1
-  const uint32_t m = (e + 22u) << 23;                        // M = 2^(e - 127 + 22)
-  const uint32_t r = __float_as_uint(__fadd_rn(__uint_as_float(a), __uint_as_float(m)));
-  return (r - m + 2u * (e - 127u)) | ((bits >> 28) & 8u);
+  const float a = fminf(fabsf(v), kE2m1Max);                 // |v| saturated at 6 (inf too; NaN -> 6)
+  // e1 = e + 1 with e the biased exponent, floored at 127 (the subnormal grid below 1)
+  const uint32_t e1 = max((__float_as_uint(a) >> 23) + 1u, 128u);
+  const uint32_t m = (e1 + 21u) << 23;                       // M = 2^(e - 127 + 22)
+  const uint32_t r = __float_as_uint(__fadd_rn(a, __uint_as_float(m)));
+  // code = (r - m) + 2 (e - 127) <= 7; m and 254 vanish mod 8, so the low bits of r + 2 e1 suffice
+  return ((r + 2u * e1) & 7u) | ((__float_as_uint(v) >> 28) & 8u);
 }
 
 __device__ __forceinline__ float e2m1_decode(uint32_t code) {

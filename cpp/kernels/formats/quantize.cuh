@@ -32,8 +32,9 @@ __device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan
   } else {
     // FP4: a NaN block, an all-zero MX block (code 0) and an NVFP4 block with s == 0 are zeros
     if (nan || to_elem == 0.0f) return make_uint2(0u, 0u);
+    // nibbles never overlap, so the packing is a multiply-add chain (one IMAD per element)
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) w[0] |= e2m1_encode(__fmul_rn(v[i], to_elem)) << (4 * i);
+    for (int i = kChunk - 1; i >= 0; --i) w[0] = w[0] * 16u + e2m1_encode(__fmul_rn(v[i], to_elem));
   }
   return make_uint2(w[0], w[1]);
 }
