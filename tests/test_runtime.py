@@ -30,6 +30,26 @@ def test_import_loads_no_kernel():
     assert out.stdout.strip() == "0"
 
 
+def test_import_without_nvcc_or_gpu_and_fast():
+    """The installed package imports with nothing CUDA on PATH and no GPU, quickly."""
+    code = ("import time, torch; t = time.perf_counter(); import cake_moe; "
+            "print(time.perf_counter() - t, cake_moe._ext.loaded_image_count())")
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    seconds, loaded = out.stdout.split()
+    assert loaded == "0"
+    assert float(seconds) < 1.0, f"import cake_moe took {seconds} s (after torch)"
+
+
+def test_extension_links_no_cuda_or_torch_library():
+    so = next(pathlib.Path(cake_moe.__file__).parent.glob("_ext*.so"))
+    out = subprocess.run(["ldd", str(so)], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("ldd unavailable")
+    for lib in ("libcuda", "libcudart", "libtorch", "libc10"):
+        assert lib not in out.stdout, out.stdout
+
+
 def test_manifest_lists_every_form_with_matching_digests():
     m = _runtime.manifest()
     assert m["schema"] == "cake_moe.manifest.v1"

@@ -76,7 +76,7 @@ void bind_grouped_gemm(nb::module_& m) {
         nb::arg("out_f32"), nb::arg("workspace").none());
 
   m.def("grouped_gemm_workspace_bytes",
-        [](int op, int variant, int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32) {
+        [](int op, int variant, int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32, int device) {
           grouped_gemm::Problem p;
           p.op = grouped_gemm::Op(op);
           p.variant = grouped_gemm::Variant(variant);
@@ -85,6 +85,7 @@ void bind_grouped_gemm(nb::module_& m) {
           p.k = k;
           p.rows = rows;
           p.out_f32 = out_f32;
+          p.device = device;
           return grouped_gemm::workspace_bytes(p);
         });
 }

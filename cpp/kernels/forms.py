@@ -91,6 +91,28 @@ def _grouped_gemm_sm90_forms() -> list[Form]:
     return forms
 
 
+def _grouped_gemm_sm90_wgrad_forms() -> list[Form]:
+    """Weight gradient, 128x256 tiles: det reduces split tiles in chunk order through an FP32
+    workspace; fast adds them with FP32 atomics."""
+    forms = []
+    for variant, enum in (("det", "kDet"), ("fast", "kFast")):
+        kernels, checks = [], ['#include "grouped_gemm/sm90_geometry.hpp"',
+                               "using Geo = cake_moe::sm90::GroupedGemmWgradGeometry;"]
+        for out, ctype in (("bf16", "__nv_bfloat16"), ("f32", "float")):
+            alias = f"Wgrad_{out}"
+            checks += [f"using {alias} = cake_moe::sm90::GroupedGemmWgradKernel<Geo::kBN, Geo::kStages, "
+                       f"cake_moe::sm90::WgradReduce::{enum}, {ctype}>;",
+                       f"static_assert({alias}::kSmemBytes == Geo::kSmemBytes && {alias}::kNumThreads == Geo::kThreads"
+                       f" && {alias}::kBM == Geo::kBM);"]
+            kernels.append(Kernel(f"cake_gg_sm90_wgrad_{variant}_128x256_{out}", f"{alias}::run", threads=384,
+                                  min_blocks=1))
+        forms.append(Form(f"gg_sm90_wgrad_{variant}", "grouped_gemm", "grouped_gemm/sm90_bf16_grouped_gemm_wgrad.cuh",
+                          "cake_moe::sm90::GroupedGemmWgradParams", tuple(kernels),
+                          {"op": "wgrad", "variant": variant, "bm": 128, "bn": 256, "bk": 64, "stages": 4},
+                          arches=("90a",), native=("90a",), prelude="\n".join(checks)))
+    return forms
+
+
 def _grouped_gemm_portable_forms() -> list[Form]:
     """mma.sync / cp.async forms (sm_80+ instructions): the path on arches without a native
     form, built for sm_90a as well so the H200 validates the same source."""
@@ -103,4 +125,5 @@ def _grouped_gemm_portable_forms() -> list[Form]:
             for op, kernels in ops.items()]
 
 
-FORMS: list[Form] = [*_format_forms(), *_grouped_gemm_sm90_forms(), *_grouped_gemm_portable_forms()]
+FORMS: list[Form] = [*_format_forms(), *_grouped_gemm_sm90_forms(), *_grouped_gemm_sm90_wgrad_forms(),
+                     *_grouped_gemm_portable_forms()]

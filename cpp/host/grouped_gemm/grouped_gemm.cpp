@@ -6,6 +6,7 @@
 #include "host/grouped_gemm/heuristics_sm90.hpp"
 #include "host/grouped_gemm/portable_bf16_grouped_gemm.hpp"
 #include "host/grouped_gemm/sm90_bf16_grouped_gemm.hpp"
+#include "host/grouped_gemm/sm90_bf16_grouped_gemm_wgrad.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/errors.hpp"
 
@@ -27,19 +28,27 @@ void check_bounds(const Problem& p) {
 }
 }  // namespace
 
-int64_t workspace_bytes(const Problem&) { return 0; }
+// CAKE_MOE_GG_FORCE_PORTABLE=1 runs the portable forms on sm_90a too (validation of the path
+// that serves the arches without a native form).
+bool force_portable() {
+  static const bool v = [] {
+    const char* e = std::getenv("CAKE_MOE_GG_FORCE_PORTABLE");
+    return e && e[0] == '1';
+  }();
+  return v;
+}
+
+bool native_sm90(int device) { return !force_portable() && runtime::device_arch(device) == "90a"; }
+
+int64_t workspace_bytes(const Problem& p) {
+  return p.op == Op::kWgrad && native_sm90(p.device) ? sm90_wgrad_workspace_bytes(p.device) : 0;
+}
 
 std::unique_ptr<Launch> prepare(const Problem& p) {
   check_bounds(p);
-  if (p.op != Op::kWgrad && (p.rows == 0 || p.num_groups == 0)) return nullptr;
-  // CAKE_MOE_GG_FORCE_PORTABLE=1 runs the portable forms on sm_90a too (validation of the path
-  // that serves the arches without a native form).
-  static const bool force_portable = [] {
-    const char* v = std::getenv("CAKE_MOE_GG_FORCE_PORTABLE");
-    return v && v[0] == '1';
-  }();
-  const std::string arch = runtime::device_arch(p.device);
-  if (arch == "90a" && p.op != Op::kWgrad && !force_portable) {
+  if (p.rows == 0 || p.num_groups == 0) return nullptr;  // Python zero-fills an empty wgrad
+  if (native_sm90(p.device)) {
+    if (p.op == Op::kWgrad) return make_sm90_wgrad_launch(p);
     const int32_t n_out = p.op == Op::kDgrad ? p.k : p.n;
     return make_sm90_launch(p, choose_sm90_tile(p.rows, p.num_groups, n_out));
   }

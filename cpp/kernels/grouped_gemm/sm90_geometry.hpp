@@ -30,3 +30,16 @@ struct GroupedGemmGeometry {
 };
 
 }  // namespace cake_moe::sm90
+
+namespace cake_moe::sm90 {
+
+// The sm_90a weight-gradient forms: 128 x 256 output tiles, 4 stages of 64 token rows.
+struct GroupedGemmWgradGeometry {
+  static constexpr int kBM = 128;
+  static constexpr int kBN = 256;
+  static constexpr int kStages = 4;
+  static constexpr int kThreads = 384;
+  static constexpr uint32_t kSmemBytes = 206304;  // checked against the template in each form's TU
+};
+
+}  // namespace cake_moe::sm90

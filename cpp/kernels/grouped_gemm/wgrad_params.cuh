@@ -15,6 +15,8 @@
 //           box {64, 64} (64 columns of G along N x 64 token rows).
 //   tmap_x: 2D over X, dims {K, sum_m_capacity}, row stride K*2 bytes,
 //           box {64, 64} (64 columns of X along K x 64 token rows).
+//   sum_m_capacity == 0: encode both maps over any valid 16-B aligned buffer
+//   with 1 row (dims must be >= 1); nothing is read, dW is zero filled.
 //   (Kernel::kBoxInner / kBoxRows in sm90_bf16_grouped_gemm_wgrad.cuh.) A box
 //   may start at any token row; rows past the group end that a box brings in
 //   are zeroed in shared memory by the kernel, rows past sum_m_capacity and

@@ -93,18 +93,20 @@ class GroupedGemmLaunch:
 # ---------------------------------------------------------------------------------------------
 
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
+_PER_STREAM = object()  # one-shot calls: the cached workspace of the current stream
 
 
 def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
+    """Zeroed scratch for the wgrad reduction (kernels leave it zeroed). Never shared across
+    streams; a launch prepared during graph capture owns a fresh one."""
     if nbytes == 0:
         return None
     if torch.cuda.is_current_stream_capturing():
-        # a captured launch owns its workspace (the graph's pool keeps it)
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return torch.zeros(nbytes, dtype=torch.uint8, device=device)
     key = (device.index, torch.cuda.current_stream(device).cuda_stream)
     ws = _workspaces.get(key)
     if ws is None or ws.numel() < nbytes:
-        ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        ws = torch.zeros(nbytes, dtype=torch.uint8, device=device)
         _workspaces[key] = ws
     return ws
 
@@ -173,11 +175,14 @@ def prepare_grouped_gemm_dgrad(g, w, offs, out=None) -> GroupedGemmLaunch:
 
 
 def prepare_grouped_gemm_wgrad(g, x, offs, out=None, out_dtype=torch.bfloat16, num_groups=None,
-                               variant: str | None = None) -> GroupedGemmLaunch:
+                               variant: str | None = None, *, workspace=None) -> GroupedGemmLaunch:
     """dW[e] = G[g_e]^T @ X[g_e]: g [sum_m, N], x [sum_m, K] -> dw [E, N, K] (bf16 or fp32).
 
     ``num_groups`` tells offs [E] (cumulative ends) from [E+1] (m_indptr); without it offs is
-    taken as E cumulative ends. Empty groups give exact zeros.
+    taken as E cumulative ends. Empty groups give exact zeros. The split-K reduction uses a
+    zero-initialised uint8 scratch buffer that every launch leaves zeroed again: a prepared
+    launch owns one (allocated here, or ``workspace=``); one-shot calls use one per device and
+    stream (see :func:`release`).
     """
     _bf16(g, "g", 2)
     _bf16(x, "x", 2, g.device)
@@ -199,8 +204,16 @@ def prepare_grouped_gemm_wgrad(g, x, offs, out=None, out_dtype=torch.bfloat16, n
     ext = _runtime.ext()
     if g.shape[0] == 0 or e == 0:  # no rows: dW is all zeros, no kernel needed
         return GroupedGemmLaunch("wgrad", None, g.device, out, (g, x, offs), pre=out.zero_)
-    nbytes = ext.grouped_gemm_workspace_bytes(_OPS["wgrad"], _VARIANTS[v], e, n, k, g.shape[0], out_dtype == torch.float32)
-    ws = torch.empty(nbytes, dtype=torch.uint8, device=g.device) if nbytes else None
+    nbytes = ext.grouped_gemm_workspace_bytes(_OPS["wgrad"], _VARIANTS[v], e, n, k, g.shape[0],
+                                              out_dtype == torch.float32, g.device.index or 0)
+    if workspace is None:
+        ws = torch.zeros(nbytes, dtype=torch.uint8, device=g.device) if nbytes else None
+    elif workspace is _PER_STREAM:
+        ws = _workspace(g.device, nbytes)
+    else:
+        ws = _validate.tensor(workspace, "workspace", dtypes=(torch.uint8,), device=g.device, align=256)
+        if ws.numel() < nbytes:
+            raise ValueError(f"workspace must hold {nbytes} bytes, got {ws.numel()}")
     plan = ext.grouped_gemm_prepare(_OPS["wgrad"], _VARIANTS[v], g, x, out, offs, lz, e, n, k, g.shape[0],
                                     out_dtype == torch.float32, ws)
     return GroupedGemmLaunch("wgrad", plan, g.device, out, (g, x, offs, ws))
@@ -219,7 +232,7 @@ def dgrad_impl(g, w, offs, out=None):
 
 
 def wgrad_impl(g, x, offs, num_groups, out_dtype, variant, out=None):
-    return prepare_grouped_gemm_wgrad(g, x, offs, out, out_dtype, num_groups, variant).launch()
+    return prepare_grouped_gemm_wgrad(g, x, offs, out, out_dtype, num_groups, variant, workspace=_PER_STREAM).launch()
 
 
 def _register() -> None:

@@ -1,0 +1,92 @@
+#include "host/grouped_gemm/sm90_bf16_grouped_gemm_wgrad.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "grouped_gemm/sm90_geometry.hpp"
+#include "grouped_gemm/wgrad_params.cuh"
+#include "runtime/driver.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/images.hpp"
+#include "runtime/launch.hpp"
+#include "runtime/tensor_map.hpp"
+
+namespace cake_moe::grouped_gemm {
+namespace {
+
+using sm90::GroupedGemmWgradGeometry;
+using Geo = GroupedGemmWgradGeometry;
+
+CUtensorMap token_rows_map(const void* base, int64_t cols, int64_t rows) {
+  runtime::TensorMapSpec s;
+  s.base = const_cast<void*>(base);
+  s.dims = {uint64_t(cols), uint64_t(rows)};
+  s.strides = {uint64_t(cols) * 2};
+  s.box = {64, 64};
+  return runtime::encode_tiled(s);
+}
+
+class Sm90WgradLaunch final : public Launch {
+ public:
+  explicit Sm90WgradLaunch(const Problem& p) : device_(p.device) {
+    runtime::ScopedDevice scope(p.device);  // tensor-map encoding needs a current context
+    const std::string variant = p.variant == Variant::kFast ? "fast" : "det";
+    form_ = "gg_sm90_wgrad_" + variant;
+    const std::string kernel = "cake_gg_sm90_wgrad_" + variant + "_128x256_" + (p.out_f32 ? "f32" : "bf16");
+    const int sms = runtime::device_sm_count(p.device);
+    params_ = std::make_unique<sm90::GroupedGemmWgradParams>();
+    std::memset(params_.get(), 0, sizeof(sm90::GroupedGemmWgradParams));
+    sm90::GroupedGemmWgradParams& q = *params_;
+    q.tmap_g = token_rows_map(p.a, p.n, p.rows);
+    q.tmap_x = token_rows_map(p.b, p.k, p.rows);
+    q.out = p.out;
+    q.workspace = p.workspace;
+    q.workspace_bytes = uint64_t(p.workspace_bytes);
+    q.offs = p.offs;
+    q.num_groups = p.num_groups;
+    q.sum_m_capacity = int32_t(p.rows);
+    q.n = p.n;
+    q.k = p.k;
+    q.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
+    q.num_workers = sms;  // fixes the split granularity: det bits depend on it, not on timing
+    q.ws_slots = p.workspace ? sm90::grouped_gemm_wgrad_slots_that_fit(Geo::kBM, Geo::kBN, q.workspace_bytes) : 0;
+    kernel_ = runtime::get_kernel(form_, kernel.c_str(), p.device);
+    runtime::set_max_dynamic_smem(kernel_, p.device, Geo::kSmemBytes);
+    const int64_t tiles =
+        int64_t(p.num_groups) * ((p.n + Geo::kBM - 1) / Geo::kBM) * ((p.k + Geo::kBN - 1) / Geo::kBN);
+    cfg_.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(sms, tiles + 8 * int64_t(sms))));
+    cfg_.block[0] = Geo::kThreads;
+    cfg_.smem_bytes = Geo::kSmemBytes;
+  }
+
+  void launch(std::uintptr_t stream) const override {
+    runtime::ScopedDevice scope(device_);
+    runtime::LaunchConfig cfg = cfg_;
+    cfg.stream = stream;
+    runtime::launch(kernel_, cfg, params_.get(), form_.c_str());
+  }
+
+  const std::string& form() const override { return form_; }
+
+ private:
+  std::unique_ptr<sm90::GroupedGemmWgradParams> params_;  // holds CUtensorMaps (64-byte aligned)
+  CUkernel kernel_ = nullptr;
+  runtime::LaunchConfig cfg_;
+  std::string form_;
+  int device_;
+};
+
+}  // namespace
+
+int64_t sm90_wgrad_workspace_bytes(int device) {
+  const int slots = sm90::grouped_gemm_wgrad_default_slots(runtime::device_sm_count(device));
+  return int64_t(sm90::grouped_gemm_wgrad_workspace_bytes(Geo::kBM, Geo::kBN, slots));
+}
+
+std::unique_ptr<Launch> make_sm90_wgrad_launch(const Problem& p) {
+  if (p.op != Op::kWgrad) throw NotImplemented("the sm_90a wgrad launcher only runs wgrad");
+  return std::make_unique<Sm90WgradLaunch>(p);
+}
+
+}  // namespace cake_moe::grouped_gemm

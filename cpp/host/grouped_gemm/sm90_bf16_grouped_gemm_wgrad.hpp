@@ -1,0 +1,17 @@
+// Host side of the sm_90a BF16 grouped GEMM weight gradient (device: cpp/kernels/grouped_gemm/
+// sm90_bf16_grouped_gemm_wgrad.cuh, contract: wgrad_params.cuh). The Args own the two tensor
+// maps; the caller owns the zero-initialised workspace (every launch leaves it zero again).
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "host/grouped_gemm/problem.hpp"
+
+namespace cake_moe::grouped_gemm {
+
+// Workspace bytes of the split-K reduction on `device` (4 split-tile slots per SM).
+int64_t sm90_wgrad_workspace_bytes(int device);
+
+std::unique_ptr<Launch> make_sm90_wgrad_launch(const Problem& p);
+
+}  // namespace cake_moe::grouped_gemm
