@@ -72,7 +72,7 @@ if cake-moe bench formats --out /tmp/bench_formats >>"$OUT/misc.log" 2>&1; then
   cp /tmp/bench_formats.json "$OUT/"; record bench-fmt "ok (bench_formats.json)"
 else record bench-fmt "FAILED (misc.log)"; fi
 if [ "${CAKE_BENCH_GG:-1}" = 1 ]; then
-  if cake-moe bench grouped-gemm --out "$OUT/bench_gg" >>"$OUT/misc.log" 2>&1; then record bench-gg "ok (bench_gg.md)"
+  if cake-moe bench grouped-gemm --sweep --out "$OUT/bench_gg" >>"$OUT/misc.log" 2>&1; then record bench-gg "ok (bench_gg.md)"
   else record bench-gg "FAILED (misc.log)"; fi
 fi
 

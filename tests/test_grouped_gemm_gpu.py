@@ -309,3 +309,23 @@ print(worst)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.strip()) < BUDGET
+
+
+@pytest.mark.parametrize("op", ["fwd", "dgrad"])
+@pytest.mark.parametrize("tile", ["128x128", "128x256", "64x128"])
+def test_every_sm90_tile_form(op, tile):
+    x, w, g, offs = _problem(PATTERNS["ragged6"], 200, 264, seed=4)
+    if op == "fwd":
+        launch = cake_moe.prepare_grouped_gemm_fwd(x, w, offs, out=poison_(torch.empty(x.shape[0], 200, dtype=torch.bfloat16,
+                                                                                       device="cuda")),
+                                                   form=f"gg_sm90_fwd_{tile}")
+        want = ref.fwd(x, w, offs)
+    else:
+        launch = cake_moe.prepare_grouped_gemm_dgrad(g, w, offs, out=poison_(torch.empty(x.shape[0], 264, dtype=torch.bfloat16,
+                                                                                         device="cuda")),
+                                                     form=f"gg_sm90_dgrad_{tile}")
+        want = ref.dgrad(g, w, offs)
+    assert launch.form == f"gg_sm90_{op}_{tile}"
+    _check_rows(launch.launch(), want)
+    with pytest.raises(ValueError, match="does not serve"):
+        cake_moe.prepare_grouped_gemm_fwd(x, w, offs, form="gg_sm90_fwd_32x32")

@@ -22,7 +22,7 @@ struct GroupedGemmPlan {
 
 grouped_gemm::Problem problem(int op, int variant, Tensor a, Tensor b, Tensor out, Tensor offs, bool leading_zero,
                               int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32,
-                              std::optional<Tensor> workspace) {
+                              std::optional<Tensor> workspace, const std::string& form) {
   grouped_gemm::Problem p;
   if (op < 0 || op > 2) throw ValueError("op must be 0 (fwd), 1 (dgrad) or 2 (wgrad)");
   if (variant < 0 || variant > 1) throw ValueError("variant must be 0 (det) or 1 (fast)");
@@ -43,6 +43,7 @@ grouped_gemm::Problem problem(int op, int variant, Tensor a, Tensor b, Tensor ou
   p.n = n;
   p.k = k;
   p.rows = rows;
+  p.form = form;
   if (workspace) {
     tensor_device(*workspace, "workspace", p.device);
     require_aligned(*workspace, "workspace", 256);
@@ -65,15 +66,15 @@ void bind_grouped_gemm(nb::module_& m) {
 
   m.def("grouped_gemm_prepare",
         [](int op, int variant, Tensor a, Tensor b, Tensor out, Tensor offs, bool leading_zero, int32_t num_groups,
-           int32_t n, int32_t k, int64_t rows, bool out_f32, std::optional<Tensor> workspace) {
-          auto p = problem(op, variant, a, b, out, offs, leading_zero, num_groups, n, k, rows, out_f32, workspace);
+           int32_t n, int32_t k, int64_t rows, bool out_f32, std::optional<Tensor> workspace, const std::string& form) {
+          auto p = problem(op, variant, a, b, out, offs, leading_zero, num_groups, n, k, rows, out_f32, workspace, form);
           auto plan = std::make_unique<GroupedGemmPlan>();
           plan->launch = grouped_gemm::prepare(p);
           return plan;
         },
         nb::arg("op"), nb::arg("variant"), nb::arg("a"), nb::arg("b"), nb::arg("out"), nb::arg("offs"),
         nb::arg("leading_zero"), nb::arg("num_groups"), nb::arg("n"), nb::arg("k"), nb::arg("rows"),
-        nb::arg("out_f32"), nb::arg("workspace").none());
+        nb::arg("out_f32"), nb::arg("workspace").none(), nb::arg("form") = "");
 
   m.def("grouped_gemm_workspace_bytes",
         [](int op, int variant, int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32, int device) {

@@ -61,7 +61,7 @@ def cmd_bench(args) -> int:
         bench_formats.main(args.out)
     elif args.what == "grouped-gemm":
         from .bench import grouped_gemm as bench_gg
-        bench_gg.main(args.out, ops=tuple(args.ops.split(",")))
+        bench_gg.main(args.out, ops=tuple(args.ops.split(",")), sweep=args.sweep)
     return 0
 
 
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("what", choices=["formats", "grouped-gemm"])
     b.add_argument("--ops", default="fwd,dgrad,wgrad", help="grouped-gemm: comma list of fwd,dgrad,wgrad")
     b.add_argument("--out", default=None, help="output prefix for .json/.md")
+    b.add_argument("--sweep", action="store_true", help="grouped-gemm: also time every sm_90a tile")
     b.set_defaults(fn=cmd_bench)
     args = p.parse_args(argv)
     return args.fn(args)

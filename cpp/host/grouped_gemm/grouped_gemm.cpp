@@ -44,9 +44,28 @@ int64_t workspace_bytes(const Problem& p) {
   return p.op == Op::kWgrad && native_sm90(p.device) ? sm90_wgrad_workspace_bytes(p.device) : 0;
 }
 
+namespace {
+// An explicitly requested form (benchmarks and tuning): gg_portable_<op>, gg_sm90_<op>_<BM>x<BN>,
+// gg_sm90_wgrad_<variant>.
+std::unique_ptr<Launch> prepare_form(const Problem& p) {
+  const std::string op = op_name(p.op);
+  if (p.form == "gg_portable_" + op) return make_portable_launch(p);
+  if (runtime::device_arch(p.device) == "90a") {
+    if (p.op == Op::kWgrad && p.form == std::string("gg_sm90_wgrad_") + (p.variant == Variant::kFast ? "fast" : "det"))
+      return make_sm90_wgrad_launch(p);
+    for (const Sm90Tile& t : kSm90Tiles)
+      if (p.op != Op::kWgrad && p.form == "gg_sm90_" + op + "_" + std::to_string(t.bm) + "x" + std::to_string(t.bn))
+        return make_sm90_launch(p, t);
+  }
+  throw ValueError("form '" + p.form + "' does not serve grouped GEMM " + op + " on sm_" +
+                   runtime::device_arch(p.device) + " (see `cake-moe info`)");
+}
+}  // namespace
+
 std::unique_ptr<Launch> prepare(const Problem& p) {
   check_bounds(p);
   if (p.rows == 0 || p.num_groups == 0) return nullptr;  // Python zero-fills an empty wgrad
+  if (!p.form.empty()) return prepare_form(p);
   if (native_sm90(p.device)) {
     if (p.op == Op::kWgrad) return make_sm90_wgrad_launch(p);
     const int32_t n_out = p.op == Op::kDgrad ? p.k : p.n;

@@ -26,6 +26,7 @@ struct Problem {
   void* workspace = nullptr;       // wgrad split-K scratch, from workspace_bytes()
   int64_t workspace_bytes = 0;
   int device = 0;
+  std::string form;                // empty: the heuristic picks; else a form name to force
 };
 
 // A bound launch: tensor maps encoded and the kernel resolved once; launch() only enqueues.

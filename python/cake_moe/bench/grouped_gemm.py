@@ -53,7 +53,21 @@ def _case(n, k, e, t, kind, seed):
     return sizes, offs, x, w, g
 
 
-def run(ops=("fwd", "dgrad", "wgrad")) -> list[dict]:
+SM90_TILES = ("128x128", "128x256", "64x128")
+
+
+def _sweep(op, make, launch_ms):
+    """Times every sm_90a tile of fwd/dgrad (tuning data for heuristics_sm90.hpp)."""
+    out = {}
+    for tile in SM90_TILES:
+        try:
+            out[tile] = timing.time_cuda(make(f"gg_sm90_{op}_{tile}").launch, iters=5, reps=10)
+        except (ValueError, NotImplementedError):
+            pass
+    return out
+
+
+def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False) -> list[dict]:
     has_torch_gmm = hasattr(torch, "_grouped_mm")
     out = []
     for idx, (h, i, e, which, n, k, t, kind) in enumerate(_rows()):
@@ -63,11 +77,14 @@ def run(ops=("fwd", "dgrad", "wgrad")) -> list[dict]:
         dense_b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         dense_ms = timing.time_cuda(lambda: torch.mm(dense_a, dense_b.T), iters=5, reps=10)
         for op in ops:
+            make = None
             if op == "fwd":
                 launch = gg.prepare_grouped_gemm_fwd(x, w, offs)
+                make = lambda f: gg.prepare_grouped_gemm_fwd(x, w, offs, form=f)  # noqa: E731
                 peer = (lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)) if has_torch_gmm else None
             elif op == "dgrad":
                 launch = gg.prepare_grouped_gemm_dgrad(g, w, offs)
+                make = lambda f: gg.prepare_grouped_gemm_dgrad(g, w, offs, form=f)  # noqa: E731
                 peer = (lambda: torch._grouped_mm(g, w, offs=offs)) if has_torch_gmm else None
             else:
                 try:
@@ -79,6 +96,7 @@ def run(ops=("fwd", "dgrad", "wgrad")) -> list[dict]:
                 peer = (lambda: torch._grouped_mm(gt, x, offs=offs)) if has_torch_gmm else None
             ours_ms = timing.time_cuda(launch.launch, iters=5, reps=10)
             peer_ms = timing.time_cuda(peer, iters=5, reps=10) if peer else float("nan")
+            tiles = _sweep(op, make, ours_ms) if sweep and make else {}
             out.append({
                 "op": op, "layer": [h, i, e], "weight": which, "N": n, "K": k, "T": t, "groups": kind,
                 "form": launch.form, "ours_ms": ours_ms, "torch_ms": peer_ms, "dense_ms": dense_ms,
@@ -86,6 +104,7 @@ def run(ops=("fwd", "dgrad", "wgrad")) -> list[dict]:
                 "dense_TFLOPs": flops / dense_ms / 1e9, "speedup_vs_torch": peer_ms / ours_ms,
                 "fraction_of_dense": dense_ms / ours_ms, "rows_per_expert": t / e, "flops": flops,
                 "gpu": timing.gpu_name(), "date": datetime.date.today().isoformat(),
+                "tiles_ms": tiles, "best_tile_speedup": (peer_ms / min(tiles.values())) if tiles else None,
             })
             r = out[-1]
             print(f"{op:5} {h:5} {i:5} {e:3} {which:3} T={t:6} {kind:6} {r['form']:22} ours {r['ours_TFLOPs']:6.1f} "
@@ -103,7 +122,10 @@ def summary(rows: list[dict]) -> str:
         geo = math.exp(sum(math.log(r["speedup_vs_torch"]) for r in rs) / len(rs))
         worst = min(rs, key=lambda r: r["speedup_vs_torch"])
         big = [r["fraction_of_dense"] for r in rs if r["rows_per_expert"] >= 4096]
-        lines.append(f"{op}: geomean x{geo:.3f} over torch._grouped_mm ({len(rs)} rows), worst x"
+        best = [r["best_tile_speedup"] for r in rs if r.get("best_tile_speedup")]
+        oracle = (f"; best tile per row would give x{math.exp(sum(map(math.log, best)) / len(best)):.3f}"
+                  if best else "")
+        lines.append(f"{op}: geomean x{geo:.3f} over torch._grouped_mm ({len(rs)} rows){oracle}, worst x"
                      f"{worst['speedup_vs_torch']:.2f} ({worst['layer']} {worst['weight']} T={worst['T']} "
                      f"{worst['groups']}); >=4096 rows/expert: {min(big, default=float('nan')):.2f}-"
                      f"{max(big, default=float('nan')):.2f} of dense cuBLAS")
@@ -145,8 +167,8 @@ def plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(out_prefix: str | None = None, ops=("fwd", "dgrad", "wgrad")) -> list[dict]:
-    rows = run(ops)
+def main(out_prefix: str | None = None, ops=("fwd", "dgrad", "wgrad"), sweep: bool = False) -> list[dict]:
+    rows = run(ops, sweep)
     md = markdown(rows)
     summ = summary(rows)
     print(md)

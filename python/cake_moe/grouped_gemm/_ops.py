@@ -138,8 +138,12 @@ def _cpu_launch(op, out, compute):
     return GroupedGemmLaunch(op, None, out.device, out, (), cpu=run)
 
 
-def prepare_grouped_gemm_fwd(x, w, offs, out=None) -> GroupedGemmLaunch:
-    """Y[g_e] = X[g_e] @ W[e]^T: x [sum_m, K], w [E, N, K] bf16, offs int32 [E] or [E+1]."""
+def prepare_grouped_gemm_fwd(x, w, offs, out=None, *, form: str = "") -> GroupedGemmLaunch:
+    """Y[g_e] = X[g_e] @ W[e]^T: x [sum_m, K], w [E, N, K] bf16, offs int32 [E] or [E+1].
+
+    ``form`` forces a kernel form by name (``cake-moe info`` lists them; for tuning and
+    benchmarks); by default the heuristic picks one for the device and the problem.
+    """
     _bf16(x, "x", 2)
     _bf16(w, "w", 3, x.device)
     e, n, k = w.shape
@@ -152,12 +156,14 @@ def prepare_grouped_gemm_fwd(x, w, offs, out=None) -> GroupedGemmLaunch:
     if x.device.type != "cuda":
         return _cpu_launch("fwd", out, lambda: ref.fwd(x, w, offs, lz))
     _runtime.require_served(x.device, "grouped_gemm_fwd")
-    plan = _runtime.ext().grouped_gemm_prepare(_OPS["fwd"], 0, x, w, out, offs, lz, e, n, k, x.shape[0], False, None)
+    plan = _runtime.ext().grouped_gemm_prepare(_OPS["fwd"], 0, x, w, out, offs, lz, e, n, k, x.shape[0], False, None,
+                                               form)
     return GroupedGemmLaunch("fwd", plan, x.device, out, (x, w, offs))
 
 
-def prepare_grouped_gemm_dgrad(g, w, offs, out=None) -> GroupedGemmLaunch:
-    """dX[g_e] = G[g_e] @ W[e]: g [sum_m, N], w [E, N, K] (read in place) -> dx [sum_m, K]."""
+def prepare_grouped_gemm_dgrad(g, w, offs, out=None, *, form: str = "") -> GroupedGemmLaunch:
+    """dX[g_e] = G[g_e] @ W[e]: g [sum_m, N], w [E, N, K] (read in place) -> dx [sum_m, K].
+    ``form``: as in :func:`prepare_grouped_gemm_fwd`."""
     _bf16(g, "g", 2)
     _bf16(w, "w", 3, g.device)
     e, n, k = w.shape
@@ -170,12 +176,13 @@ def prepare_grouped_gemm_dgrad(g, w, offs, out=None) -> GroupedGemmLaunch:
     if g.device.type != "cuda":
         return _cpu_launch("dgrad", out, lambda: ref.dgrad(g, w, offs, lz))
     _runtime.require_served(g.device, "grouped_gemm_dgrad")
-    plan = _runtime.ext().grouped_gemm_prepare(_OPS["dgrad"], 0, g, w, out, offs, lz, e, n, k, g.shape[0], False, None)
+    plan = _runtime.ext().grouped_gemm_prepare(_OPS["dgrad"], 0, g, w, out, offs, lz, e, n, k, g.shape[0], False, None,
+                                               form)
     return GroupedGemmLaunch("dgrad", plan, g.device, out, (g, w, offs))
 
 
 def prepare_grouped_gemm_wgrad(g, x, offs, out=None, out_dtype=torch.bfloat16, num_groups=None,
-                               variant: str | None = None, *, workspace=None) -> GroupedGemmLaunch:
+                               variant: str | None = None, *, workspace=None, form: str = "") -> GroupedGemmLaunch:
     """dW[e] = G[g_e]^T @ X[g_e]: g [sum_m, N], x [sum_m, K] -> dw [E, N, K] (bf16 or fp32).
 
     ``num_groups`` tells offs [E] (cumulative ends) from [E+1] (m_indptr); without it offs is
@@ -215,7 +222,7 @@ def prepare_grouped_gemm_wgrad(g, x, offs, out=None, out_dtype=torch.bfloat16, n
         if ws.numel() < nbytes:
             raise ValueError(f"workspace must hold {nbytes} bytes, got {ws.numel()}")
     plan = ext.grouped_gemm_prepare(_OPS["wgrad"], _VARIANTS[v], g, x, out, offs, lz, e, n, k, g.shape[0],
-                                    out_dtype == torch.float32, ws)
+                                    out_dtype == torch.float32, ws, form)
     return GroupedGemmLaunch("wgrad", plan, g.device, out, (g, x, offs, ws))
 
 
