@@ -57,10 +57,10 @@ def _format_forms() -> list[Form]:
                     f"cake_moe::formats::dequantize<cake_moe::formats::Fmt::{enum}, {ctype}, {swz}>"))
         forms.append(Form(f"fmt_{fmt}_quantize", "formats", "formats/quantize.cuh",
                           "cake_moe::formats::QuantizeArgs", tuple(q_kernels),
-                          {"format": fmt, "op": "quantize"}, validated=()))
+                          {"format": fmt, "op": "quantize"}, validated=("90a",)))
         forms.append(Form(f"fmt_{fmt}_dequantize", "formats", "formats/dequantize.cuh",
                           "cake_moe::formats::DequantizeArgs", tuple(d_kernels),
-                          {"format": fmt, "op": "dequantize"}, validated=()))
+                          {"format": fmt, "op": "dequantize"}, validated=("90a",)))
     return forms
 
 
@@ -87,7 +87,7 @@ def _grouped_gemm_sm90_forms() -> list[Form]:
                 "cake_moe::sm90::GroupedGemmParams",
                 (Kernel(f"cake_gg_sm90_{op}_{bm}x{bn}x64_s{st}", "Form::run", threads=384, min_blocks=1),),
                 {"op": op, "bm": bm, "bn": bn, "bk": 64, "stages": st},
-                arches=("90a",), native=("90a",), prelude=prelude))
+                arches=("90a",), native=("90a",), prelude=prelude, validated=("90a",)))
     return forms
 
 
@@ -109,7 +109,9 @@ def _grouped_gemm_sm90_wgrad_forms() -> list[Form]:
         forms.append(Form(f"gg_sm90_wgrad_{variant}", "grouped_gemm", "grouped_gemm/sm90_bf16_grouped_gemm_wgrad.cuh",
                           "cake_moe::sm90::GroupedGemmWgradParams", tuple(kernels),
                           {"op": "wgrad", "variant": variant, "bm": 128, "bn": 256, "bk": 64, "stages": 4},
-                          arches=("90a",), native=("90a",), prelude="\n".join(checks)))
+                          arches=("90a",), native=("90a",), prelude="\n".join(checks),
+                          # fast's FP32-output kernel has no pytest case yet (see docs/NOTES.md)
+                          validated=("90a",) if variant == "det" else ()))
     return forms
 
 
@@ -121,7 +123,9 @@ def _grouped_gemm_portable_forms() -> list[Form]:
                  "cake_moe::portable::PortableGroupedGemmParams",
                  tuple(Kernel(f"cake_gg_portable_{k}", f"cake_moe::portable::portable_grouped_gemm_{k}",
                               threads=256, min_blocks=2) for k in kernels),
-                 {"op": op, "bm": 128, "bn": 128, "bk": 32, "stages": 4}, native=())
+                 {"op": op, "bm": 128, "bn": 128, "bk": 32, "stages": 4}, native=(),
+                 # the portable wgrad's FP32-output kernel has no pytest case yet (docs/NOTES.md)
+                 validated=("90a",) if op != "wgrad" else ())
             for op, kernels in ops.items()]
 
 
