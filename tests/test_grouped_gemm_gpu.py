@@ -99,6 +99,27 @@ def test_sum_m_zero_and_no_rows():
     assert cake_moe.grouped_gemm_fwd(x, w, offs).shape == (0, 32)
 
 
+def _replayed(launch) -> torch.Tensor:
+    """The output of `launch` captured in a CUDA graph and replayed into a poisoned buffer."""
+    launch.launch()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch.launch()
+    poison_(launch.out)
+    graph.replay()
+    torch.cuda.synchronize()
+    return launch.out
+
+
+def _on_side_stream(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = fn()
+    torch.cuda.current_stream().wait_stream(side)
+    return out
+
+
 def _digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
@@ -111,21 +132,8 @@ def test_det_bitwise_repeatable_streams_graphs_processes():
     for _ in range(3):
         assert torch.equal(cake_moe.grouped_gemm_fwd(x, w, offs), y0)
         assert torch.equal(cake_moe.grouped_gemm_dgrad(g, w, offs), d0)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        y1 = cake_moe.grouped_gemm_fwd(x, w, offs)
-    torch.cuda.current_stream().wait_stream(side)
-    assert torch.equal(y1, y0)
-    launch = cake_moe.prepare_grouped_gemm_fwd(x, w, offs)
-    launch.launch()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch.launch()
-    poison_(launch.out)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(launch.out, y0)
+    assert torch.equal(_on_side_stream(lambda: cake_moe.grouped_gemm_fwd(x, w, offs)), y0)
+    assert torch.equal(_replayed(cake_moe.prepare_grouped_gemm_fwd(x, w, offs)), y0)
     code = (
         "import torch, cake_moe, hashlib, sys; sys.path.insert(0, 'tests');"
         "from grouped_gemm_cases import bf16, offsets, random_sizes;"
@@ -216,12 +224,7 @@ def test_wgrad_det_repeatable_and_fast_within_budget():
     d0 = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")
     for _ in range(3):
         assert torch.equal(cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det"), d0)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        d1 = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")
-    torch.cuda.current_stream().wait_stream(side)
-    assert torch.equal(d1, d0)
+    assert torch.equal(_on_side_stream(lambda: cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")), d0)
     want = ref.wgrad(g, x, offs)
     assert ref.rel_rms(cake_moe.grouped_gemm_wgrad(g, x, offs, variant="fast"), want) < BUDGET
     fast32 = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="fast", out_dtype=torch.float32)
@@ -238,15 +241,8 @@ def test_wgrad_det_repeatable_and_fast_within_budget():
 def test_prepared_wgrad_graph_replay_and_empty_rows():
     x, w, g, offs = _problem([50, 0, 70], 128, 256, pad=0)
     launch = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, out_dtype=torch.float32)
-    launch.launch()
-    want = launch.out.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch.launch()
-    poison_(launch.out)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(launch.out, want)
+    want = launch.launch().clone()
+    assert torch.equal(_replayed(launch), want)
     empty = torch.empty(0, 128, dtype=torch.bfloat16, device="cuda")
     dw = cake_moe.grouped_gemm_wgrad(empty, torch.empty(0, 256, dtype=torch.bfloat16, device="cuda"),
                                      torch.zeros(3, dtype=torch.int32, device="cuda"))

@@ -48,6 +48,15 @@ CUtensorMap encode_tiled(const TensorMapSpec& s) {
   return map;
 }
 
+CUtensorMap encode_bf16_rows(const void* base, int64_t cols, int64_t rows, uint32_t box_rows) {
+  TensorMapSpec s;
+  s.base = const_cast<void*>(base);
+  s.dims = {uint64_t(cols), uint64_t(rows)};
+  s.strides = {uint64_t(cols) * 2};
+  s.box = {64, box_rows};
+  return encode_tiled(s);
+}
+
 void replace_address(CUtensorMap& map, void* base) {
   if (reinterpret_cast<std::uintptr_t>(base) % 16 != 0)
     throw ValueError("tensor map: base address must be 16-byte aligned");

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "grouped_gemm/portable_params.hpp"
+#include "host/grouped_gemm/bound_kernel.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/images.hpp"
 #include "runtime/launch.hpp"
@@ -15,36 +16,38 @@ namespace {
 using portable::PortableGroupedGemmConfig;
 using portable::PortableGroupedGemmParams;
 
-class PortableLaunch final : public Launch {
+class PortableLaunch final : public BoundKernel<PortableGroupedGemmParams> {
  public:
-  explicit PortableLaunch(const Problem& p) : device_(p.device) {
-    std::memset(&params_, 0, sizeof(params_));
+  explicit PortableLaunch(const Problem& p) {
+    device_ = p.device;
+    PortableGroupedGemmParams& params = *params_;
+    std::memset(&params, 0, sizeof(params));
     std::string kernel = "cake_gg_portable_";
     switch (p.op) {
       case Op::kFwd:
-        params_.x = p.a;
-        params_.w = p.b;
+        params.x = p.a;
+        params.w = p.b;
         kernel += "fwd";
         break;
       case Op::kDgrad:
-        params_.g = p.a;
-        params_.w = p.b;
+        params.g = p.a;
+        params.w = p.b;
         kernel += "dgrad";
         break;
       case Op::kWgrad:
-        params_.g = p.a;
-        params_.x = p.b;
+        params.g = p.a;
+        params.x = p.b;
         kernel += p.out_f32 ? "wgrad_f32" : "wgrad_bf16";
         break;
     }
     form_ = std::string("gg_portable_") + op_name(p.op);
-    params_.out = p.out;
-    params_.offs = p.offs;
-    params_.num_groups = p.num_groups;
-    params_.sum_m = int32_t(p.rows);
-    params_.n = p.n;
-    params_.k = p.k;
-    params_.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
+    params.out = p.out;
+    params.offs = p.offs;
+    params.num_groups = p.num_groups;
+    params.sum_m = int32_t(p.rows);
+    params.n = p.n;
+    params.k = p.k;
+    params.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
 
     runtime::ScopedDevice scope(p.device);
     kernel_ = runtime::get_kernel(form_, kernel.c_str(), p.device);
@@ -63,21 +66,6 @@ class PortableLaunch final : public Launch {
     cfg_.smem_bytes = PortableGroupedGemmConfig::kSmemBytes;
   }
 
-  void launch(std::uintptr_t stream) const override {
-    runtime::ScopedDevice scope(device_);
-    runtime::LaunchConfig cfg = cfg_;
-    cfg.stream = stream;
-    runtime::launch(kernel_, cfg, &params_, form_.c_str());
-  }
-
-  const std::string& form() const override { return form_; }
-
- private:
-  PortableGroupedGemmParams params_;
-  CUkernel kernel_ = nullptr;
-  runtime::LaunchConfig cfg_;
-  std::string form_;
-  int device_;
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "host/grouped_gemm/bound_kernel.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/images.hpp"
@@ -15,16 +16,7 @@ namespace {
 
 using runtime::TensorMapSpec;
 
-CUtensorMap rows_map(const void* base, int64_t cols, int64_t rows, uint32_t box_rows) {
-  TensorMapSpec s;
-  s.base = const_cast<void*>(base);
-  s.dims = {uint64_t(cols), uint64_t(rows)};
-  s.strides = {uint64_t(cols) * 2};
-  s.box = {64, box_rows};
-  return runtime::encode_tiled(s);
-}
-
-class Sm90Launch final : public Launch {
+class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
  public:
   Sm90Launch(const Problem& p, Sm90Tile tile) {
     // Tensor-map encoding needs a current context: autograd's backward runs on its own threads.
@@ -36,17 +28,16 @@ class Sm90Launch final : public Launch {
                                std::to_string(tile.bn) + "x64_s" + std::to_string(tile.stages);
     const int64_t n_out = dgrad ? p.k : p.n;
     const int64_t k_red = dgrad ? p.n : p.k;
-    params_ = std::make_unique<sm90::GroupedGemmParams>();
     std::memset(params_.get(), 0, sizeof(sm90::GroupedGemmParams));
     sm90::GroupedGemmParams& q = *params_;
-    q.tmap_a = rows_map(p.a, k_red, p.rows, uint32_t(geo.box_a_rows()));
+    q.tmap_a = runtime::encode_bf16_rows(p.a, k_red, p.rows, uint32_t(geo.box_a_rows()));
     TensorMapSpec w;  // w [E, N, K] as a 3D map: K innermost
     w.base = const_cast<void*>(p.b);
     w.dims = {uint64_t(p.k), uint64_t(p.n), uint64_t(p.num_groups)};
     w.strides = {uint64_t(p.k) * 2, uint64_t(p.k) * uint64_t(p.n) * 2};
     w.box = {64, uint32_t(geo.box_b_rows(dgrad)), 1};
     q.tmap_b = runtime::encode_tiled(w);
-    q.tmap_d = rows_map(p.out, n_out, p.rows, 64);
+    q.tmap_d = runtime::encode_bf16_rows(p.out, n_out, p.rows, 64);
     q.out = p.out;
     q.offs = p.offs;
     q.num_groups = p.num_groups;
@@ -67,21 +58,6 @@ class Sm90Launch final : public Launch {
     device_ = p.device;
   }
 
-  void launch(std::uintptr_t stream) const override {
-    runtime::ScopedDevice scope(device_);
-    runtime::LaunchConfig cfg = cfg_;
-    cfg.stream = stream;
-    runtime::launch(kernel_, cfg, params_.get(), form_.c_str());
-  }
-
-  const std::string& form() const override { return form_; }
-
- private:
-  std::unique_ptr<sm90::GroupedGemmParams> params_;  // 64-byte aligned: holds CUtensorMaps
-  CUkernel kernel_ = nullptr;
-  runtime::LaunchConfig cfg_;
-  std::string form_;
-  int device_ = 0;
 };
 
 }  // namespace

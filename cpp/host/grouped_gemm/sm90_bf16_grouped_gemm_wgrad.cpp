@@ -6,6 +6,7 @@
 
 #include "grouped_gemm/sm90_geometry.hpp"
 #include "grouped_gemm/wgrad_params.cuh"
+#include "host/grouped_gemm/bound_kernel.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/images.hpp"
@@ -18,28 +19,19 @@ namespace {
 using sm90::GroupedGemmWgradGeometry;
 using Geo = GroupedGemmWgradGeometry;
 
-CUtensorMap token_rows_map(const void* base, int64_t cols, int64_t rows) {
-  runtime::TensorMapSpec s;
-  s.base = const_cast<void*>(base);
-  s.dims = {uint64_t(cols), uint64_t(rows)};
-  s.strides = {uint64_t(cols) * 2};
-  s.box = {64, 64};
-  return runtime::encode_tiled(s);
-}
-
-class Sm90WgradLaunch final : public Launch {
+class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
  public:
-  explicit Sm90WgradLaunch(const Problem& p) : device_(p.device) {
+  explicit Sm90WgradLaunch(const Problem& p) {
+    device_ = p.device;
     runtime::ScopedDevice scope(p.device);  // tensor-map encoding needs a current context
     const std::string variant = p.variant == Variant::kFast ? "fast" : "det";
     form_ = "gg_sm90_wgrad_" + variant;
     const std::string kernel = "cake_gg_sm90_wgrad_" + variant + "_128x256_" + (p.out_f32 ? "f32" : "bf16");
     const int sms = runtime::device_sm_count(p.device);
-    params_ = std::make_unique<sm90::GroupedGemmWgradParams>();
     std::memset(params_.get(), 0, sizeof(sm90::GroupedGemmWgradParams));
     sm90::GroupedGemmWgradParams& q = *params_;
-    q.tmap_g = token_rows_map(p.a, p.n, p.rows);
-    q.tmap_x = token_rows_map(p.b, p.k, p.rows);
+    q.tmap_g = runtime::encode_bf16_rows(p.a, p.n, p.rows, 64);
+    q.tmap_x = runtime::encode_bf16_rows(p.b, p.k, p.rows, 64);
     q.out = p.out;
     q.workspace = p.workspace;
     q.workspace_bytes = uint64_t(p.workspace_bytes);
@@ -60,21 +52,6 @@ class Sm90WgradLaunch final : public Launch {
     cfg_.smem_bytes = Geo::kSmemBytes;
   }
 
-  void launch(std::uintptr_t stream) const override {
-    runtime::ScopedDevice scope(device_);
-    runtime::LaunchConfig cfg = cfg_;
-    cfg.stream = stream;
-    runtime::launch(kernel_, cfg, params_.get(), form_.c_str());
-  }
-
-  const std::string& form() const override { return form_; }
-
- private:
-  std::unique_ptr<sm90::GroupedGemmWgradParams> params_;  // holds CUtensorMaps (64-byte aligned)
-  CUkernel kernel_ = nullptr;
-  runtime::LaunchConfig cfg_;
-  std::string form_;
-  int device_;
 };
 
 }  // namespace

@@ -40,6 +40,8 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+
+#include "grouped_gemm/group_rows.cuh"
 #include <type_traits>
 
 #include "grouped_gemm/portable_params.hpp"
@@ -93,21 +95,9 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 }
 
 // ---- group bounds ------------------------------------------------------------------
-// Rows [begin, end) of group e, both clamped into [0, capacity], end >= begin.
 __device__ __forceinline__ void group_rows(const int32_t* offs, int32_t e, int32_t leading_zero, int32_t capacity,
                                            int32_t& begin, int32_t& end) {
-  int32_t b, en;
-  if (leading_zero) {
-    b = __ldg(offs + e);
-    en = __ldg(offs + e + 1);
-  } else {
-    b = e == 0 ? 0 : __ldg(offs + e - 1);
-    en = __ldg(offs + e);
-  }
-  b = min(max(b, 0), capacity);
-  en = min(max(en, b), capacity);
-  begin = b;
-  end = en;
+  ragged_group_rows(offs, e, leading_zero, capacity, begin, end);
 }
 
 }  // namespace detail

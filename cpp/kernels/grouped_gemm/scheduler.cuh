@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "grouped_gemm/group_rows.cuh"
+
 #include "grouped_gemm/params.cuh"
 
 namespace cake_moe {
@@ -52,21 +54,7 @@ struct RaggedTileScheduler {
   int32_t num_slots;  // used slots, <= kTableSize
   int32_t total_tiles;
 
-  __device__ __forceinline__ void group_rows(int32_t e, int32_t& begin, int32_t& end) const {
-    int32_t b, en;
-    if (leading_zero) {
-      b = __ldg(offs + e);
-      en = __ldg(offs + e + 1);
-    } else {
-      b = e == 0 ? 0 : __ldg(offs + e - 1);
-      en = __ldg(offs + e);
-    }
-    // Clamp so that malformed offsets can never address outside the tensors.
-    b = min(max(b, 0), capacity);
-    en = min(max(en, b), capacity);
-    begin = b;
-    end = en;
-  }
+  __device__ __forceinline__ void group_rows(int32_t e, int32_t& begin, int32_t& end) const { ragged_group_rows(offs, e, leading_zero, capacity, begin, end); }
 
   __device__ __forceinline__ int32_t group_m_tiles(int32_t e) const {
     int32_t b, en;

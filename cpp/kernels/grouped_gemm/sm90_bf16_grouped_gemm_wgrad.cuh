@@ -69,6 +69,8 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+
+#include "grouped_gemm/group_rows.cuh"
 #include <type_traits>
 
 #include "common/ptx/mbarrier.cuh"
@@ -180,20 +182,7 @@ struct WgradScheduler {
   int32_t kb_chunk_max;
   int32_t total_units;
 
-  __device__ __forceinline__ void group_rows(int32_t e, int32_t& begin, int32_t& end) const {
-    int32_t b, en;
-    if (leading_zero) {
-      b = __ldg(offs + e);
-      en = __ldg(offs + e + 1);
-    } else {
-      b = e == 0 ? 0 : __ldg(offs + e - 1);
-      en = __ldg(offs + e);
-    }
-    b = min(max(b, 0), capacity);
-    en = min(max(en, b), capacity);
-    begin = b;
-    end = en;
-  }
+  __device__ __forceinline__ void group_rows(int32_t e, int32_t& begin, int32_t& end) const { ragged_group_rows(offs, e, leading_zero, capacity, begin, end); }
 
   // chunking of a group of m rows: num_chunks chunks of chunk_kb k-blocks (last shorter)
   __device__ __forceinline__ void split(int32_t m, int32_t& num_chunks, int32_t& chunk_kb) const {

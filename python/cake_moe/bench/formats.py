@@ -6,7 +6,6 @@ normal BF16 (never zeros), 256 MiB by default.
 from __future__ import annotations
 
 import datetime
-import json
 
 import torch
 
@@ -54,8 +53,5 @@ def main(out_prefix: str | None = None) -> list[dict]:
     md = markdown(rows)
     print(md)
     if out_prefix:
-        with open(out_prefix + ".json", "w") as f:
-            json.dump(rows, f, indent=1)
-        with open(out_prefix + ".md", "w") as f:
-            f.write(f"GPU: {timing.gpu_name()}, {datetime.date.today().isoformat()}\n\n{md}\n")
+        timing.write_results(out_prefix, rows, md)
     return rows

@@ -8,7 +8,6 @@ wgrad is the ragged-K grouped mm its autograd runs).
 from __future__ import annotations
 
 import datetime
-import json
 import math
 
 import torch
@@ -174,9 +173,6 @@ def main(out_prefix: str | None = None, ops=("fwd", "dgrad", "wgrad"), sweep: bo
     print(md)
     print(summ)
     if out_prefix:
-        with open(out_prefix + ".json", "w") as f:
-            json.dump(rows, f, indent=1)
-        with open(out_prefix + ".md", "w") as f:
-            f.write(f"GPU: {timing.gpu_name()}, {datetime.date.today().isoformat()}\n\n{md}\n\n{summ}\n")
+        timing.write_results(out_prefix, rows, md, summ)
         plot(rows, out_prefix + ".png")
     return rows

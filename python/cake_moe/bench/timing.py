@@ -63,5 +63,17 @@ def copy_bandwidth(nbytes: int = 1 << 30, device: str = "cuda") -> float:
     return 2 * nbytes / (ms * 1e-3)
 
 
+def write_results(prefix: str, rows: list[dict], markdown: str, footer: str = "") -> None:
+    """``prefix.json`` (one record per row) and ``prefix.md`` (GPU and date, the table, notes)."""
+    import datetime
+    import json
+    with open(prefix + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+    with open(prefix + ".md", "w") as f:
+        f.write(f"GPU: {gpu_name()}, {datetime.date.today().isoformat()}\n\n{markdown}\n")
+        if footer:
+            f.write(f"\n{footer}\n")
+
+
 def gpu_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

@@ -138,47 +138,40 @@ def _cpu_launch(op, out, compute):
     return GroupedGemmLaunch(op, None, out.device, out, (), cpu=run)
 
 
+def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str) -> GroupedGemmLaunch:
+    """fwd (a = x [sum_m, K]) and dgrad (a = g [sum_m, N]) against w [E, N, K]."""
+    _bf16(a, a_name, 2)
+    _bf16(w, "w", 3, a.device)
+    e, n, k = w.shape
+    a_cols, out_cols = (k, n) if op == "fwd" else (n, k)
+    if a.shape[1] != a_cols:
+        raise ValueError(f"{a_name} has {a.shape[1]} columns but w has {'K' if op == 'fwd' else 'N'}={a_cols}")
+    check_grouped_dims(n, k, num_groups=e, max_rows=a.shape[0])
+    lz = _offsets(offs, e, a.device)
+    out = _out(out, (a.shape[0], out_cols), torch.bfloat16, a.device)
+    _validate.no_overlap(("out", out), (a_name, a), ("w", w), ("offs", offs))
+    if a.device.type != "cuda":
+        reference = ref.fwd if op == "fwd" else ref.dgrad
+        return _cpu_launch(op, out, lambda: reference(a, w, offs, lz))
+    _runtime.require_served(a.device, f"grouped_gemm_{op}")
+    plan = _runtime.ext().grouped_gemm_prepare(_OPS[op], 0, a, w, out, offs, lz, e, n, k, a.shape[0], False, None,
+                                               form)
+    return GroupedGemmLaunch(op, plan, a.device, out, (a, w, offs))
+
+
 def prepare_grouped_gemm_fwd(x, w, offs, out=None, *, form: str = "") -> GroupedGemmLaunch:
     """Y[g_e] = X[g_e] @ W[e]^T: x [sum_m, K], w [E, N, K] bf16, offs int32 [E] or [E+1].
 
     ``form`` forces a kernel form by name (``cake-moe info`` lists them; for tuning and
     benchmarks); by default the heuristic picks one for the device and the problem.
     """
-    _bf16(x, "x", 2)
-    _bf16(w, "w", 3, x.device)
-    e, n, k = w.shape
-    if x.shape[1] != k:
-        raise ValueError(f"x has K={x.shape[1]} columns but w has K={k}")
-    check_grouped_dims(n, k, num_groups=e, max_rows=x.shape[0])
-    lz = _offsets(offs, e, x.device)
-    out = _out(out, (x.shape[0], n), torch.bfloat16, x.device)
-    _validate.no_overlap(("out", out), ("x", x), ("w", w), ("offs", offs))
-    if x.device.type != "cuda":
-        return _cpu_launch("fwd", out, lambda: ref.fwd(x, w, offs, lz))
-    _runtime.require_served(x.device, "grouped_gemm_fwd")
-    plan = _runtime.ext().grouped_gemm_prepare(_OPS["fwd"], 0, x, w, out, offs, lz, e, n, k, x.shape[0], False, None,
-                                               form)
-    return GroupedGemmLaunch("fwd", plan, x.device, out, (x, w, offs))
+    return _prepare_rows_op("fwd", x, "x", w, offs, out, form)
 
 
 def prepare_grouped_gemm_dgrad(g, w, offs, out=None, *, form: str = "") -> GroupedGemmLaunch:
     """dX[g_e] = G[g_e] @ W[e]: g [sum_m, N], w [E, N, K] (read in place) -> dx [sum_m, K].
     ``form``: as in :func:`prepare_grouped_gemm_fwd`."""
-    _bf16(g, "g", 2)
-    _bf16(w, "w", 3, g.device)
-    e, n, k = w.shape
-    if g.shape[1] != n:
-        raise ValueError(f"g has {g.shape[1]} columns but w has N={n}")
-    check_grouped_dims(n, k, num_groups=e, max_rows=g.shape[0])
-    lz = _offsets(offs, e, g.device)
-    out = _out(out, (g.shape[0], k), torch.bfloat16, g.device)
-    _validate.no_overlap(("out", out), ("g", g), ("w", w), ("offs", offs))
-    if g.device.type != "cuda":
-        return _cpu_launch("dgrad", out, lambda: ref.dgrad(g, w, offs, lz))
-    _runtime.require_served(g.device, "grouped_gemm_dgrad")
-    plan = _runtime.ext().grouped_gemm_prepare(_OPS["dgrad"], 0, g, w, out, offs, lz, e, n, k, g.shape[0], False, None,
-                                               form)
-    return GroupedGemmLaunch("dgrad", plan, g.device, out, (g, w, offs))
+    return _prepare_rows_op("dgrad", g, "g", w, offs, out, form)
 
 
 def prepare_grouped_gemm_wgrad(g, x, offs, out=None, out_dtype=torch.bfloat16, num_groups=None,
