@@ -109,9 +109,7 @@ def _grouped_gemm_sm90_wgrad_forms() -> list[Form]:
         forms.append(Form(f"gg_sm90_wgrad_{variant}", "grouped_gemm", "grouped_gemm/sm90_bf16_grouped_gemm_wgrad.cuh",
                           "cake_moe::sm90::GroupedGemmWgradParams", tuple(kernels),
                           {"op": "wgrad", "variant": variant, "bm": 128, "bn": 256, "bk": 64, "stages": 4},
-                          arches=("90a",), native=("90a",), prelude="\n".join(checks),
-                          # fast's FP32-output kernel has no pytest case yet (see docs/NOTES.md)
-                          validated=("90a",) if variant == "det" else ()))
+                          arches=("90a",), native=("90a",), prelude="\n".join(checks), validated=("90a",)))
     return forms
 
 
@@ -123,9 +121,7 @@ def _grouped_gemm_portable_forms() -> list[Form]:
                  "cake_moe::portable::PortableGroupedGemmParams",
                  tuple(Kernel(f"cake_gg_portable_{k}", f"cake_moe::portable::portable_grouped_gemm_{k}",
                               threads=256, min_blocks=2) for k in kernels),
-                 {"op": op, "bm": 128, "bn": 128, "bk": 32, "stages": 4}, native=(),
-                 # the portable wgrad's FP32-output kernel has no pytest case yet (docs/NOTES.md)
-                 validated=("90a",) if op != "wgrad" else ())
+                 {"op": op, "bm": 128, "bn": 128, "bk": 32, "stages": 4}, native=(), validated=("90a",))
             for op, kernels in ops.items()]
 
 
