@@ -45,8 +45,8 @@ __device__ __forceinline__ float ue8m0_value(uint32_t code) {
   return code == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(code << 23);
 }
 
-// E2M1 code (sign in bit 3) of v, round-to-nearest-even, saturating at 6 (NaN encodes as 7;
-// callers zero NaN blocks). The map T(a) = min(2a, a + 2, a/2 + 4) sends the E2M1 grid
+// E2M1 rounding of v: round-to-nearest-even, saturating at 6 (NaN rounds to 6; callers zero
+// NaN blocks). The map T(a) = min(2a, a + 2, a/2 + 4) sends the E2M1 grid
 // {0, .5, 1, 1.5, 2, 3, 4, 6} to the integers 0..7 and the midpoints to half-integers, so the
 // code is RNE(T(a)) = min(RNE(2a), RNE(a) + 2, RNE(a/2) + 4): RNE commutes with min and with
 // adding even integers. Each RNE is one FMA with 2^23 (the sum's ulp is 1); the code is the low
@@ -54,13 +54,28 @@ __device__ __forceinline__ float ue8m0_value(uint32_t code) {
 // bit manipulation (the ALU pipe issues at half rate). The reference states the same rule as
 // comparisons with the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 (checked against it
 // exhaustively near every midpoint and on 2*10^7 random FP32 values).
-__device__ __forceinline__ uint32_t e2m1_encode(float v) {
+// Returns the rounded magnitude as FP32 bits 2^23 + code (0x4B000000 + 0..7).
+__device__ __forceinline__ uint32_t e2m1_rne_bits(float v) {
   const float a = fminf(fabsf(v), kE2m1Max);  // |v| saturated at 6 (inf too; NaN -> 6)
   const float r1 = __fmaf_rn(a, 2.0f, 8388608.0f);   // 2^23 + RNE(2a)
   const float r2 = __fadd_rn(a, 8388610.0f);         // 2^23 + RNE(a) + 2
   const float r3 = __fmaf_rn(a, 0.5f, 8388612.0f);   // 2^23 + RNE(a/2) + 4
-  const uint32_t m = __float_as_uint(fminf(fminf(r1, r2), r3));
-  return (m & 7u) | ((__float_as_uint(v) >> 28) & 8u);
+  return __float_as_uint(fminf(fminf(r1, r2), r3));
+}
+
+// Eight E2M1 codes in a word (element i in nibble i), accumulated as sum_i (bits_i + 8 sign_i)
+// 16^i with multiply-adds and the 2^23 offsets removed once (0x4B000000 * sum 16^i mod 2^32).
+// The sign comes from a multiply-high (x >> 31 = umulhi(x, 2)): every step stays on the FMA
+// pipe, which issues at twice the rate of the ALU pipe on sm_90.
+__device__ __forceinline__ uint32_t e2m1_pack8(const float (&y)[8]) {
+  constexpr uint32_t kOffsets = 0x4B000000u * 0x11111111u;
+  uint32_t w = 0;
+#pragma unroll
+  for (int i = 7; i >= 0; --i) {
+    const uint32_t sign = __umulhi(__float_as_uint(y[i]), 2u);
+    w = w * 16u + (sign * 8u + e2m1_rne_bits(y[i]));
+  }
+  return w - kOffsets;
 }
 
 __device__ __forceinline__ float e2m1_decode(uint32_t code) {

@@ -32,9 +32,10 @@ __device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan
   } else {
     // FP4: a NaN block, an all-zero MX block (code 0) and an NVFP4 block with s == 0 are zeros
     if (nan || to_elem == 0.0f) return make_uint2(0u, 0u);
-    // nibbles never overlap, so the packing is a multiply-add chain (one IMAD per element)
+    float y[kChunk];
 #pragma unroll
-    for (int i = kChunk - 1; i >= 0; --i) w[0] = w[0] * 16u + e2m1_encode(__fmul_rn(v[i], to_elem));
+    for (int i = 0; i < kChunk; ++i) y[i] = __fmul_rn(v[i], to_elem);
+    w[0] = e2m1_pack8(y);
   }
   return make_uint2(w[0], w[1]);
 }
