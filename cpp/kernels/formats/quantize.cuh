@@ -1,9 +1,10 @@
 // MXFP8 / MXFP4 / NVFP4 quantization (SPEC §3), bit-identical to cake_moe.reference.formats.
 //
-// One thread owns one 8-element chunk; the 4 (MX, block 32) or 2 (NVFP4, block 16) lanes of a
-// scale block meet through warp shuffles for the amax. Memory-bound: each thread issues its
-// loads for kUnroll chunks before any arithmetic so enough bytes are in flight to reach HBM
-// bandwidth; the scale byte is written by the block's first lane.
+// One thread owns one 8-element chunk per iteration; the 4 (MX, block 32) or 2 (NVFP4, block 16)
+// lanes of a scale block meet through warp shuffles for the amax. Each thread issues its loads
+// for kUnroll iterations before any arithmetic so enough bytes are in flight to reach HBM
+// bandwidth. The per-block scale work is spread over the block's lanes (lane j decides
+// iteration j), which matters because the FP4 paths are instruction-bound on sm_90.
 #pragma once
 #include "common/numerics.cuh"
 #include "formats/args.hpp"
@@ -38,6 +39,26 @@ __device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan
     w[0] = e2m1_pack8(y);
   }
   return make_uint2(w[0], w[1]);
+}
+
+// The scale byte of a block and the factor that maps its elements into the element range
+// (0 for blocks that encode as zeros: NaN, all-zero, NVFP4 s == 0).
+template <Fmt F>
+__device__ __forceinline__ void block_scale(float amax, int32_t rule, float nv_global, uint32_t& code,
+                                            float& to_elem) {
+  using namespace numerics;
+  const bool nan = amax != amax;
+  if constexpr (F == Fmt::kNvfp4) {
+    // s = e4m3((amax * q) / 6); elements are x * (q / s), the ratio rounded once per block
+    code = nan ? uint32_t(kE4m3Nan) : e4m3_encode(__fdiv_rn(__fmul_rn(amax, nv_global), 6.0f));
+    const float s = nan ? 0.0f : e4m3_decode(code);
+    to_elem = s == 0.0f ? 0.0f : __fdiv_rn(nv_global, s);
+  } else {
+    constexpr int emax = F == Fmt::kMxfp8 ? kE4m3Emax : kE2m1Emax;
+    const float t = F == Fmt::kMxfp8 ? __fmul_rn(amax, kInv448) : __fdiv_rn(amax, 6.0f);
+    code = nan ? kUe8m0Nan : (rule == int32_t(ScaleRule::kOcpFloor) ? ue8m0_ocp_floor(amax, emax) : ue8m0_round_up(t));
+    to_elem = (code == 0u || nan) ? 0.0f : ue8m0_inverse(code);
+  }
 }
 
 template <Fmt F>
@@ -101,42 +122,56 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
     }
   }
 
+  // 1. Block amax per iteration, with NaN propagation (a NaN anywhere makes amax NaN). Every lane
+  // takes part in the shuffles (chunks past the end carry zeros): a scale block's lanes are
+  // either all in range or all out, since cols is a multiple of kBlock.
+  float amax[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    amax[u] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) amax[u] = max_abs_nan(amax[u], v[u][i]);
+#pragma unroll
+    for (int m = 1; m < kLanes; m <<= 1) amax[u] = max_abs_nan(amax[u], __shfl_xor_sync(0xFFFFFFFFu, amax[u], m));
+  }
+
+  // 2. Scales: the kLanes lanes of a block hold the same amaxes, so lane j of the group decides
+  // the scale of iteration (pass * kLanes + j) and stores its byte; a shuffle hands the result to
+  // the group. One scale computation per warp instruction stream serves kLanes iterations.
+  constexpr int kPasses = (kUnroll + kLanes - 1) / kLanes;
+  const int lane = int(threadIdx.x % 32u), j = lane % kLanes, group_lane0 = lane - j;
+  uint32_t code[kUnroll];
+  float to_elem[kUnroll];
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int mine = pass * kLanes + j;  // the iteration this lane decides (>= kUnroll: unused)
+    float m = amax[pass * kLanes];
+#pragma unroll
+    for (int k = 1; k < kLanes; ++k)
+      if (pass * kLanes + k < kUnroll && j == k) m = amax[pass * kLanes + k];
+    uint32_t my_code;
+    float my_to_elem;
+    detail::block_scale<F>(m, a.scale_rule, nv_global, my_code, my_to_elem);
+    const int64_t c = first + int64_t(mine) * blockDim.x;
+    if (mine < kUnroll && c < chunks) {
+      const uint32_t r = a.chunks_per_row.div(uint32_t(c));
+      const uint32_t sc = a.chunks_per_row.mod(uint32_t(c), r) / kLanes;
+      a.scale[kSwizzled ? swizzled_scale_offset(r, sc, round_up(cols_sf, 4)) : r * cols_sf + sc] = uint8_t(my_code);
+    }
+#pragma unroll
+    for (int k = 0; k < kLanes; ++k) {
+      if (pass * kLanes + k < kUnroll) {
+        code[pass * kLanes + k] = __shfl_sync(0xFFFFFFFFu, my_code, group_lane0 + k);
+        to_elem[pass * kLanes + k] = __shfl_sync(0xFFFFFFFFu, my_to_elem, group_lane0 + k);
+      }
+    }
+  }
+
+  // 3. Elements.
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t c = first + int64_t(u) * blockDim.x;
-    // amax with NaN propagation: a NaN anywhere in the block makes amax NaN.
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) amax = max_abs_nan(amax, v[u][i]);
-    // Every lane takes part in the shuffles (whole chunks past the end carry zeros): a scale
-    // block's lanes are either all in range or all out, since cols is a multiple of kBlock.
-#pragma unroll
-    for (int m = 1; m < kLanes; m <<= 1) amax = max_abs_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
-    if (c >= chunks) continue;
-    const bool nan = amax != amax;
-
-    uint32_t code = 0u;
-    float to_elem = 0.0f;
-    if constexpr (F == Fmt::kNvfp4) {
-      // s = e4m3((amax * q) / 6); elements are x * (q / s), the ratio rounded once per block
-      code = nan ? uint32_t(kE4m3Nan) : e4m3_encode(__fdiv_rn(__fmul_rn(amax, nv_global), 6.0f));
-      const float s = nan ? 0.0f : e4m3_decode(code);
-      to_elem = s == 0.0f ? 0.0f : __fdiv_rn(nv_global, s);
-    } else {
-      constexpr int emax = F == Fmt::kMxfp8 ? kE4m3Emax : kE2m1Emax;
-      const float t = F == Fmt::kMxfp8 ? __fmul_rn(amax, detail::kInv448) : __fdiv_rn(amax, 6.0f);
-      code = nan ? kUe8m0Nan
-                 : (a.scale_rule == int32_t(ScaleRule::kOcpFloor) ? ue8m0_ocp_floor(amax, emax) : ue8m0_round_up(t));
-      to_elem = (code == 0u || nan) ? 0.0f : ue8m0_inverse(code);
-    }
-    detail::store_elements<F>(a.q, c, detail::encode_chunk<F>(v[u], nan, code, to_elem));
-
-    if (threadIdx.x % kLanes == 0) {
-      const uint32_t r = a.chunks_per_row.div(uint32_t(c));
-      const uint32_t sc = a.chunks_per_row.mod(uint32_t(c), r) / kLanes;
-      const int64_t off = kSwizzled ? swizzled_scale_offset(r, sc, round_up(cols_sf, 4)) : r * cols_sf + sc;
-      a.scale[off] = uint8_t(code);
-    }
+    if (c < chunks) detail::store_elements<F>(a.q, c, detail::encode_chunk<F>(v[u], amax[u] != amax[u], code[u], to_elem[u]));
   }
   if constexpr (kSwizzled) detail::zero_scale_padding(a.scale, a.rows, cols_sf);
 }
