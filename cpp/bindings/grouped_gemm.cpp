@@ -20,14 +20,25 @@ struct GroupedGemmPlan {
   std::unique_ptr<Launch> launch;  // null when there is nothing to compute (no rows)
 };
 
+// The op, variant and sizes of a request (no tensors yet).
+grouped_gemm::Problem shape(int op, int variant, int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32) {
+  if (op < 0 || op > 2) throw ValueError("op must be 0 (fwd), 1 (dgrad) or 2 (wgrad)");
+  if (variant < 0 || variant > 1) throw ValueError("variant must be 0 (det) or 1 (fast)");
+  grouped_gemm::Problem p;
+  p.op = grouped_gemm::Op(op);
+  p.variant = grouped_gemm::Variant(variant);
+  p.num_groups = num_groups;
+  p.n = n;
+  p.k = k;
+  p.rows = rows;
+  p.out_f32 = out_f32;
+  return p;
+}
+
 grouped_gemm::Problem problem(int op, int variant, Tensor a, Tensor b, Tensor out, Tensor offs, bool leading_zero,
                               int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32,
                               std::optional<Tensor> workspace, const std::string& form) {
-  grouped_gemm::Problem p;
-  if (op < 0 || op > 2) throw ValueError("op must be 0 (fwd), 1 (dgrad) or 2 (wgrad)");
-  if (variant < 0 || variant > 1) throw ValueError("variant must be 0 (det) or 1 (fast)");
-  p.op = grouped_gemm::Op(op);
-  p.variant = grouped_gemm::Variant(variant);
+  grouped_gemm::Problem p = shape(op, variant, num_groups, n, k, rows, out_f32);
   p.device = tensor_device(out, "out");
   tensor_device(a, "a", p.device);
   tensor_device(b, "b", p.device);
@@ -38,11 +49,6 @@ grouped_gemm::Problem problem(int op, int variant, Tensor a, Tensor b, Tensor ou
   p.out = out.data();
   p.offs = static_cast<const int32_t*>(offs.data());
   p.offs_leading_zero = leading_zero;
-  p.out_f32 = out_f32;
-  p.num_groups = num_groups;
-  p.n = n;
-  p.k = k;
-  p.rows = rows;
   p.form = form;
   if (workspace) {
     tensor_device(*workspace, "workspace", p.device);
@@ -78,14 +84,7 @@ void bind_grouped_gemm(nb::module_& m) {
 
   m.def("grouped_gemm_workspace_bytes",
         [](int op, int variant, int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32, int device) {
-          grouped_gemm::Problem p;
-          p.op = grouped_gemm::Op(op);
-          p.variant = grouped_gemm::Variant(variant);
-          p.num_groups = num_groups;
-          p.n = n;
-          p.k = k;
-          p.rows = rows;
-          p.out_f32 = out_f32;
+          grouped_gemm::Problem p = shape(op, variant, num_groups, n, k, rows, out_f32);
           p.device = device;
           return grouped_gemm::workspace_bytes(p);
         });
