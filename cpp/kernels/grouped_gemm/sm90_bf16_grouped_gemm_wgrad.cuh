@@ -49,9 +49,9 @@
 // consecutive output columns -> predicated 16-byte stores (bf16) or two (f32),
 // never outside [0, N) x [0, K) of dW[e]. Empty groups store exact zeros.
 //
-// Measured (H200, 2026-11-30, harness/sm90_grouped_gemm_wgrad_harness.cu, the 24 MoE
-// rows, L2 evicted before each launch, forms interleaved; torch._grouped_mm(G.t(), X,
-// offs) timed the same way on the same groups in the same session):
+// Measured (H200, 2026-11-30, a standalone harness (in git history), the 24 MoE rows, L2
+// evicted before each launch, forms interleaved; torch._grouped_mm(G.t(), X, offs) timed the
+// same way on the same groups in the same run; `cake-moe bench grouped-gemm` is current):
 //   geomean TFLOP/s  det bf16 497, fast bf16 502, det f32 426, fast f32 427, torch 533
 //   det bf16 / torch: 0.90x at T=4096, 0.94x at 16384, 0.96x at 65536 (0.77x..1.22x);
 //   behind on the wide w13 rows (N=4096, K=4096/7168: 0.77-0.94x), ahead on
