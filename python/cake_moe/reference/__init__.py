@@ -1,4 +1,4 @@
 """Pure-torch references: the exact rules every kernel is tested against (CPU or GPU tensors)."""
-from . import formats, grouped_gemm
+from . import formats, grouped_gemm, moe
 
-__all__ = ["formats", "grouped_gemm"]
+__all__ = ["formats", "grouped_gemm", "moe"]
