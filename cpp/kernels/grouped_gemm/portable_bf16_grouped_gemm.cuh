@@ -160,6 +160,8 @@ struct PortableRaggedScheduler {
     const int32_t warp = threadIdx.x >> 5;
     const int32_t num_warps = blockDim.x >> 5;
     const int32_t num_chunks = (num_slots + 31) >> 5;
+    // The same scan as block_scan.cuh (kept inline: switching to it changes this form's SASS, so
+    // it waits for the next GPU validation run).
     for (int32_t c = warp; c < num_chunks; c += num_warps) {  // inclusive scan of each 32-slot chunk
       const int32_t idx = c * 32 + lane;
       int32_t v = idx < num_slots ? smem[idx] : 0;

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "grouped_gemm/block_scan.cuh"
 #include "grouped_gemm/group_rows.cuh"
 
 #include "grouped_gemm/params.cuh"
@@ -84,38 +85,8 @@ struct RaggedTileScheduler {
     }
     __syncthreads();
 
-    // 2) inclusive scan: per-warp scans of 32-slot chunks ...
-    const int32_t lane = threadIdx.x & 31;
-    const int32_t warp = threadIdx.x >> 5;
-    const int32_t num_warps = blockDim.x >> 5;
-    const int32_t num_chunks = (num_slots + 31) / 32;
-    for (int32_t c = warp; c < num_chunks; c += num_warps) {
-      const int32_t idx = c * 32 + lane;
-      int32_t v = idx < num_slots ? smem_table[idx] : 0;
-#pragma unroll
-      for (int32_t d = 1; d < 32; d <<= 1) {
-        const int32_t up = __shfl_up_sync(0xffffffffu, v, d);
-        if (lane >= d) v += up;
-      }
-      if (idx < num_slots) smem_table[idx] = v;
-      if (lane == 31) chunk_total[c] = v;
-    }
-    __syncthreads();
-    // ... then an exclusive scan of the chunk totals by warp 0 ...
-    if (warp == 0) {
-      const int32_t own = lane < num_chunks ? chunk_total[lane] : 0;
-      int32_t v = own;
-#pragma unroll
-      for (int32_t d = 1; d < 32; d <<= 1) {
-        const int32_t up = __shfl_up_sync(0xffffffffu, v, d);
-        if (lane >= d) v += up;
-      }
-      chunk_total[lane] = v - own;
-    }
-    __syncthreads();
-    // ... added back to every slot.
-    for (int32_t idx = threadIdx.x; idx < num_slots; idx += blockDim.x) smem_table[idx] += chunk_total[idx >> 5];
-    __syncthreads();
+    // 2) inclusive scan of the slot counts
+    block_inclusive_scan(smem_table, num_slots, chunk_total);
     total_tiles = num_slots > 0 ? smem_table[num_slots - 1] : 0;
   }
 

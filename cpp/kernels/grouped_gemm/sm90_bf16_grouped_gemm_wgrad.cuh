@@ -70,6 +70,7 @@
 
 #include <cstdint>
 
+#include "grouped_gemm/block_scan.cuh"
 #include "grouped_gemm/group_rows.cuh"
 #include <type_traits>
 
@@ -262,33 +263,8 @@ struct WgradScheduler {
     }
     __syncthreads();
 
-    // 4) inclusive scan: per-warp scans of 32-slot chunks, then chunk offsets
-    const int32_t num_chunks = (num_slots + 31) / 32;
-    for (int32_t c = warp; c < num_chunks; c += num_warps) {
-      const int32_t idx = c * 32 + lane;
-      uint64_t v = idx < num_slots ? smem_table[idx] : 0;
-#pragma unroll
-      for (int32_t d = 1; d < 32; d <<= 1) {
-        const uint64_t up = __shfl_up_sync(0xffffffffu, v, d);
-        if (lane >= d) v += up;
-      }
-      if (idx < num_slots) smem_table[idx] = v;
-      if (lane == 31) chunk_total[c] = v;
-    }
-    __syncthreads();
-    if (warp == 0) {
-      const uint64_t own = lane < num_chunks ? chunk_total[lane] : 0;
-      uint64_t v = own;
-#pragma unroll
-      for (int32_t d = 1; d < 32; d <<= 1) {
-        const uint64_t up = __shfl_up_sync(0xffffffffu, v, d);
-        if (lane >= d) v += up;
-      }
-      chunk_total[lane] = v - own;
-    }
-    __syncthreads();
-    for (int32_t idx = threadIdx.x; idx < num_slots; idx += blockDim.x) smem_table[idx] += chunk_total[idx >> 5];
-    __syncthreads();
+    // 4) inclusive scan of the packed counts
+    block_inclusive_scan(smem_table, num_slots, chunk_total);
     total_units = num_slots > 0 ? static_cast<int32_t>(static_cast<uint32_t>(smem_table[num_slots - 1])) : 0;
   }
 

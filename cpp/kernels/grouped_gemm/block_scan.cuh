@@ -1,0 +1,45 @@
+// Block-wide inclusive prefix sum of a shared-memory table: the step every ragged scheduler
+// (sm_90a fwd/dgrad, sm_90a wgrad, portable) runs to turn per-slot work counts into offsets.
+#pragma once
+#include <cstdint>
+
+namespace cake_moe {
+
+// table[0, n) in shared memory becomes its inclusive prefix sum (n <= 32 * 32). Warps scan
+// 32-entry chunks with shuffles, warp 0 scans the chunk totals (`chunk_total`: 32 entries of
+// shared memory), and the totals are added back. Every thread of the block must call it: it
+// synchronises the block, also before returning.
+template <typename T>
+__device__ __forceinline__ void block_inclusive_scan(T* table, int32_t n, T* chunk_total) {
+  const int32_t lane = threadIdx.x & 31;
+  const int32_t warp = threadIdx.x >> 5;
+  const int32_t num_warps = blockDim.x >> 5;
+  const int32_t num_chunks = (n + 31) / 32;
+  for (int32_t c = warp; c < num_chunks; c += num_warps) {
+    const int32_t idx = c * 32 + lane;
+    T v = idx < n ? table[idx] : T(0);
+#pragma unroll
+    for (int32_t d = 1; d < 32; d <<= 1) {
+      const T up = __shfl_up_sync(0xffffffffu, v, d);
+      if (lane >= d) v += up;
+    }
+    if (idx < n) table[idx] = v;
+    if (lane == 31) chunk_total[c] = v;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const T own = lane < num_chunks ? chunk_total[lane] : T(0);
+    T v = own;
+#pragma unroll
+    for (int32_t d = 1; d < 32; d <<= 1) {
+      const T up = __shfl_up_sync(0xffffffffu, v, d);
+      if (lane >= d) v += up;
+    }
+    chunk_total[lane] = v - own;
+  }
+  __syncthreads();
+  for (int32_t idx = threadIdx.x; idx < n; idx += blockDim.x) table[idx] += chunk_total[idx >> 5];
+  __syncthreads();
+}
+
+}  // namespace cake_moe
