@@ -64,6 +64,8 @@ Loaded load() {
   resolve(gpa, d.LaunchKernelEx, "cuLaunchKernelEx", 11060, err);
   resolve(gpa, d.TensorMapEncodeTiled, "cuTensorMapEncodeTiled", 12000, err);
   resolve(gpa, d.TensorMapReplaceAddress, "cuTensorMapReplaceAddress", 12000, err);
+  std::string optional_error;  // only the CAKE_MOE_SYNC_CHECK debug mode needs this one
+  resolve(gpa, d.StreamSynchronize, "cuStreamSynchronize", 2000, optional_error);
   if (!err.empty()) return out;
   CUresult r = d.Init(0);
   if (r != CUDA_SUCCESS) {

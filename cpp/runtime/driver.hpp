@@ -27,6 +27,7 @@ struct Driver {
   decltype(&::cuLaunchKernelEx) LaunchKernelEx = nullptr;
   decltype(&::cuTensorMapEncodeTiled) TensorMapEncodeTiled = nullptr;
   decltype(&::cuTensorMapReplaceAddress) TensorMapReplaceAddress = nullptr;
+  decltype(&::cuStreamSynchronize) StreamSynchronize = nullptr;
   int version = 0;  // cuDriverGetVersion, e.g. 13000
 };
 

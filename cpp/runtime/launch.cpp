@@ -1,5 +1,6 @@
 #include "runtime/launch.hpp"
 
+#include <cstdlib>
 #include <string>
 
 #include "runtime/driver.hpp"
@@ -36,6 +37,12 @@ void launch(CUkernel kernel, const LaunchConfig& cfg, const void* args, const ch
   // A CUkernel is accepted wherever a CUfunction is; it resolves in the current context.
   check(driver().LaunchKernelEx(&lc, reinterpret_cast<CUfunction>(kernel), params, nullptr),
         std::string("launch of ") + what);
+  static const bool sync_check = [] {
+    const char* v = std::getenv("CAKE_MOE_SYNC_CHECK");
+    return v && v[0] == '1';
+  }();
+  if (sync_check && driver().StreamSynchronize)
+    check(driver().StreamSynchronize(lc.hStream), std::string("kernel fault in ") + what + " (CAKE_MOE_SYNC_CHECK)");
 }
 
 void set_max_dynamic_smem(CUkernel kernel, int device, unsigned bytes) {

@@ -28,7 +28,7 @@ def cmd_info(_args) -> int:
     print(f"arches: {', '.join('sm_' + a for a in m['archs'])}")
     print(f"device: {_device_line()[0]}")
     bad = 0
-    print(f"{'form':32} {'family':10} " + " ".join(f"{'sm_' + a:>22}" for a in m["archs"]))
+    print(f"{'form':24} {'family':13}" + " ".join(f"{'sm_' + a:>22}" for a in m["archs"]))
     for form in m["forms"]:
         cells = []
         for arch in m["archs"]:
@@ -40,7 +40,7 @@ def cmd_info(_args) -> int:
             bad += not ok
             tag = info["kind"] + ("+validated" if info["validated"] else "")
             cells.append(f"{tag + (' sha-ok' if ok else ' SHA-BAD'):>22}")
-        print(f"{form['name']:32} {form['family']:10} " + " ".join(cells))
+        print(f"{form['name']:24} {form['family']:13}" + " ".join(cells))
     n = sum(len(f["arches"]) for f in m["forms"])
     print(f"{len(m['forms'])} forms, {n} images, {n - bad} checksums verified, {bad} failed")
     return 1 if bad else 0
