@@ -181,3 +181,17 @@ def test_fp4_rounding_ties_and_neighbours(fmt):
         want = ref.quantize_mx(x, "mxfp4")
         got = formats.mxfp4_quantize(x.cuda())
     assert _equal_bytes(got[1], want[1]) and _equal_bytes(got[0], want[0])
+
+
+def test_sync_check_debug_mode_runs():
+    """CAKE_MOE_SYNC_CHECK=1 synchronises after every launch; results are unchanged."""
+    import os
+    import subprocess
+    import sys
+    code = ("import torch, cake_moe; from cake_moe.reference import formats as ref;"
+            "x = torch.randn(64, 256, device='cuda');"
+            "q, s = cake_moe.formats.mxfp4_quantize(x); rq, rs = ref.quantize_mx(x.cpu(), 'mxfp4');"
+            "assert torch.equal(q.cpu(), rq) and torch.equal(s.cpu(), rs); print('ok')")
+    env = dict(os.environ, CAKE_MOE_SYNC_CHECK="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
