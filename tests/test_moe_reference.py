@@ -52,6 +52,15 @@ def test_local_experts_ep_and_out_of_range():
     assert local.tolist() == [[0, 111, -1, -1, -1, -1]]
 
 
+def test_route_plan_is_stable_and_grouped():
+    local = torch.tensor([[2, 0, -1], [0, 2, 2], [-1, -1, 1]])
+    counts, offsets, routes = moe.route_plan(local, num_local_experts=4)
+    assert counts.tolist() == [2, 1, 3, 0]
+    assert offsets.tolist() == [0, 2, 3, 6, 6]
+    # expert 0: routes (0,1)=1, (1,0)=3; expert 1: (2,2)=8; expert 2: (0,0)=0, (1,1)=4, (1,2)=5
+    assert routes.tolist() == [1, 3, 8, 0, 4, 5]
+
+
 def test_finalize_slot_order_bf16_and_empty_tokens():
     rows = torch.tensor([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]], dtype=torch.bfloat16)
     w = torch.tensor([[0.5, 0.25], [1.0, 1.0]])

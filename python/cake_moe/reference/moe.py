@@ -52,6 +52,24 @@ def local_slot_experts(topk_ids: torch.Tensor, num_experts: int, num_local_exper
     return torch.where(ok, local, torch.full_like(local, -1))
 
 
+def route_plan(local: torch.Tensor, num_local_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The bookkeeping a routing kernel produces from local expert ids [T, k] (-1: no route).
+
+    Returns (counts [L] int32, offsets [L + 1] int32 with a leading zero, routes [R] int32) where
+    routes lists the flat route index t * k + slot of every valid route, grouped by expert in
+    expert order and, inside an expert, in increasing (token, slot) order: a deterministic,
+    stable order that the grouped GEMMs of the prefill path consume as gathered rows.
+    """
+    flat = local.reshape(-1).long()
+    valid = flat >= 0
+    counts = torch.bincount(flat[valid], minlength=num_local_experts).to(torch.int32)
+    offsets = torch.zeros(num_local_experts + 1, dtype=torch.int32, device=local.device)
+    offsets[1:] = counts.cumsum(0)
+    idx = torch.nonzero(valid).reshape(-1)
+    order = torch.sort(flat[idx], stable=True).indices
+    return counts, offsets, idx[order].to(torch.int32)
+
+
 def finalize(rows: torch.Tensor, weights: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """out[t] = BF16(sum over slots k = 0..top_k-1 in order of fma(row[t, k], weight[t, k], acc)).
 
