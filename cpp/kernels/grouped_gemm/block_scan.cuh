@@ -1,5 +1,6 @@
-// Block-wide inclusive prefix sum of a shared-memory table: the step every ragged scheduler
-// (sm_90a fwd/dgrad, sm_90a wgrad, portable) runs to turn per-slot work counts into offsets.
+// Block-wide inclusive prefix sum of a shared-memory table, and the search in it: the steps every
+// ragged scheduler (sm_90a fwd/dgrad, sm_90a wgrad, portable) runs to turn per-slot work counts
+// into offsets and a linear work index back into a slot.
 #pragma once
 #include <cstdint>
 
@@ -40,6 +41,21 @@ __device__ __forceinline__ void block_inclusive_scan(T* table, int32_t n, T* chu
   __syncthreads();
   for (int32_t idx = threadIdx.x; idx < n; idx += blockDim.x) table[idx] += chunk_total[idx >> 5];
   __syncthreads();
+}
+
+// The first index i of an inclusive prefix table[0, n) with table[i] > value (binary search;
+// value must be below table[n - 1]): which slot a linear work index falls in.
+__device__ __forceinline__ int32_t first_slot_above(const int32_t* table, int32_t n, int32_t value) {
+  int32_t lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi) >> 1;
+    if (table[mid] > value) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
 }
 
 }  // namespace cake_moe

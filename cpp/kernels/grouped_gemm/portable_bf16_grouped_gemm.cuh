@@ -41,6 +41,7 @@
 
 #include <cstdint>
 
+#include "grouped_gemm/block_scan.cuh"
 #include "grouped_gemm/group_rows.cuh"
 #include <type_traits>
 
@@ -192,15 +193,7 @@ struct PortableRaggedScheduler {
 
   // linear in [0, total_tiles)
   __device__ __forceinline__ PortableTile tile(int32_t linear) const {
-    int32_t lo = 0, hi = num_slots - 1;  // first slot whose inclusive prefix exceeds linear
-    while (lo < hi) {
-      const int32_t mid = (lo + hi) >> 1;
-      if (table[mid] > linear) {
-        hi = mid;
-      } else {
-        lo = mid + 1;
-      }
-    }
+    const int32_t lo = first_slot_above(table, num_slots, linear);
     int32_t local = linear - (lo > 0 ? table[lo - 1] : 0);
     int32_t e = lo * span;
     const int32_t e_last = min(num_groups, (lo + 1) * span) - 1;

@@ -92,16 +92,7 @@ struct RaggedTileScheduler {
 
   // Map a linear tile index in [0, total_tiles) to its tile.
   __device__ __forceinline__ GroupTile tile(int32_t linear) const {
-    // first slot whose inclusive prefix exceeds `linear`
-    int32_t lo = 0, hi = num_slots - 1;
-    while (lo < hi) {
-      const int32_t mid = (lo + hi) >> 1;
-      if (table[mid] > linear) {
-        hi = mid;
-      } else {
-        lo = mid + 1;
-      }
-    }
+    const int32_t lo = first_slot_above(table, num_slots, linear);
     int32_t local = linear - (lo > 0 ? table[lo - 1] : 0);
     int32_t e = lo * span;
     int32_t row_begin, row_end, m_tiles;
