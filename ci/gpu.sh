@@ -56,10 +56,12 @@ sanitize() {  # name, tool, env, family
     record "$1" "FAILED (sanitizer.log)"; failed=$((failed + 1)); tail -30 "$OUT/sanitizer.log"
   fi
 }
-sanitize memcheck memcheck "X=0" all
+sanitize memcheck memcheck "X=0" formats,grouped_gemm
 sanitize memcheck-pt memcheck "CAKE_MOE_GG_FORCE_PORTABLE=1" grouped_gemm
+sanitize memcheck-moe memcheck "X=0" mxfp4_moe
 sanitize racecheck racecheck "X=0" grouped_gemm
 sanitize racecheck-pt racecheck "CAKE_MOE_GG_FORCE_PORTABLE=1" grouped_gemm
+sanitize racecheck-moe racecheck "X=0" mxfp4_moe
 
 # the main job
 if cake-moe demo >/tmp/cake-demo.log 2>&1; then record demo "$(tail -1 /tmp/cake-demo.log)"; passed=$((passed + 1))
@@ -75,10 +77,13 @@ if [ "${CAKE_BENCH_GG:-1}" = 1 ]; then
   if cake-moe bench grouped-gemm --sweep --out "$OUT/bench_gg" >>"$OUT/misc.log" 2>&1; then record bench-gg "ok (bench_gg.md)"
   else record bench-gg "FAILED (misc.log)"; fi
 fi
+if cake-moe bench mxfp4-moe --out "$OUT/bench_moe" >>"$OUT/misc.log" 2>&1; then record bench-moe "ok (bench_moe.md)"
+else record bench-moe "FAILED (misc.log)"; fi
 
 echo; echo "== device =="; head -1 "$OUT/misc.log"
 echo "== benchmark (formats) =="; tail -n +3 /tmp/bench_formats.md 2>/dev/null
 echo "== benchmark (grouped GEMM) =="; tail -4 "$OUT/bench_gg.md" 2>/dev/null
+echo "== benchmark (MXFP4 MoE) =="; tail -n +3 "$OUT/bench_moe.md" 2>/dev/null
 echo "== demo =="; cat /tmp/cake-demo.log
 echo "== summary =="
 for i in "${!NAMES[@]}"; do printf '%-10s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"; done

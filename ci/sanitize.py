@@ -1,6 +1,6 @@
 """Runs every kernel form once on small shapes (odd sizes, swizzled padding, ragged groups) for
 compute-sanitizer, and checks the results against the references, so that a clean run is also a
-right one.   usage: python ci/sanitize.py [formats|grouped_gemm|all]"""
+right one.   usage: python ci/sanitize.py [comma list of formats,grouped_gemm,mxfp4_moe | all]"""
 import os
 import sys
 
@@ -56,11 +56,29 @@ def run_grouped_gemm() -> None:
             check(gref.rel_rms(dw, gref.wgrad(g, x, offs)) < 6e-3, f"gg wgrad {variant}")
 
 
+def run_mxfp4_moe() -> None:
+    """Family B on small shapes (H=256, I=128, E=8, top_k=2; an EP rank with remote experts),
+    with ids outside [0, E) (never dereferenced), both route-weight dtypes and the packed form;
+    the FP64 reference runs on the CPU (fast under the sanitizer)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from mxfp4_moe_cases import make_case, named_layer, reference
+    for name, runs in (("h256_e8_k2", (("balanced", 17, torch.float32), ("oob", 17, torch.bfloat16),
+                                        ("oob", 17, None), ("dup", 1, torch.float32))),
+                       ("h384_ep_k8", (("balanced", 17, torch.bfloat16), ("remote", 17, torch.float32)))):
+        layer = named_layer(name)
+        bank = {k: v.cpu() for k, v in layer.bank.items()}
+        for regime, t, dtype in runs:
+            case = make_case(layer.geom, t, regime, seed=t, weights_dtype=dtype, extreme_ids=dtype is not None)
+            got = layer.run(case).cpu()
+            want = reference(case.to("cpu"), bank)
+            ok = torch.equal(got, want) if regime == "remote" else gref.rel_rms(got, want) < 5e-3
+            check(ok, f"mxfp4_moe {name} {regime} T={t} {dtype}")
+
+
+FAMILIES = {"formats": run_formats, "grouped_gemm": run_grouped_gemm, "mxfp4_moe": run_mxfp4_moe}
 which = sys.argv[1] if len(sys.argv) > 1 else "all"
-if which in ("formats", "all"):
-    run_formats()
-if which in ("grouped_gemm", "all"):
-    run_grouped_gemm()
+for fam in FAMILIES if which == "all" else which.split(","):
+    FAMILIES[fam]()
 torch.cuda.synchronize()
 print(f"sanitize run ({which}, portable={os.environ.get('CAKE_MOE_GG_FORCE_PORTABLE', '0')}): {bad} mismatches")
 raise SystemExit(1 if bad else 0)

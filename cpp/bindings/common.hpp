@@ -36,5 +36,6 @@ inline void require_aligned(const Tensor& t, const char* name, std::uintptr_t al
 
 void bind_formats(nb::module_& m);
 void bind_grouped_gemm(nb::module_& m);
+void bind_mxfp4_moe(nb::module_& m);
 
 }  // namespace cake_moe::bindings

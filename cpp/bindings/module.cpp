@@ -58,4 +58,5 @@ NB_MODULE(_ext, m) {
 
   bindings::bind_formats(m);
   bindings::bind_grouped_gemm(m);
+  bindings::bind_mxfp4_moe(m);
 }

@@ -125,5 +125,46 @@ def _grouped_gemm_portable_forms() -> list[Form]:
             for op, kernels in ops.items()]
 
 
+def _moe_engine_forms() -> list[Form]:
+    """Routing bookkeeping and the slot-order finalize, shared by the routed-MoE families."""
+    return [
+        Form("moe_route", "moe", "moe/moe_route.cuh", "cake_moe::moe::RouteParams",
+             (Kernel("cake_moe_route", "cake_moe::moe::route", threads=1024),),
+             {"op": "route"}, native=(), prelude="static_assert(cake_moe::moe::kRouteThreads == 1024);",
+             validated=("90a",)),
+        Form("moe_finalize", "moe", "moe/moe_finalize.cuh", "cake_moe::moe::FinalizeParams",
+             (Kernel("cake_moe_finalize", "cake_moe::moe::finalize", threads=128),),
+             {"op": "finalize"}, native=(), prelude="static_assert(cake_moe::moe::kFinalizeThreads == 128);",
+             validated=("90a",)),
+    ]
+
+
+# Family B GEMM tilings: (form suffix, BN, tiling alias in mxfp4_moe/params.hpp, threads, GEMMs).
+# The decision table (python/cake_moe/mxfp4_moe/_decide.py) picks BN per token count; at BN 8
+# the host takes the short-K tiling for a GEMM whose K is at most kShortK.
+MXFP4_MOE_TILINGS = (("n8", 8, "DecodeTiling", 256, (1, 2)), ("n8_shortk", 8, "DecodeShortKTiling", 128, (1, 2)),
+                     ("n32", 32, "MidTiling", 128, (1, 2)), ("n64", 64, "PrefillTiling", 128, (1, 2)))
+
+
+def _mxfp4_moe_forms() -> list[Form]:
+    """MXFP4-weight GEMMs dequantizing in the mainloop (mma.sync: portable on every arch)."""
+    forms = []
+    for suffix, bn, tiling, threads, stages in MXFP4_MOE_TILINGS:
+        for stage in stages:
+            alias = (f"cake_moe::mxfp4_moe::Mxfp4MoeGemm<cake_moe::mxfp4_moe::GemmStage::kGemm{stage}, "
+                     f"cake_moe::mxfp4_moe::{tiling}>")
+            prelude = "\n".join([
+                f"using Form = {alias};",
+                f"static_assert(Form::kThreads == {threads} && Form::kBN == {bn});",
+            ])
+            forms.append(Form(
+                f"mxfp4_moe_gemm{stage}_{suffix}", "mxfp4_moe", "mxfp4_moe/mxfp4_moe_gemm.cuh",
+                "cake_moe::mxfp4_moe::GemmParams",
+                (Kernel(f"cake_mxfp4_moe_gemm{stage}_{suffix}", "Form::run", threads=threads,
+                        min_blocks=2),),
+                {"stage": stage, "bn": bn, "tiling": tiling}, native=(), prelude=prelude, validated=("90a",)))
+    return forms
+
+
 FORMS: list[Form] = [*_format_forms(), *_grouped_gemm_sm90_forms(), *_grouped_gemm_sm90_wgrad_forms(),
-                     *_grouped_gemm_portable_forms()]
+                     *_grouped_gemm_portable_forms(), *_moe_engine_forms(), *_mxfp4_moe_forms()]

@@ -62,7 +62,17 @@ def cmd_bench(args) -> int:
     elif args.what == "grouped-gemm":
         from .bench import grouped_gemm as bench_gg
         bench_gg.main(args.out, ops=tuple(args.ops.split(",")), sweep=args.sweep)
+    elif args.what == "mxfp4-moe":
+        from .bench import mxfp4_moe as bench_moe
+        bench_moe.main(args.out, tokens=tuple(args.tokens or bench_moe.TOKENS), layouts=args.layouts)
     return 0
+
+
+def _layouts(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names or any(n not in ("ep8", "tp8") for n in names):
+        raise argparse.ArgumentTypeError(f"expected a comma list of ep8, tp8; got {text!r}")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,10 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--tokens", type=int, default=None, help="token count (default 4096 on GPU, 64 on CPU)")
     d.set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmarks against their anchors, JSON + markdown")
-    b.add_argument("what", choices=["formats", "grouped-gemm"])
+    b.add_argument("what", choices=["formats", "grouped-gemm", "mxfp4-moe"])
     b.add_argument("--ops", default="fwd,dgrad,wgrad", help="grouped-gemm: comma list of fwd,dgrad,wgrad")
     b.add_argument("--out", default=None, help="output prefix for .json/.md")
     b.add_argument("--sweep", action="store_true", help="grouped-gemm: also time every sm_90a tile")
+    b.add_argument("--tokens", type=int, nargs="+", default=None,
+                   help="mxfp4-moe: token counts (default 1 4 16 64 256 1024 4096 16384)")
+    b.add_argument("--layouts", default="ep8,tp8", type=_layouts, help="mxfp4-moe: comma list of ep8,tp8")
     b.set_defaults(fn=cmd_bench)
     args = p.parse_args(argv)
     return args.fn(args)

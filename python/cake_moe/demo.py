@@ -6,7 +6,11 @@
 2. Family A: one expert projection of a training MoE layer (H = 2048, I = 768, E = 16, w13
    [E, 2I, H]) through ``grouped_mm`` forward and backward, checked against the FP64
    reference and timed against ``torch._grouped_mm``.
-Without a GPU the references run on the CPU (and say so). Later families add their layers here.
+3. Family B: the MXFP4 x MXFP8 SiTU layer at its contract geometry (H = 7168, I = 3072, E = 896,
+   top_k = 16, the ep8 rank: 112 local experts) on a decode step of 8 tokens, checked against
+   the FP64 reference and timed against the copy bandwidth.
+Without a GPU the references run on the CPU (and say so), on reduced layers where the full one
+would take minutes. Later families add their layers here.
 """
 from __future__ import annotations
 
@@ -58,6 +62,75 @@ def _grouped_check(t: int, device: str, dims=(GG_H, GG_I, GG_E)) -> tuple[float,
             gref.rel_rms(wr.grad, gref.wgrad(gy, x, offs)))
 
 
+MOE_T = 8
+MOE_CPU = {"num_local": 2, "num_experts": 16, "top_k": 4}  # the reduced layer of the CPU path
+
+
+def _moe_layer(device: str, l: int, e: int, k: int, offset: int):
+    """Random family-B bank, a decode step's inputs (plan() keywords) and the FP64 reference's
+    output, with the reference's time in seconds."""
+    from .bench import mxfp4_moe as bm
+    from .reference import moe as moe_ref
+    gen = torch.Generator(device=device).manual_seed(2)
+    bank = bm.random_bank(l, I, gen)
+    x, x_sf, ids, w = bm.random_inputs(MOE_T, l, offset, gen, e=e, k=k)
+    beta, lbeta = bm.random_situ(l, gen)
+    inputs = dict(x=x, x_sf=x_sf, topk_ids=ids, topk_weights=w, beta=beta, linear_beta=lbeta)
+    t0 = time.perf_counter()
+    want = moe_ref.mxfp4_situ_moe(**inputs, **bank, num_experts=e, num_local_experts=l, local_expert_offset=offset)
+    return inputs, bank, want, time.perf_counter() - t0
+
+
+def _moe_cpu() -> None:
+    """The reference on a reduced layer; the host side of the API (weight preparation, the
+    decision for the contract rank) when this install has it."""
+    from .bench.mxfp4_moe import E, LAYOUTS, TOP_K
+    l, e, k = MOE_CPU["num_local"], MOE_CPU["num_experts"], MOE_CPU["top_k"]
+    _, bank, want, secs = _moe_layer("cpu", l, e, k, 0)
+    print(f"  MXFP4 SiTU MoE reference on CPU, REDUCED layer: H={H}, I={I}, {l} local experts of E={e}, top_k={k} "
+          f"(the contract has 112 of {E}, top_k={TOP_K}), T={MOE_T}: {secs * 1e3:.0f} ms, output rms "
+          f"{want.float().square().mean().sqrt():.3g}")
+    try:
+        from .mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
+        t0 = time.perf_counter()
+        prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+        prep_ms = (time.perf_counter() - t0) * 1e3
+        d = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS["ep8"]).decide(MOE_T)
+        print(f"  prepare_cake_mxfp4_weights on CPU ({l} experts): {prep_ms:.0f} ms; contract ep8 rank at T={MOE_T}: "
+              f"supported={d.supported} path={d.path} ({d.reason})")
+    except (ImportError, RuntimeError, NotImplementedError) as err:
+        print(f"  (family-B host API not available here: {err})")
+
+
+def _moe_gpu() -> tuple[bool, str]:
+    """The contract ep8 rank on one decode step: rel. RMS against the FP64 reference, time of
+    plan.run() (CUDA graph), effective weight bandwidth against the copy bandwidth."""
+    from .bench import mxfp4_moe as bm
+    from .bench import timing
+    from .mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
+    from .reference.grouped_gemm import rel_rms
+    l, offset, _ = bm.layout_dims("ep8")
+    a, bank, want, _ = _moe_layer("cuda", l, bm.E, bm.TOP_K, offset)
+    p = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+    runner = CakeMxfp4MoEWrapper(bm.E, bm.TOP_K, H, I, **bm.LAYOUTS["ep8"])
+    out = torch.empty(MOE_T, H, dtype=torch.bfloat16, device="cuda")
+    ws = torch.empty(runner.get_workspace_size(MOE_T), dtype=torch.uint8, device="cuda")
+    plan = runner.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], p["w1"], p["w1_sf"], p["w2"], p["w2_sf"],
+                       beta=a["beta"], linear_beta=a["linear_beta"], workspace=ws, output=out)
+    out.fill_(float("nan"))
+    plan.run()
+    torch.cuda.synchronize()
+    err = rel_rms(out, want)
+    ok = err < 5e-3
+    ms = timing.time_graph(plan.run)
+    local = a["topk_ids"].long() - offset
+    experts = local[(local >= 0) & (local < l)].unique().numel()
+    frac = experts * bm.expert_bytes(I) / (ms * 1e-3) / timing.copy_bandwidth(1 << 30)
+    return ok, (f"  MXFP4 SiTU MoE ep8 rank (H={H}, I={I}, {l} of {bm.E} experts, top_k={bm.TOP_K}) T={MOE_T}: "
+                f"rel. RMS vs FP64 {err:.1e} {'ok' if ok else 'OVER BUDGET'}; {ms * 1e3:.1f} us, {experts} routed "
+                f"experts = {frac:.2f} of the copy bandwidth")
+
+
 def _same(a, b) -> bool:
     return all(torch.equal(p.view(torch.uint8).cpu(), q.view(torch.uint8).cpu()) for p, q in zip(a, b))
 
@@ -85,6 +158,7 @@ def main(tokens: int | None = None) -> int:
         print(f"  grouped_mm fwd+bwd (H={dims[0]}, I={dims[1]}, E={dims[2]}, T={t}) reference on CPU "
               f"{(time.perf_counter() - t0) * 1e3:.0f} ms; rel. RMS vs FP64 fwd {errs[0]:.1e} dx {errs[1]:.1e} "
               f"dw {errs[2]:.1e}")
+        _moe_cpu()
         print("demo done (CPU reference only: install on a machine with an NVIDIA GPU to run the kernels)")
         return 0
 
@@ -130,6 +204,10 @@ def main(tokens: int | None = None) -> int:
                 timing.time_cuda(lambda: torch._grouped_mm(ggy, gw, offs=goffs)),
                 timing.time_cuda(lambda: torch._grouped_mm(ggy.t(), gx, offs=goffs))]
         line += "; torch._grouped_mm " + "/".join(f"{m * 1e3:.0f}" for m in peer) + " us"
+    print(line)
+    ok, line = _moe_gpu()
+    failures += not ok
+    steps += 1
     print(line)
     print(f"demo {'passed' if not failures else 'FAILED'}: {steps - failures} of {steps} steps match the reference")
     return 1 if failures else 0

@@ -1,0 +1,72 @@
+// Bindings of family B (MXFP4 x MXFP8 SiTU routed MoE). Python (cake_moe.mxfp4_moe) validates
+// shapes, dtypes, devices and overlaps; the plan object owns the kernel parameters.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+
+#include <optional>
+
+#include "bindings/common.hpp"
+#include "host/mxfp4_moe/mxfp4_moe.hpp"
+
+namespace cake_moe::bindings {
+
+void bind_mxfp4_moe(nb::module_& m) {
+  using mxfp4_moe::Plan;
+  nb::class_<Plan>(m, "Mxfp4MoePlan")
+      .def("run", [](const Plan& self, std::uintptr_t stream) { self.run(stream); }, nb::arg("stream"))
+      .def_prop_ro("forms", [](const Plan& self) { return self.forms(); });
+
+  m.def("mxfp4_moe_workspace_bytes", &mxfp4_moe::workspace_bytes, nb::arg("num_tokens"), nb::arg("hidden"),
+        nb::arg("inter"), nb::arg("num_local"), nb::arg("top_k"));
+
+  m.def(
+      "mxfp4_moe_plan",
+      [](Tensor x, Tensor x_sf, Tensor topk_ids, std::optional<Tensor> topk_weights, int weights_kind, Tensor w1,
+         Tensor w1_sf, Tensor w2, Tensor w2_sf, Tensor beta, Tensor linear_beta, Tensor workspace, Tensor output,
+         int32_t num_tokens, int32_t hidden, int32_t inter, int32_t num_experts, int32_t num_local,
+         int32_t local_offset, int32_t top_k, int32_t block_n) {
+        if (weights_kind < 0 || weights_kind > 2) throw ValueError("weights_kind must be 0 (bf16), 1 (f32) or 2 (packed)");
+        if (weights_kind != 2 && !topk_weights) throw ValueError("topk_weights is required unless routes are packed");
+        mxfp4_moe::Problem p;
+        p.device = tensor_device(output, "output");
+        const Tensor* named[] = {&x, &x_sf, &topk_ids, &w1, &w1_sf, &w2, &w2_sf, &beta, &linear_beta, &workspace};
+        for (const Tensor* t : named) tensor_device(*t, "input", p.device);
+        require_aligned(x, "x", 16);
+        require_aligned(output, "output", 16);
+        require_aligned(workspace, "workspace", 256);
+        for (const Tensor* t : {&w1, &w1_sf, &w2, &w2_sf}) require_aligned(*t, "weights", 16);
+        p.x = static_cast<const uint8_t*>(x.data());
+        p.x_sf = static_cast<const uint8_t*>(x_sf.data());
+        p.topk_ids = static_cast<const int32_t*>(topk_ids.data());
+        if (topk_weights) {
+          tensor_device(*topk_weights, "topk_weights", p.device);
+          p.topk_weights = topk_weights->data();
+        }
+        p.weight_kind = weights_kind;
+        p.w1 = static_cast<const uint8_t*>(w1.data());
+        p.w1_sf = static_cast<const uint8_t*>(w1_sf.data());
+        p.w2 = static_cast<const uint8_t*>(w2.data());
+        p.w2_sf = static_cast<const uint8_t*>(w2_sf.data());
+        p.beta = static_cast<const float*>(beta.data());
+        p.linear_beta = static_cast<const float*>(linear_beta.data());
+        p.workspace = static_cast<uint8_t*>(workspace.data());
+        p.workspace_bytes = nbytes(workspace);
+        p.out = static_cast<uint16_t*>(output.data());
+        p.tokens = num_tokens;
+        p.hidden = hidden;
+        p.inter = inter;
+        p.num_experts = num_experts;
+        p.num_local = num_local;
+        p.local_offset = local_offset;
+        p.top_k = top_k;
+        p.block_n = block_n;
+        return mxfp4_moe::make_plan(p);
+      },
+      nb::arg("x"), nb::arg("x_sf"), nb::arg("topk_ids"), nb::arg("topk_weights").none(), nb::arg("weights_kind"),
+      nb::arg("w1"), nb::arg("w1_sf"), nb::arg("w2"), nb::arg("w2_sf"), nb::arg("beta"), nb::arg("linear_beta"),
+      nb::arg("workspace"), nb::arg("output"), nb::arg("num_tokens"), nb::arg("hidden"), nb::arg("inter"),
+      nb::arg("num_experts"), nb::arg("num_local"), nb::arg("local_offset"), nb::arg("top_k"), nb::arg("block_n"));
+}
+
+}  // namespace cake_moe::bindings

@@ -1,0 +1,151 @@
+#include "host/mxfp4_moe/mxfp4_moe.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "formats/args.hpp"
+#include "host/formats/formats.hpp"
+#include "moe/params.hpp"
+#include "mxfp4_moe/params.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/images.hpp"
+#include "runtime/launch.hpp"
+
+namespace cake_moe::mxfp4_moe {
+namespace {
+
+// A kernel with its launch shape and by-value parameters.
+template <typename Params>
+struct Bound {
+  CUkernel kernel = nullptr;
+  runtime::LaunchConfig cfg;
+  Params params{};
+  std::string form;
+
+  void launch(std::uintptr_t stream) const {
+    runtime::LaunchConfig c = cfg;
+    c.stream = stream;
+    runtime::launch(kernel, c, &params, form.c_str());
+  }
+};
+
+struct TilingInfo {
+  int bn, bm, threads, smem;
+  const char* suffix;  // form name suffix (forms.py MXFP4_MOE_TILINGS)
+};
+
+template <typename Cfg>
+constexpr TilingInfo info(const char* suffix) {
+  return {Cfg::kBN, Cfg::kBM, Cfg::kThreads, Cfg::kSmemBytes, suffix};
+}
+
+// The tiling of one GEMM: block_n from the decision table, and at block_n 8 the reduction length.
+TilingInfo tiling_for(int block_n, int k) {
+  switch (block_n) {
+    case 8: return k <= kShortK ? info<DecodeShortKTiling>("n8_shortk") : info<DecodeTiling>("n8");
+    case 32: return info<MidTiling>("n32");
+    case 64: return info<PrefillTiling>("n64");
+    default: throw ValueError("block_n must be 8, 32 or 64, got " + std::to_string(block_n));
+  }
+}
+
+class Mxfp4MoePlan final : public Plan {
+ public:
+  explicit Mxfp4MoePlan(const Problem& p) : device_(p.device), tokens_(p.tokens) {
+    const moe::WorkspaceLayout ws = moe::workspace_layout(p.tokens, p.hidden, p.inter, p.num_local, p.top_k);
+    if (p.workspace_bytes < ws.total)
+      throw ValueError("workspace has " + std::to_string(p.workspace_bytes) + " bytes, needs " +
+                       std::to_string(ws.total));
+    if (p.num_local > moe::kMaxLocalExperts) throw ValueError("at most 1024 local experts");
+    if (p.block_n != 8 && p.block_n != 32 && p.block_n != 64)
+      throw ValueError("block_n must be 8, 32 or 64, got " + std::to_string(p.block_n));
+    uint8_t* base = p.workspace;
+    auto* offsets = reinterpret_cast<int32_t*>(base + ws.offsets);
+    auto* row_token = reinterpret_cast<int32_t*>(base + ws.row_token);
+    auto* route_row = reinterpret_cast<int32_t*>(base + ws.route_row);
+    auto* tile_count = reinterpret_cast<int32_t*>(base + ws.tiles);
+    auto* tiles = reinterpret_cast<moe::TokenTile*>(base + ws.tiles + 16);
+    auto* x_bf16 = reinterpret_cast<uint16_t*>(base + ws.x_bf16);
+    auto* act = reinterpret_cast<uint16_t*>(base + ws.act);
+    auto* rows = reinterpret_cast<uint16_t*>(base + ws.rows);
+    const int64_t routes = int64_t(p.tokens) * p.top_k;
+
+    runtime::ScopedDevice scope(p.device);
+    // 1. routing bookkeeping
+    route_.form = "moe_route";
+    route_.kernel = runtime::get_kernel(route_.form, "cake_moe_route", p.device);
+    route_.cfg.block[0] = moe::kRouteThreads;
+    route_.params = moe::RouteParams{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, int32_t(routes),
+                                     p.top_k, p.num_experts, p.num_local, p.local_offset,
+                                     p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, p.block_n};
+    // 2. activations to BF16 (exact: docs/mxfp4_moe.md)
+    dequant_ = formats::DequantizeArgs{p.x, p.x_sf, nullptr, x_bf16, p.tokens, p.hidden, {}};
+    // 3, 4. the GEMMs: grid = worst-case token tiles x m-blocks (idle CTAs exit at once)
+    const int64_t max_tiles = routes / p.block_n + std::min<int64_t>(p.num_local, routes);
+    bind_gemm(gemm1_, "mxfp4_moe_gemm1_", tiling_for(p.block_n, p.hidden), max_tiles,
+              GemmParams{p.w1, p.w1_sf, x_bf16, row_token, offsets, tile_count, tiles, act, p.beta, p.linear_beta,
+                         2 * p.inter, p.hidden, 0, 0});
+    bind_gemm(gemm2_, "mxfp4_moe_gemm2_", tiling_for(p.block_n, p.inter), max_tiles,
+              GemmParams{p.w2, p.w2_sf, act, nullptr, offsets, tile_count, tiles, rows, nullptr, nullptr, p.hidden,
+                         p.inter, 0, 0});
+    // 5. finalize
+    finalize_.form = "moe_finalize";
+    finalize_.kernel = runtime::get_kernel(finalize_.form, "cake_moe_finalize", p.device);
+    finalize_.cfg.grid[0] = unsigned(p.tokens);
+    finalize_.cfg.grid[1] = unsigned((p.hidden / 8 + moe::kFinalizeThreads - 1) / moe::kFinalizeThreads);
+    finalize_.cfg.block[0] = moe::kFinalizeThreads;
+    finalize_.params = moe::FinalizeParams{rows, route_row,
+                                           p.weight_kind == int32_t(moe::RouteWeights::kPacked)
+                                               ? static_cast<const void*>(p.topk_ids)
+                                               : p.topk_weights,
+                                           p.out, p.tokens, p.hidden, p.top_k, p.weight_kind};
+    forms_ = route_.form + ", fmt_mxfp8_dequantize, " + gemm1_.form + ", " + gemm2_.form + ", " + finalize_.form;
+  }
+
+  void run(std::uintptr_t stream) const override {
+    if (tokens_ == 0) return;
+    runtime::ScopedDevice scope(device_);
+    route_.launch(stream);
+    formats::launch_dequantize(formats::Fmt::kMxfp8, true, false, dequant_, device_, stream);
+    gemm1_.launch(stream);
+    gemm2_.launch(stream);
+    finalize_.launch(stream);
+  }
+
+  const std::string& forms() const override { return forms_; }
+
+ private:
+  void bind_gemm(Bound<GemmParams>& b, const std::string& prefix, const TilingInfo& tl, int64_t max_tiles,
+                 GemmParams params) {
+    const std::string form = prefix + tl.suffix;
+    params.m_blocks = (params.m + tl.bm - 1) / tl.bm;
+    const int64_t ctas = max_tiles * params.m_blocks;
+    if (ctas > int64_t(0x7FFFFFFF)) throw ValueError("too many tiles for one launch");
+    b.form = form;
+    b.kernel = runtime::get_kernel(form, ("cake_" + form).c_str(), device_);
+    runtime::set_max_dynamic_smem(b.kernel, device_, unsigned(tl.smem));
+    b.cfg.grid[0] = unsigned(std::max<int64_t>(ctas, 1));
+    b.cfg.block[0] = unsigned(tl.threads);
+    b.cfg.smem_bytes = unsigned(tl.smem);
+    b.params = params;
+  }
+
+  int device_;
+  int32_t tokens_;
+  Bound<moe::RouteParams> route_;
+  formats::DequantizeArgs dequant_{};
+  Bound<GemmParams> gemm1_, gemm2_;
+  Bound<moe::FinalizeParams> finalize_;
+  std::string forms_;
+};
+
+}  // namespace
+
+std::unique_ptr<Plan> make_plan(const Problem& p) { return std::make_unique<Mxfp4MoePlan>(p); }
+
+int64_t workspace_bytes(int64_t tokens, int64_t hidden, int64_t inter, int64_t num_local, int64_t top_k) {
+  return moe::workspace_layout(tokens, hidden, inter, num_local, top_k).total;
+}
+
+}  // namespace cake_moe::mxfp4_moe

@@ -1,0 +1,42 @@
+// Host side of family B (MXFP4 x MXFP8 SiTU routed MoE): a plan binds the caller's buffers once,
+// resolves its five kernels, and run() only enqueues them (no allocation, no sync).
+// Python (cake_moe.mxfp4_moe) has validated every shape, dtype, device and overlap.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace cake_moe::mxfp4_moe {
+
+struct Problem {
+  const uint8_t* x = nullptr;         // [T, H] E4M3
+  const uint8_t* x_sf = nullptr;      // [T, H/32] UE8M0
+  const int32_t* topk_ids = nullptr;  // [T, k] ids, or packed routes
+  const void* topk_weights = nullptr; // [T, k] bf16 / f32; null when packed
+  int32_t weight_kind = 0;            // moe::RouteWeights
+  const uint8_t* w1 = nullptr;        // prepared [L, 2I, H/2]
+  const uint8_t* w1_sf = nullptr;     // [L, 2I, H/32]
+  const uint8_t* w2 = nullptr;        // prepared [L, H, I/2]
+  const uint8_t* w2_sf = nullptr;     // [L, H, I/32]
+  const float* beta = nullptr;        // [L]
+  const float* linear_beta = nullptr; // [L]
+  uint8_t* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+  uint16_t* out = nullptr;            // [T, H] bf16
+  int32_t tokens = 0, hidden = 0, inter = 0, num_experts = 0, num_local = 0, local_offset = 0, top_k = 0;
+  int32_t block_n = 8;                // token-tile rows: picks the GEMM forms
+  int device = 0;
+};
+
+class Plan {
+ public:
+  virtual ~Plan() = default;
+  virtual void run(std::uintptr_t stream) const = 0;
+  virtual const std::string& forms() const = 0;
+};
+
+std::unique_ptr<Plan> make_plan(const Problem& p);
+
+int64_t workspace_bytes(int64_t tokens, int64_t hidden, int64_t inter, int64_t num_local, int64_t top_k);
+
+}  // namespace cake_moe::mxfp4_moe

@@ -1,0 +1,86 @@
+// Route bookkeeping of the shared MoE engine: precomputed routes -> per-local-expert row
+// offsets, the sorted route list (token of each row), its inverse (row of each route, -1 for a
+// route that contributes nothing) and the token-tile list the grouped GEMMs walk.
+//
+// One CTA of 1024 threads does everything (two passes over the T*k routes: count, then place),
+// so no global counters need clearing and no grid-wide synchronisation is needed; the routes of
+// the largest layer served (16384 x 32) are a few MB, a few tens of microseconds on one SM.
+// Same-expert lanes of a warp are aggregated with __match_any_sync before the shared-memory
+// atomics, so one hot expert does not serialise the warp. Row order inside an expert follows
+// the atomics (unspecified); nothing downstream depends on it (see docs/mxfp4_moe.md).
+#pragma once
+#include <cstdint>
+
+#include "grouped_gemm/block_scan.cuh"
+#include "moe/params.hpp"
+
+namespace cake_moe::moe {
+
+// Local expert of a route, or -1 (remote expert, id outside [0, E)).
+__device__ __forceinline__ int32_t local_expert(const RouteParams& p, int32_t route) {
+  int32_t id = p.topk_ids[route];
+  if (p.packed) id >>= 16;  // arithmetic shift: negative packed ids stay negative
+  const int32_t local = id - p.local_offset;
+  const bool ok = id >= 0 && id < p.num_experts && local >= 0 && local < p.num_local;
+  return ok ? local : -1;
+}
+
+// Adds the lane's share of a warp-aggregated increment of counter[e] and returns the value the
+// counter had before the lane's own unit (the lane's rank among the warp's same-expert lanes
+// is added to the aggregated base).
+__device__ __forceinline__ int32_t warp_aggregated_add(int32_t* counter, int32_t e) {
+  const uint32_t lane = threadIdx.x & 31u;
+  const uint32_t peers = __match_any_sync(0xFFFFFFFFu, e);
+  const uint32_t leader = __ffs(peers) - 1u;
+  int32_t base = 0;
+  if (e >= 0 && lane == leader) base = atomicAdd(&counter[e], __popc(peers));
+  base = __shfl_sync(0xFFFFFFFFu, base, leader);
+  return base + __popc(peers & ((1u << lane) - 1u));
+}
+
+__device__ __forceinline__ void route(const RouteParams& p) {
+  __shared__ int32_t count[kMaxLocalExperts];   // counts, then their inclusive prefix
+  __shared__ int32_t tiles_end[kMaxLocalExperts];  // tile ends, then placement cursors
+  __shared__ int32_t chunk_total[32];
+  const int32_t tid = threadIdx.x, L = p.num_local;
+  const int32_t rounds = (p.num_routes + kRouteThreads - 1) / kRouteThreads;
+
+  for (int32_t e = tid; e < L; e += kRouteThreads) count[e] = 0;
+  __syncthreads();
+  for (int32_t r = 0; r < rounds; ++r) {  // uniform trip count: every lane reaches the match
+    const int32_t route = r * kRouteThreads + tid;
+    const int32_t e = route < p.num_routes ? local_expert(p, route) : -1;
+    warp_aggregated_add(count, e);
+  }
+  __syncthreads();
+
+  // offsets (exclusive prefix of the counts) and per-expert token-tile ends (inclusive prefix)
+  for (int32_t e = tid; e < L; e += kRouteThreads) tiles_end[e] = (count[e] + p.block_n - 1) / p.block_n;
+  block_inclusive_scan(count, L, chunk_total);
+  block_inclusive_scan(tiles_end, L, chunk_total);
+  const int32_t num_tiles = L > 0 ? tiles_end[L - 1] : 0;
+  for (int32_t e = tid; e <= L; e += kRouteThreads) p.offsets[e] = e == 0 ? 0 : count[e - 1];
+  if (tid == 0) *p.tile_count = num_tiles;
+  for (int32_t t = tid; t < num_tiles; t += kRouteThreads) {
+    const int32_t e = first_slot_above(tiles_end, L, t);
+    const int32_t first_tile = e == 0 ? 0 : tiles_end[e - 1];
+    const int32_t row0 = (e == 0 ? 0 : count[e - 1]) + (t - first_tile) * p.block_n;
+    p.tiles[t] = TokenTile{e, row0};
+  }
+  __syncthreads();
+  // placement cursors start at each expert's first row; tiles_end is free again
+  int32_t* cursor = tiles_end;
+  for (int32_t e = tid; e < L; e += kRouteThreads) cursor[e] = e == 0 ? 0 : count[e - 1];
+  __syncthreads();
+
+  for (int32_t r = 0; r < rounds; ++r) {
+    const int32_t route = r * kRouteThreads + tid;
+    const bool in = route < p.num_routes;
+    const int32_t e = in ? local_expert(p, route) : -1;
+    const int32_t row = warp_aggregated_add(cursor, e);
+    if (in) p.route_row[route] = e >= 0 ? row : -1;
+    if (e >= 0) p.row_token[row] = route / p.top_k;
+  }
+}
+
+}  // namespace cake_moe::moe

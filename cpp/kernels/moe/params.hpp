@@ -1,0 +1,86 @@
+// Parameters of the shared MoE engine kernels (routing bookkeeping and finalize) and the
+// workspace layout every routed-MoE plan carves. Plain data: g++ and nvcc both compile this.
+#pragma once
+#include <cstdint>
+
+#include "common/host_device.hpp"
+
+namespace cake_moe::moe {
+
+// How topk_weights arrive (SPEC §5).
+enum class RouteWeights : int32_t { kBf16 = 0, kF32 = 1, kPacked = 2 };
+
+// One token tile of the grouped GEMMs: `rows` (<= block_n) consecutive sorted rows of one expert.
+struct TokenTile {
+  int32_t expert;   // local expert index
+  int32_t row0;     // first sorted row
+};
+
+// Upper bound on the token tiles of R routes over L experts for tiles of >= kMinBlockN rows:
+// every expert with a route contributes ceil(count / bn) <= count / bn + 1 tiles.
+constexpr int32_t kMinBlockN = 8;
+CAKE_HD constexpr int64_t max_token_tiles(int64_t routes, int64_t num_local) {
+  return routes / kMinBlockN + (num_local < routes ? num_local : routes);
+}
+
+CAKE_HD constexpr int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
+
+// Byte offsets of the workspace segments for T tokens (capacity R = T * top_k). The layout does
+// not depend on the tile form, so the size is monotonic in T. Python mirrors this function
+// (cake_moe.mxfp4_moe._wrapper._workspace_bytes); tests compare the two.
+struct WorkspaceLayout {
+  int64_t offsets, row_token, route_row, tiles, x_bf16, act, rows, total;
+};
+
+CAKE_HD WorkspaceLayout workspace_layout(int64_t tokens, int64_t hidden, int64_t inter, int64_t num_local,
+                                                int64_t top_k) {
+  const int64_t r = tokens * top_k;
+  WorkspaceLayout w{};
+  int64_t at = 0;
+  w.offsets = at;   at += align256((num_local + 1) * 4);
+  w.row_token = at; at += align256(r * 4);
+  w.route_row = at; at += align256(r * 4);
+  w.tiles = at;     at += align256(max_token_tiles(r, num_local) * 8 + 16);  // 16: the tile count header
+  w.x_bf16 = at;    at += align256(tokens * hidden * 2);
+  w.act = at;       at += align256(r * inter * 2);
+  w.rows = at;      at += align256(r * hidden * 2);
+  w.total = at;
+  return w;
+}
+
+// Route bookkeeping (moe_route.cuh): one CTA turns [T, k] expert ids into per-expert counts and
+// offsets, the sorted route list and its inverse, and the token-tile list of the GEMMs.
+struct RouteParams {
+  const int32_t* topk_ids;  // [T * k] global ids, or packed routes (id << 16 | bf16 bits)
+  int32_t* offsets;         // [L + 1] sorted-row offset of each local expert (leading 0)
+  int32_t* row_token;       // [R] token of each sorted row
+  int32_t* route_row;       // [T * k] sorted row of each route, -1: not local / out of range
+  int32_t* tile_count;      // [1] number of token tiles (header of the tile list)
+  TokenTile* tiles;         // [max_token_tiles]
+  int32_t num_routes;       // T * k
+  int32_t top_k;
+  int32_t num_experts;      // E: ids outside [0, E) contribute nothing
+  int32_t num_local;        // L
+  int32_t local_offset;     // first local global id
+  int32_t packed;           // topk_ids holds packed routes
+  int32_t block_n;          // rows per token tile (the GEMM form's BN)
+};
+
+constexpr int kRouteThreads = 1024;
+constexpr int kMaxLocalExperts = 1024;
+
+// Finalize (moe_finalize.cuh): out[t] = bf16(sum_s fma(rows[route_row[t*k+s]], weight[t, s], acc)).
+struct FinalizeParams {
+  const uint16_t* rows;       // [R, H] bf16 route rows (sorted order)
+  const int32_t* route_row;   // [T * k]
+  const void* weights;        // [T, k] bf16 / f32, or the packed routes
+  uint16_t* out;              // [T, H] bf16
+  int32_t tokens;
+  int32_t hidden;             // multiple of 8
+  int32_t top_k;
+  int32_t weight_kind;        // RouteWeights
+};
+
+constexpr int kFinalizeThreads = 128;
+
+}  // namespace cake_moe::moe

@@ -1,0 +1,63 @@
+// Parameters and tilings of the MXFP4-weight grouped GEMMs of family B (kernels:
+// mxfp4_moe_gemm.cuh). Plain data shared by the device code and its host launcher.
+#pragma once
+#include <cstdint>
+
+#include "moe/params.hpp"
+
+namespace cake_moe::mxfp4_moe {
+
+enum class GemmStage : int32_t {
+  kGemm1 = 1,  // act = MXFP8(SiTU(x W1^T)) as BF16, rows gathered by token
+  kGemm2 = 2,  // rows = act W2^T as BF16 route rows
+};
+
+struct GemmParams {
+  const uint8_t* w;             // [L, m, k/2] prepared MXFP4 (layout cake_mma_v1, docs/mxfp4_moe.md)
+  const uint8_t* w_sf;          // [L, m, k/32] UE8M0, rows permuted like w
+  const uint16_t* b;            // BF16 rows of length k: GEMM1 x [T, H] (gathered), GEMM2 act [R, I]
+  const int32_t* row_token;     // GEMM1: token of each sorted row; GEMM2: unused (B row = sorted row)
+  const int32_t* offsets;       // [L + 1] sorted-row offsets per local expert
+  const int32_t* tile_count;    // number of valid entries of `tiles`
+  const moe::TokenTile* tiles;  // token tiles (block_n rows each) from the routing kernel
+  uint16_t* out;                // GEMM1: act [R, m/2]; GEMM2: rows [R, m]; BF16
+  const float* beta;            // GEMM1: SiTU beta per local expert
+  const float* linear_beta;     // GEMM1: SiTU linear beta per local expert
+  int32_t m;                    // weight rows per expert: 2I (GEMM1) or H (GEMM2); multiple of 64
+  int32_t k;                    // reduction: H (GEMM1) or I (GEMM2); multiple of 128
+  int32_t m_blocks;             // ceil(m / Tiling::kBM): the grid is tiles x m_blocks CTAs
+  int32_t reserved_;
+};
+
+// A CTA computes kBM weight rows x kBN sorted rows. Warps: kWarpsM along M (64 rows each, four
+// m16 blocks) x kWarpsK splitting each pipeline stage's K (128 each, reduced in warp order).
+template <int kBN_, int kWarpsM_, int kWarpsK_, int kStages_>
+struct Tiling {
+  static constexpr int kBN = kBN_, kWarpsM = kWarpsM_, kWarpsK = kWarpsK_, kStages = kStages_;
+  static constexpr int kBM = 64 * kWarpsM;
+  static constexpr int kKWarp = 128;                  // K per warp per stage: 4 UE8M0 blocks
+  static constexpr int kKStage = kKWarp * kWarpsK;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsK;
+  static constexpr int kWRowBytes = kKStage / 2;      // prepared FP4 bytes per row per stage
+  static constexpr int kSfRowBytes = kKStage / 32;
+  static constexpr int kBRowBytes = kKStage * 2;      // BF16 activations per row per stage
+  static constexpr int kStageBytes = kBM * (kWRowBytes + kSfRowBytes) + kBN * kBRowBytes;
+  static constexpr int kAccPerLane = 4 * (kBN / 8) * 4;  // 4 m16 blocks x n8 blocks x 4
+  static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsM * 32 * kAccPerLane * 4;
+  static constexpr int kSmemBytes = kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
+  static_assert(kBN % 8 == 0 && kBN >= moe::kMinBlockN, "token tiles are whole n8 blocks");
+  static_assert(kWRowBytes % 64 == 0, "weight rows are whole 64-byte units per stage");
+};
+
+// The shipped tilings (forms.py instantiates them; the decision table picks by expected rows
+// per expert, the host by K). Decode streams each expert's weights once with narrow token tiles:
+// eight warps split K so an SM has enough warps in flight even when a launch has few CTAs
+// (T = 1); with a short K (GEMM2 of a TP shard) one CTA instead covers 256 weight rows so each
+// CTA still has a few stages to pipeline. Prefill reuses a 256-row weight tile over 64 tokens.
+using DecodeTiling = Tiling<8, 1, 8, 2>;
+using DecodeShortKTiling = Tiling<8, 4, 1, 3>;
+using MidTiling = Tiling<32, 2, 2, 3>;
+using PrefillTiling = Tiling<64, 4, 1, 3>;
+constexpr int kShortK = 1024;  // GEMMs with K <= this use DecodeShortKTiling at block_n 8
+
+}  // namespace cake_moe::mxfp4_moe

@@ -1,0 +1,261 @@
+"""Family B benchmark: the whole MXFP4 x MXFP8 SiTU MoE layer (``plan.run()``: routing, both
+GEMMs, SiTU, requantization, finalize) at the contract geometry (H=7168, I=3072, E=896,
+top_k=16; layouts ep8 and tp8), measured side by side in one run against
+
+- the device-to-device copy bandwidth: effective bandwidth = bytes of the weights + scales of
+  the local experts that have at least one route, divided by the time (PERF.md decode target);
+- effective TFLOP/s = 2 * local routes * (2*I_shard*H + H*I_shard) / time (prefill target);
+- a naive PyTorch layer on the same inputs (PERF.md's anchor): BF16 weights dequantized once
+  outside the timing, x dequantized to BF16, routes sorted by expert, ``torch._grouped_mm`` for
+  FC1 and FC2, SiTU in FP32 with a plain BF16 intermediate, weighted ``index_add_`` finalize.
+
+Inputs are random (weights as random MXFP4 codes with scale codes 118..124). Decode rows
+(T <= 64) rotate several routings inside one CUDA graph so that the routed weights are not
+served from the 60 MB L2; rows up to T = 1024 are timed as CUDA-graph replays of many calls,
+larger ones with CUDA events around eager calls.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+
+import torch
+
+from ..reference import formats as fmt
+from ..reference import moe as ref
+from . import timing
+
+H, I, E, TOP_K = 7168, 3072, 896, 16
+LAYOUTS = {"ep8": {"num_local_experts": 112, "local_expert_offset": 336}, "tp8": {"intermediate_shard": 384}}
+TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+ROTATE_MAX_T, ROTATIONS = 64, 8
+GRAPH_MAX_T = 1024
+W_SCALE_CODES = (118, 124)
+
+# The triton_kernels peer on family B tp8 (PERF.md, H200, 2026-11-30: another run, for context only).
+PEER_TP8_US = {1: 83, 4: 152, 16: 405, 64: 1040, 256: 1520, 1024: 2180, 4096: 4390, 16384: 12970}
+
+
+def layout_dims(name: str) -> tuple[int, int, int]:
+    """(local experts, first local id, intermediate shard) of a layout."""
+    kw = LAYOUTS[name]
+    return kw.get("num_local_experts", E), kw.get("local_expert_offset", 0), kw.get("intermediate_shard", I)
+
+
+def expert_bytes(i_shard: int, h: int = H) -> int:
+    """Bytes of one expert's MXFP4 weights and scales (w1 [2I, H] and w2 [H, I])."""
+    return 2 * i_shard * (h // 2 + h // 32) + h * (i_shard // 2 + i_shard // 32)
+
+
+def random_bank(l: int, i_shard: int, gen: torch.Generator, h: int = H) -> dict[str, torch.Tensor]:
+    """Canonical MXFP4 bank drawn as codes on the generator's device: uniform nibbles, scale
+    codes 118..124."""
+    def codes(*shape, lo=0, hi=255):
+        return torch.randint(lo, hi + 1, shape, dtype=torch.uint8, device=gen.device, generator=gen)
+    lo, hi = W_SCALE_CODES
+    return {"w1": codes(l, 2 * i_shard, h // 2), "w1_scale": codes(l, 2 * i_shard, h // 32, lo=lo, hi=hi),
+            "w2": codes(l, h, i_shard // 2), "w2_scale": codes(l, h, i_shard // 32, lo=lo, hi=hi)}
+
+
+def dequantize_bf16(q: torch.Tensor, scale: torch.Tensor, chunk: int = 1 << 27) -> torch.Tensor:
+    """MXFP4 [..., K/2] with scales [..., K/32] -> BF16 [..., K], exactly (E2M1 times a power of
+    two is a BF16 value), in pure torch and in chunks of rows to bound the temporaries."""
+    lut = fmt.e2m1_decode(torch.arange(16, device=q.device)).to(torch.bfloat16)
+    k = q.shape[-1] * 2
+    out = torch.empty(*q.shape[:-1], k, dtype=torch.bfloat16, device=q.device)
+    qf, sf, of = q.reshape(-1, k // 2), scale.reshape(-1, k // 32), out.view(-1, k)
+    step = max(1, chunk // k)
+    for r in range(0, qf.shape[0], step):
+        b = qf[r:r + step].long()
+        v = torch.stack((lut[b & 15], lut[b >> 4]), dim=-1).view(b.shape[0], k // 32, 32)
+        of[r:r + step] = (v * fmt.ue8m0_value(sf[r:r + step]).to(torch.bfloat16)[..., None]).view(b.shape[0], k)
+    return out
+
+
+def naive_layer(x, x_sf, topk_ids, topk_weights, w13, w2, beta, linear_beta, *, num_experts: int,
+                offset: int) -> torch.Tensor:
+    """The layer a PyTorch user would write (BF16 weights w13 [L, 2I, H], w2 [L, H, I]). It
+    never synchronises with the host (non-local routes sort into a trailing group that the
+    grouped GEMMs skip), so it can be captured in a CUDA graph like ours."""
+    t, h = x.shape
+    l, i = w13.shape[0], w13.shape[1] // 2
+    k = topk_ids.shape[1]
+    xb = (x.float().view(t, h // 32, 32) * torch.exp2(x_sf.float() - 127.0)[..., None]).view(t, h).to(torch.bfloat16)
+    ids = topk_ids.long()
+    local = ids - offset
+    valid = ((ids >= 0) & (ids < num_experts) & (local >= 0) & (local < l)).flatten()
+    key = torch.where(valid, local.flatten(), l)
+    order = torch.argsort(key, stable=True)
+    counts = torch.zeros(l + 1, dtype=torch.int32, device=x.device).index_add_(
+        0, key, torch.ones_like(key, dtype=torch.int32))
+    offs = counts[:l].cumsum(0).to(torch.int32)
+    tok = order // k
+    expert = key[order].clamp(max=l - 1)
+    hid = torch._grouped_mm(xb[tok], w13.transpose(-2, -1), offs=offs)
+    act = ref.situ(hid[:, i:].float(), hid[:, :i].float(), beta[expert, None], linear_beta[expert, None])
+    y = torch._grouped_mm(act.to(torch.bfloat16), w2.transpose(-2, -1), offs=offs)
+    keep = valid[order]
+    wt = torch.where(keep, topk_weights.flatten()[order].float(), 0.0)
+    contrib = torch.where(keep[:, None], y.float() * wt[:, None], 0.0)  # rows past the groups are garbage
+    return torch.zeros(t, h, dtype=torch.float32, device=x.device).index_add_(0, tok, contrib).to(torch.bfloat16)
+
+
+def random_inputs(t: int, l: int, offset: int, gen: torch.Generator, *, h: int = H, e: int = E, k: int = TOP_K):
+    """x, x_sf (MXFP8 of random normal rows), topk_ids (distinct uniform experts over all E, one
+    of them local) and FP32 softmax topk_weights, on the generator's device."""
+    dev = gen.device
+    xq, xsf = fmt.quantize_mx(torch.randn(t, h, device=dev, generator=gen), "mxfp8")
+    keys = torch.rand(t, e, device=dev, generator=gen)
+    keys[torch.arange(t, device=dev), offset + torch.randint(0, l, (t,), device=dev, generator=gen)] = 2.0
+    ids = keys.topk(k, dim=1).indices.to(torch.int32).contiguous()
+    weights = torch.randn(t, k, device=dev, generator=gen).softmax(dim=1).contiguous()
+    return xq, xsf, ids, weights
+
+
+def random_situ(l: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-expert FP32 beta ~ U[3, 5] and linear_beta ~ U[20, 30] (defaults 4 and 25)."""
+    beta = 3.0 + 2.0 * torch.rand(l, device=gen.device, generator=gen)
+    return beta, 20.0 + 10.0 * torch.rand(l, device=gen.device, generator=gen)
+
+
+def _time(fn, t: int, calls: int) -> float:
+    if t <= GRAPH_MAX_T:
+        return timing.time_graph(fn, calls=calls, reps=20)
+    return timing.time_cuda(fn, warmup=2, iters=3, reps=20)
+
+
+def _cycle(fns):
+    state = {"i": 0}
+
+    def call():
+        fns[state["i"] % len(fns)]()
+        state["i"] += 1
+    return call
+
+
+def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: int):
+    """Plans (and naive calls on the same inputs) for T tokens: ROTATIONS routings for decode
+    rows, one otherwise; with the mean routed-expert and local-route counts."""
+    n = ROTATIONS if t <= ROTATE_MAX_T else 1
+    plans, naive, outs, experts, routes = [], [], [], 0, 0
+    for _ in range(n):
+        x, x_sf, ids, w = random_inputs(t, l, offset, gen)
+        out = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
+        ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")  # one per plan
+        plans.append(runner.plan(x, x_sf, ids, w, prepared["w1"], prepared["w1_sf"], prepared["w2"], prepared["w2_sf"],
+                                 beta=beta, linear_beta=lbeta, workspace=ws, output=out).run)
+        naive.append(lambda a=(x, x_sf, ids, w): naive_layer(*a, *bank16, beta, lbeta, num_experts=E, offset=offset))
+        outs.append(out)
+        local = ids.long() - offset
+        local = local[(local >= 0) & (local < l)]
+        experts += local.unique().numel()
+        routes += local.numel()
+    return plans, naive, outs, experts / n, routes / n
+
+
+def _row(layout: str, t: int, runner, prepared, bank16, beta, lbeta, gen, copy_bw: float) -> dict:
+    l, offset, i_shard = layout_dims(layout)
+    d = runner.decide(t)
+    row = {"op": "mxfp4_moe", "layout": layout, "shape": [H, I, E, TOP_K], "T": t, "path": getattr(d, "path", None),
+           "block_n": getattr(d, "block_n", None), "gpu": timing.gpu_name(), "date": datetime.date.today().isoformat()}
+    if not d.supported:
+        return dict(row, skipped=str(d.reason))
+    plans, naive, outs, experts, routes = _bind(t, runner, prepared, bank16, beta, lbeta, gen, l, offset)
+    calls = 48 if len(plans) > 1 else 20
+    ours_ms = _time(_cycle(plans), t, calls)
+    naive_ms, diff = float("nan"), None
+    if hasattr(torch, "_grouped_mm"):
+        try:
+            naive_ms = _time(_cycle(naive), t, calls)
+        except RuntimeError:  # a torch whose grouped mm cannot be captured: time it eagerly
+            naive_ms = timing.time_cuda(_cycle(naive), warmup=2, iters=3, reps=20)
+        plans[-1]()
+        want = naive[-1]().double()
+        diff = float((outs[-1].double() - want).norm() / want.norm())
+    nbytes = experts * expert_bytes(i_shard)
+    flops = 2.0 * routes * (2 * i_shard * H + H * i_shard)
+    return dict(row, ours_us=ours_ms * 1e3, naive_us=naive_ms * 1e3, speedup=naive_ms / ours_ms, bytes=nbytes,
+                flops=flops, eff_bw_frac=nbytes / (ours_ms * 1e-3) / copy_bw, tflops=flops / ours_ms / 1e9,
+                copy_TBps=copy_bw / 1e12, routed_experts=experts, local_routes=routes, naive_rel_diff=diff,
+                peer_us_perf_md=PEER_TP8_US.get(t) if layout == "tp8" else None)
+
+
+def run(tokens=TOKENS, layouts=tuple(LAYOUTS)) -> list[dict]:
+    from ..mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
+    copy_bw = timing.copy_bandwidth(1 << 30)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for layout in layouts:
+        l, _, i_shard = layout_dims(layout)
+        bank = random_bank(l, i_shard, gen)
+        prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+        bank16 = (dequantize_bf16(bank["w1"], bank["w1_scale"]), dequantize_bf16(bank["w2"], bank["w2_scale"]))
+        del bank
+        beta, lbeta = random_situ(l, gen)
+        runner = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS[layout])
+        for t in tokens:
+            rows.append(_row(layout, t, runner, prepared, bank16, beta, lbeta, gen, copy_bw))
+            r = rows[-1]
+            if "skipped" in r:
+                print(f"{layout} T={t:6}: not run ({r['skipped']})", flush=True)
+                continue
+            print(f"{layout} T={t:6} {str(r['path']):10} ours {r['ours_us']:9.1f} us  naive {r['naive_us']:9.1f} us  "
+                  f"x{r['speedup']:6.1f}  {r['eff_bw_frac']:5.2f} of copy  {r['tflops']:6.1f} TF/s", flush=True)
+        del prepared, bank16
+        torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| layout | T | path | ours (us) | naive (us) | vs naive | routed experts | eff. TB/s | of copy | TFLOP/s "
+             "| peer (us, PERF.md) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['layout']} | {r['T']} | not run: {r['skipped']} |" + " |" * 8)
+            continue
+        peer = r.get("peer_us_perf_md")
+        lines.append(f"| {r['layout']} | {r['T']} | {r['path']} | {r['ours_us']:.1f} | {r['naive_us']:.1f} | "
+                     f"{r['speedup']:.1f} | {r['routed_experts']:.1f} | {r['bytes'] / r['ours_us'] / 1e6:.2f} | "
+                     f"{r['eff_bw_frac']:.2f} | {r['tflops']:.0f} | {peer if peer else '-'} |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict]) -> str:
+    """The PERF.md family-B targets, row by row."""
+    rs = [r for r in rows if "skipped" not in r]
+    out = []
+
+    def verdict(name, sel, ok):
+        got = [r for r in rs if sel(r)]
+        if got:
+            bad = [f"{r['layout']} T={r['T']}" for r in got if not ok(r)]
+            out.append(f"{name}: {'met' if not bad else 'MISSED at ' + ', '.join(bad)} ({len(got)} rows)")
+
+    verdict("decode bandwidth >= 0.70 of copy (8 <= T <= 64)", lambda r: 8 <= r["T"] <= 64,
+            lambda r: r["eff_bw_frac"] >= 0.70)
+    verdict("decode bandwidth >= 0.50 of copy (T <= 4)", lambda r: r["T"] <= 4, lambda r: r["eff_bw_frac"] >= 0.50)
+    verdict("prefill >= 600 TFLOP/s (T >= 4096)", lambda r: r["T"] >= 4096, lambda r: r["tflops"] >= 600)
+    verdict("vs naive >= 30x (T = 1)", lambda r: r["T"] == 1, lambda r: r["speedup"] >= 30)
+    verdict("vs naive >= 4x (T = 16384)", lambda r: r["T"] == 16384, lambda r: r["speedup"] >= 4)
+    verdict("faster than the PERF.md peer (tp8)", lambda r: r.get("peer_us_perf_md"),
+            lambda r: r["ours_us"] < r["peer_us_perf_md"])
+    verdict(">= 2x the PERF.md peer (tp8, T <= 4 or T >= 4096)",
+            lambda r: r.get("peer_us_perf_md") and (r["T"] <= 4 or r["T"] >= 4096),
+            lambda r: 2 * r["ours_us"] <= r["peer_us_perf_md"])
+    diffs = [r["naive_rel_diff"] for r in rs if r.get("naive_rel_diff") is not None]
+    if diffs:
+        out.append(f"ours vs naive relative difference {min(diffs):.3f}-{max(diffs):.3f} (the naive layer keeps a "
+                   "BF16 intermediate instead of MXFP8: a few percent is expected, much more means a broken row)")
+    if any(not math.isfinite(r["naive_us"]) for r in rs):
+        out.append("naive layer not timed (this torch has no torch._grouped_mm)")
+    return "\n".join(out)
+
+
+def main(out_prefix: str | None = None, tokens=TOKENS, layouts=tuple(LAYOUTS)) -> list[dict]:
+    rows = run(tokens, layouts)
+    md, summ = markdown(rows), summary(rows)
+    print(md)
+    print(summ)
+    if out_prefix:
+        timing.write_results(out_prefix, rows, md, summ)
+    return rows

@@ -1,0 +1,303 @@
+"""``CakeMxfp4MoEWrapper``: configuration, validation and binding of the MXFP4 MoE layer.
+
+Python checks every argument (dtype, shape, contiguity, alignment, overlap, device) and picks
+the tile form from the decision table; the compiled extension binds the buffers into a plan
+object whose ``run(stream)`` enqueues the five kernels. Nothing here launches a kernel by itself.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .. import _runtime, _validate
+from . import _decide
+from ._decide import PlanDecision
+from ._prepare import LAYOUT
+
+HOST_ONLY_SM_COUNT = 132     # H100 SXM / H200: the SM count assumed when no CUDA device is visible
+MAX_TOP_K = 32
+MAX_EXPERTS = 1024
+WORKSPACE_ALIGN = 256
+_INT32_MAX = 2**31 - 1
+_WEIGHT_KIND = {torch.bfloat16: 0, torch.float32: 1, None: 2}   # None: packed routes
+_WEIGHT_NAMES = ("w1", "w1_sf", "w2", "w2_sf")
+
+
+def _align256(n: int) -> int:
+    return (n + 255) // 256 * 256
+
+
+def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, top_k: int) -> int:
+    """Workspace bytes for ``num_tokens`` tokens: the mirror of ``workspace_layout`` in
+    cpp/kernels/moe/params.hpp (keep the two identical; the GPU tests compare them).
+
+    With R = T * top_k routes, every segment is padded to 256 bytes, in this order: expert
+    offsets (L+1) int32; row_token R int32; route_row R int32; the token-tile list, at most
+    R // 8 + min(L, R) tiles of 8 bytes after a 16-byte count header; x_bf16 [T, H] bf16;
+    act [R, I] bf16; rows [R, H] bf16. No segment depends on the tile form, so the total is
+    monotonic in T.
+    """
+    routes = num_tokens * top_k
+    segments = (
+        (num_local + 1) * 4,
+        routes * 4,
+        routes * 4,
+        (routes // 8 + min(num_local, routes)) * 8 + 16,
+        num_tokens * hidden * 2,
+        routes * inter * 2,
+        routes * hidden * 2,
+    )
+    return sum(_align256(s) for s in segments)
+
+
+def _positive_int(value, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _check_mode() -> bool:
+    """Debug mode (env CAKE_MOE_CHECK=1): every run() synchronises and validates expert ids."""
+    return os.environ.get("CAKE_MOE_CHECK", "") == "1"
+
+
+class Mxfp4MoEPlan:
+    """A bound MXFP4 MoE layer for one token count. :meth:`run` enqueues route, dequantize,
+    GEMM1, GEMM2 and finalize on the current stream: no allocation, no host synchronisation,
+    capturable in a CUDA graph. It reads the values in the bound tensors at run time, so new
+    tokens, routes or weights written in place are picked up by the next run (or replay).
+
+    With ``CAKE_MOE_CHECK=1`` in the environment (a debug mode), every run outside graph
+    capture first synchronises and raises ValueError if an expert id is outside [0, E).
+    """
+
+    def __init__(self, plan, *, decision: PlanDecision, device: torch.device, num_tokens: int, num_experts: int,
+                 output: torch.Tensor, topk_ids: torch.Tensor, packed: bool, keep: tuple[torch.Tensor, ...]):
+        self._plan = plan
+        self._device = device
+        self._num_experts = num_experts
+        self._topk_ids = topk_ids
+        self._packed = packed
+        self._keep = keep        # the extension holds raw pointers: the tensors live as long as the plan
+        self.decision = decision
+        self.num_tokens = num_tokens
+        self.output = output
+
+    @property
+    def forms(self) -> str:
+        """The kernel forms this plan launches, as the extension reports them."""
+        return self._plan.forms
+
+    def _check_ids(self) -> None:
+        ids = self._topk_ids >> 16 if self._packed else self._topk_ids
+        bad = int(((ids < 0) | (ids >= self._num_experts)).sum().item())    # synchronises
+        if bad:
+            raise ValueError(f"topk_ids holds {bad} expert id(s) outside [0, {self._num_experts}) "
+                             "(CAKE_MOE_CHECK=1; without it such routes contribute nothing)")
+
+    def run(self) -> torch.Tensor:
+        """Enqueue the layer on the current stream; returns the bound output tensor."""
+        if _check_mode() and not _capturing():
+            self._check_ids()
+        self._plan.run(_runtime.stream_handle(self._device))
+        return self.output
+
+    def __repr__(self) -> str:
+        return (f"Mxfp4MoEPlan(num_tokens={self.num_tokens}, path={self.decision.path!r}, "
+                f"block_n={self.decision.block_n}, forms={self.forms!r})")
+
+
+class CakeMxfp4MoEWrapper:
+    """MXFP4-weight x MXFP8-activation routed MoE with SiTU (SPEC §7, docs/mxfp4_moe.md).
+
+    ``num_local_experts`` / ``local_expert_offset`` select expert parallelism (this rank holds
+    global experts [offset, offset + L)); ``intermediate_shard`` selects MoE tensor parallelism
+    (this rank holds I_shard of the intermediate columns and its output is the rank's partial
+    sum). Using both at once is refused. Defaults: L = num_experts, offset 0,
+    I_shard = intermediate_size.
+
+    The SM count is read once here, from ``device`` (default: the current CUDA device); without
+    a visible CUDA device the host-only default is 132 (H100 SXM / H200). ``plan()`` refuses a
+    device whose SM count differs. ``decide`` and ``get_workspace_size`` are host only.
+    """
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
+                 num_local_experts: int | None = None, local_expert_offset: int | None = None,
+                 intermediate_shard: int | None = None, sm_count: int | None = None, device=None):
+        e = _positive_int(num_experts, "num_experts")
+        k = _positive_int(top_k, "top_k")
+        h = _positive_int(hidden_size, "hidden_size")
+        i = _positive_int(intermediate_size, "intermediate_size")
+        num_local = e if num_local_experts is None else _positive_int(num_local_experts, "num_local_experts")
+        offset = 0 if local_expert_offset is None else local_expert_offset
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"local_expert_offset must be an int >= 0, got {local_expert_offset!r}")
+        shard = i if intermediate_shard is None else _positive_int(intermediate_shard, "intermediate_shard")
+        if k > MAX_TOP_K:
+            raise ValueError(f"top_k must be in [1, {MAX_TOP_K}], got {k}")
+        if not k <= e <= MAX_EXPERTS:
+            raise ValueError(f"num_experts must be in [top_k={k}, {MAX_EXPERTS}], got {e}")
+        _validate.multiple(h, 128, "hidden_size")
+        _validate.multiple(shard, 128, "intermediate_shard")
+        if i % shard:
+            raise ValueError(f"intermediate_size ({i}) must be a multiple of intermediate_shard ({shard})")
+        if offset + num_local > e:
+            raise ValueError(f"local_expert_offset + num_local_experts ({offset} + {num_local}) exceeds "
+                             f"num_experts ({e})")
+        if num_local < e and shard < i:
+            raise ValueError("expert parallelism (num_local_experts/local_expert_offset) and MoE tensor "
+                             "parallelism (intermediate_shard) cannot be combined")
+        self.num_experts, self.top_k, self.hidden_size, self.intermediate_size = e, k, h, i
+        self.num_local_experts, self.local_expert_offset, self.intermediate_shard = num_local, offset, shard
+        self.device = self._resolve_device(device)
+        if sm_count is None:
+            sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                        if torch.cuda.is_available() else HOST_ONLY_SM_COUNT)
+        self.sm_count = _positive_int(sm_count, "sm_count")
+
+    @staticmethod
+    def _resolve_device(device) -> torch.device:
+        if device is None:
+            return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            raise ValueError(f"device must be a CUDA device, got {dev}")
+        if dev.index is None:
+            return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+        return dev
+
+    # ------------------------------------------------------------------ host-only queries
+
+    def decide(self, num_tokens: int) -> PlanDecision:
+        """The tile form ``plan()`` uses for ``num_tokens`` tokens (host only)."""
+        return _decide.decide(num_tokens, self.top_k, self.num_experts, self.hidden_size, self.intermediate_shard)
+
+    def get_workspace_size(self, num_tokens: int | None = None, *, max_tokens: int | None = None) -> int:
+        """Workspace bytes for ``num_tokens`` tokens (host only). The size is monotonic in T, so
+        ``max_tokens=M`` gives one workspace that serves every T <= M. Pass exactly one."""
+        if (num_tokens is None) == (max_tokens is None):
+            raise ValueError("pass exactly one of num_tokens and max_tokens")
+        name, t = ("num_tokens", num_tokens) if max_tokens is None else ("max_tokens", max_tokens)
+        _positive_int(t, name)
+        try:
+            size_fn = _runtime.ext().mxfp4_moe_workspace_bytes
+        except (ImportError, AttributeError):    # no compiled extension here: the Python mirror
+            size_fn = _workspace_bytes
+        return int(size_fn(t, self.hidden_size, self.intermediate_shard, self.num_local_experts, self.top_k))
+
+    # ------------------------------------------------------------------ plan
+
+    def _weights(self, w1, w1_sf, w2, w2_sf) -> tuple[torch.Tensor, ...]:
+        """The four prepared operands, from the dict of prepare_cake_mxfp4_weights or positional."""
+        if not isinstance(w1, dict):
+            return w1, w1_sf, w2, w2_sf
+        if any(t is not None for t in (w1_sf, w2, w2_sf)):
+            raise ValueError("pass the prepared weights either as the dict or as four tensors, not both")
+        if w1.get("layout") != LAYOUT:
+            raise ValueError(f"w1: the weights dict must have layout {LAYOUT!r} (prepare_cake_mxfp4_weights), "
+                             f"got {w1.get('layout')!r}")
+        expected = {"num_local_experts": self.num_local_experts, "hidden_size": self.hidden_size,
+                    "intermediate_shard": self.intermediate_shard}
+        for key, value in expected.items():
+            if w1.get(key) != value:
+                raise ValueError(f"w1: the weights dict has {key}={w1.get(key)!r}, the wrapper expects {value}")
+        return tuple(w1[name] for name in _WEIGHT_NAMES)
+
+    def _check_tensors(self, tensors: dict, num_tokens: int) -> None:
+        """dtype, shape, contiguity and alignment of every argument (no device check)."""
+        t, h, k = num_tokens, self.hidden_size, self.top_k
+        num_local, shard = self.num_local_experts, self.intermediate_shard
+        specs = {   # name: (dtypes, shape, byte alignment)
+            "x_sf": ((torch.uint8,), (t, h // 32), 0),
+            "topk_ids": ((torch.int32,), (t, k), 4),
+            "topk_weights": ((torch.bfloat16, torch.float32), (t, k), 4),
+            "w1": ((torch.uint8,), (num_local, 2 * shard, h // 2), 16),
+            "w1_sf": ((torch.uint8,), (num_local, 2 * shard, h // 32), 16),
+            "w2": ((torch.uint8,), (num_local, h, shard // 2), 16),
+            "w2_sf": ((torch.uint8,), (num_local, h, shard // 32), 16),
+            "beta": ((torch.float32,), (num_local,), 4),
+            "linear_beta": ((torch.float32,), (num_local,), 4),
+            "output": ((torch.bfloat16,), (t, h), 16),
+        }
+        for name, (dtypes, shape, align) in specs.items():
+            if name == "topk_weights" and tensors[name] is None:
+                continue
+            _validate.tensor(tensors[name], name, dtypes=dtypes, ndim=len(shape), align=align)
+            _validate.shape(tensors[name], name, shape)
+        ws = _validate.tensor(tensors["workspace"], "workspace", dtypes=(torch.uint8,), ndim=1, align=WORKSPACE_ALIGN)
+        need = self.get_workspace_size(t)
+        if ws.numel() < need:
+            raise ValueError(f"workspace must hold at least {need} bytes for {t} tokens "
+                             f"(get_workspace_size), got {ws.numel()}")
+
+    def plan(self, x: torch.Tensor, x_sf: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor | None,
+             w1, w1_sf: torch.Tensor | None = None, w2: torch.Tensor | None = None,
+             w2_sf: torch.Tensor | None = None, *, beta: torch.Tensor, linear_beta: torch.Tensor,
+             workspace: torch.Tensor, output: torch.Tensor) -> Mxfp4MoEPlan:
+        """Validate and bind caller-owned buffers for ``T = x.shape[0]`` tokens, load the kernels
+        and run once (a warm-up that writes ``output``). Call it outside graph capture.
+
+        x [T, H] float8_e4m3fn with x_sf [T, H/32] uint8 (UE8M0); topk_ids [T, top_k] int32
+        global expert ids; topk_weights [T, top_k] bf16 or fp32, or None when topk_ids holds
+        packed routes ``(id << 16) | bf16_bits(weight)``; the prepared weights (the dict of
+        :func:`prepare_cake_mxfp4_weights` as ``w1``, or its four tensors); beta, linear_beta
+        fp32 [L]; workspace uint8 [>= get_workspace_size(T)], 256-byte aligned; output [T, H]
+        bf16. Every tensor is contiguous and on the wrapper's device; output and workspace
+        share no memory with each other or with any input.
+        """
+        if _capturing():
+            raise RuntimeError("CakeMxfp4MoEWrapper.plan() cannot run during CUDA graph capture: plan outside "
+                               "the capture and capture plan.run()")
+        if beta is None or linear_beta is None:
+            raise ValueError(f"{'beta' if beta is None else 'linear_beta'} is required (fp32 [num_local_experts]; "
+                             "the SiTU defaults are 4 and 25)")
+        _validate.tensor(x, "x", dtypes=(torch.float8_e4m3fn,), ndim=2, align=16)
+        num_tokens = x.shape[0]
+        if x.shape[1] != self.hidden_size:
+            raise ValueError(f"x must have hidden_size={self.hidden_size} columns, got shape {tuple(x.shape)}")
+        decision = self.decide(num_tokens)
+        if not decision.supported:
+            raise ValueError(f"x: {decision.reason}")
+        if num_tokens * self.top_k > _INT32_MAX:
+            raise ValueError(f"x: T * top_k = {num_tokens * self.top_k} routes exceed the int32 route index")
+        w1, w1_sf, w2, w2_sf = self._weights(w1, w1_sf, w2, w2_sf)
+        tensors = {"x": x, "x_sf": x_sf, "topk_ids": topk_ids, "topk_weights": topk_weights, "w1": w1,
+                   "w1_sf": w1_sf, "w2": w2, "w2_sf": w2_sf, "beta": beta, "linear_beta": linear_beta,
+                   "workspace": workspace, "output": output}
+        self._check_tensors(tensors, num_tokens)
+        present = [(name, t) for name, t in tensors.items() if t is not None]
+        _validate.no_overlap(("output", output), ("workspace", workspace))
+        for name, t in present:
+            if name not in ("output", "workspace"):
+                _validate.no_overlap(("output", output), (name, t))
+                _validate.no_overlap(("workspace", workspace), (name, t))
+        for name, t in present:
+            if t.device != self.device:
+                raise ValueError(f"{name} is on {t.device}, expected {self.device} (the wrapper's device)")
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        if sms != self.sm_count:
+            raise RuntimeError(f"{self.device} has {sms} SMs but this wrapper was configured for "
+                               f"sm_count={self.sm_count}; build a wrapper for this device")
+        _runtime.require_served(self.device, "mxfp4_moe")
+        weights_kind = _WEIGHT_KIND[None if topk_weights is None else topk_weights.dtype]
+        bound = _runtime.ext().mxfp4_moe_plan(
+            x.view(torch.uint8), x_sf, topk_ids, topk_weights, weights_kind, w1, w1_sf, w2, w2_sf, beta,
+            linear_beta, workspace, output, num_tokens=num_tokens, hidden=self.hidden_size,
+            inter=self.intermediate_shard, num_experts=self.num_experts, num_local=self.num_local_experts,
+            local_offset=self.local_expert_offset, top_k=self.top_k, block_n=decision.block_n)
+        plan = Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
+                            num_experts=self.num_experts, output=output, topk_ids=topk_ids,
+                            packed=topk_weights is None, keep=tuple(t for _, t in present))
+        plan.run()   # warm-up: loads the kernel images, checks the launch path
+        return plan
+
+    def __repr__(self) -> str:
+        return (f"CakeMxfp4MoEWrapper(num_experts={self.num_experts}, top_k={self.top_k}, "
+                f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+                f"num_local_experts={self.num_local_experts}, local_expert_offset={self.local_expert_offset}, "
+                f"intermediate_shard={self.intermediate_shard}, sm_count={self.sm_count}, device={self.device})")

@@ -1,0 +1,491 @@
+"""CPU tests of the MXFP4 MoE host side (SPEC §7, docs/mxfp4_moe.md): the prepared weight layout,
+the decision table, the workspace size, and every refusal of the wrapper reachable without a GPU.
+The binding contract is checked against a stand-in for the compiled extension."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from cake_moe import _runtime
+from cake_moe.mxfp4_moe import (CakeMxfp4MoEWrapper, Mxfp4MoEPlan, PlanDecision, prepare_cake_mxfp4_weights,
+                                unprepare_cake_mxfp4_weights)
+from cake_moe.mxfp4_moe import _wrapper
+from cake_moe.reference import moe as ref
+
+E, K, H, I = 8, 2, 256, 128          # small geometry for plan() checks
+CONTRACT = dict(num_experts=896, top_k=16, hidden_size=7168, intermediate_size=3072)
+EP8 = dict(num_local_experts=112, local_expert_offset=336)
+TP8 = dict(intermediate_shard=384)
+
+
+def _bank(num_local: int, hidden: int, inter: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((num_local, 2 * inter, hidden // 2), (num_local, 2 * inter, hidden // 32),
+              (num_local, hidden, inter // 2), (num_local, hidden, inter // 32))
+    return tuple(torch.randint(0, 256, s, generator=g, dtype=torch.uint8) for s in shapes)
+
+
+# --- prepared layout -------------------------------------------------------------------------
+
+def _nibble(row: list[int], element: int) -> int:
+    byte = row[element // 2]
+    return byte >> 4 if element % 2 else byte & 0xF
+
+
+def _slow_prepare_rows(canonical: torch.Tensor, canon_row, weights: bool) -> torch.Tensor:
+    """The doc's formulas, one element at a time: prepared row P of expert e is canonical row
+    canon_row(P); with ``weights``, prepared nibble slot (q, wi, p) of chunk c holds canonical
+    element 64c + 16s + 8h + 2q + odd, R = 4wi + p%4, s = R//2, h = R%2, odd = p//4."""
+    num_local, rows, cols = canonical.shape
+    out = torch.empty_like(canonical)
+    for e in range(num_local):
+        src = canonical[e].tolist()
+        for prow in range(rows):
+            row = src[canon_row(prow)]
+            if not weights:
+                out[e, prow] = torch.tensor(row, dtype=torch.uint8)
+                continue
+            new = [0] * cols
+            for c in range(cols // 32):
+                for q in range(4):
+                    for wi in range(2):
+                        for p in range(8):
+                            r = 4 * wi + p % 4
+                            element = 64 * c + 16 * (r // 2) + 8 * (r % 2) + 2 * q + p // 4
+                            byte = 32 * c + 8 * q + 4 * wi + p // 2
+                            new[byte] |= _nibble(row, element) << (4 if p % 2 else 0)
+            out[e, prow] = torch.tensor(new, dtype=torch.uint8)
+    return out
+
+
+def _w1_row(inter: int):
+    def canon(prow: int) -> int:
+        g, p = divmod(prow, 64)
+        b, r = divmod(p, 16)
+        return 32 * g + 4 * r + b if r < 8 else inter + 32 * g + 4 * (r - 8) + b
+    return canon
+
+
+def _w2_row(prow: int) -> int:
+    g, p = divmod(prow, 64)
+    b, r = divmod(p, 16)
+    return 64 * g + 8 * (r % 8) + 2 * b + r // 8
+
+
+@pytest.mark.parametrize("hidden,inter", [(128, 128), (256, 384)])
+def test_prepare_matches_the_doc_formulas_element_by_element(hidden, inter):
+    w1, w1s, w2, w2s = _bank(2, hidden, inter, seed=hidden + inter)
+    p = prepare_cake_mxfp4_weights(w1, w1s, w2, w2s)
+    assert not torch.equal(p["w1"], w1) and not torch.equal(p["w2"], w2)
+    assert torch.equal(p["w1"], _slow_prepare_rows(w1, _w1_row(inter), weights=True))
+    assert torch.equal(p["w1_sf"], _slow_prepare_rows(w1s, _w1_row(inter), weights=False))
+    assert torch.equal(p["w2"], _slow_prepare_rows(w2, _w2_row, weights=True))
+    assert torch.equal(p["w2_sf"], _slow_prepare_rows(w2s, _w2_row, weights=False))
+
+
+def test_prepare_pairs_up_and_gate_of_one_column():
+    """Prepared w1 rows r and r + 8 of a group are up and gate of the same intermediate column;
+    the scale rows move with them (the scale column here carries the canonical row number)."""
+    inter = 128
+    w1, _, w2, w2s = _bank(1, 128, inter)
+    w1s = torch.arange(2 * inter, dtype=torch.int32).to(torch.uint8).view(1, -1, 1).repeat(1, 1, 4)
+    canon_row = prepare_cake_mxfp4_weights(w1, w1s, w2, w2s)["w1_sf"][0, :, 0].long()
+    assert canon_row[:8].tolist() == [0, 4, 8, 12, 16, 20, 24, 28]
+    assert canon_row[8:16].tolist() == [inter + j for j in (0, 4, 8, 12, 16, 20, 24, 28)]
+    assert canon_row[16:24].tolist() == [1, 5, 9, 13, 17, 21, 25, 29]
+    assert sorted(canon_row.tolist()) == list(range(2 * inter))
+
+
+@pytest.mark.parametrize("shape", [(3, 256, 128), (2, 384, 640), (2, 7168, 3072)])
+def test_prepare_round_trip(shape):
+    num_local, hidden, inter = shape
+    bank = _bank(num_local, hidden, inter, seed=sum(shape))
+    before = [t.clone() for t in bank]
+    p = prepare_cake_mxfp4_weights(*bank)
+    assert p["layout"] == "cake_mma_v1"
+    assert (p["num_local_experts"], p["hidden_size"], p["intermediate_shard"]) == shape
+    for name, canonical in zip(("w1", "w1_sf", "w2", "w2_sf"), bank):
+        t = p[name]
+        assert t.dtype == torch.uint8 and t.shape == canonical.shape and t.is_contiguous()
+        assert t.data_ptr() != canonical.data_ptr()
+    assert all(torch.equal(a, b) for a, b in zip(bank, before)), "prepare modified its inputs"
+    back = unprepare_cake_mxfp4_weights(p)
+    assert all(torch.equal(a, b) for a, b in zip(back, bank))
+
+
+def test_prepare_accepts_non_contiguous_inputs():
+    bank = _bank(2, 256, 128)
+    wide = torch.zeros(2, 256, 256, dtype=torch.uint8)
+    wide[:, :, :128] = bank[0]
+    p = prepare_cake_mxfp4_weights(wide[:, :, :128], *bank[1:])
+    assert torch.equal(p["w1"], prepare_cake_mxfp4_weights(*bank)["w1"])
+
+
+def _bad_bank(what: str):
+    w1, w1s, w2, w2s = _bank(2, 256, 128)
+    return {
+        "w1 dtype": (w1.view(torch.int8), w1s, w2, w2s),
+        "w1_scale 2-D": (w1, w1s[0], w2, w2s),
+        "w2 shape": (w1, w1s, w2[:, :, :32], w2s),
+        "w2_scale shape": (w1, w1s, w2, w2s[:1]),
+        "w1_scale shape": (w1, w1s[:, :128], w2, w2s),
+        "hidden size": (w1[:, :, :32], w1s[:, :, :4], w2[:, :128], w2s[:, :128]),
+        "intermediate size": (w1[:, :128], w1s[:, :128], w2[:, :, :32], w2s[:, :, :2]),
+        "w2 device": (w1, w1s, w2.to("meta"), w2s),
+        "w1 not a tensor": (w1.numpy(), w1s, w2, w2s),
+    }[what]
+
+
+@pytest.mark.parametrize("what,match", [
+    ("w1 dtype", "w1 must have dtype torch.uint8"), ("w1_scale 2-D", "w1_scale must be 3-D"),
+    ("w2 shape", "w2 must have shape"), ("w2_scale shape", "w2_scale must have shape"),
+    ("w1_scale shape", "w1_scale must have shape"), ("hidden size", "hidden size H"),
+    ("intermediate size", "intermediate size I"), ("w2 device", "w2 is on meta"),
+    ("w1 not a tensor", "w1 must be a torch.Tensor"),
+])
+def test_prepare_refuses(what, match):
+    with pytest.raises(ValueError, match=match):
+        prepare_cake_mxfp4_weights(*_bad_bank(what))
+
+
+def test_unprepare_refuses_what_prepare_did_not_make():
+    with pytest.raises(ValueError, match="layout"):
+        unprepare_cake_mxfp4_weights({"w1": None})
+    with pytest.raises(ValueError, match="layout"):
+        unprepare_cake_mxfp4_weights(_bank(1, 128, 128))
+
+
+# --- decision table --------------------------------------------------------------------------
+
+def test_decide_contract_rows():
+    w = CakeMxfp4MoEWrapper(**CONTRACT, **EP8)
+    d = w.decide(1)
+    assert (d.supported, d.path, d.block_n) == (True, "decode", 8)
+    assert d.forms == ("moe_route", "fmt_mxfp8_dequantize", "mxfp4_moe_gemm1_n8", "mxfp4_moe_gemm2_n8",
+                       "moe_finalize")
+    d = w.decide(16384)
+    assert (d.supported, d.path, d.block_n) == (True, "prefill", 64)
+    assert d.forms[2:4] == ("mxfp4_moe_gemm1_n64", "mxfp4_moe_gemm2_n64")
+
+
+@pytest.mark.parametrize("t,path,bn", [(336, "decode", 8), (337, "mid", 32), (2688, "mid", 32), (2689, "prefill", 64)])
+def test_decide_thresholds(t, path, bn):
+    """E=896, k=16: T*k/E = T/56, so the limits 6 and 48 fall at T = 336 and 2688."""
+    d = CakeMxfp4MoEWrapper(**CONTRACT, **TP8).decide(t)
+    assert (d.path, d.block_n) == (path, bn)
+    assert d.forms[2] == f"mxfp4_moe_gemm1_n{bn}"
+
+
+def test_decide_short_k_form_for_a_tp_shard():
+    """tp8: GEMM2 reduces over the 384-wide shard, so decode takes its short-K tiling."""
+    d = CakeMxfp4MoEWrapper(**CONTRACT, **TP8).decide(4)
+    assert d.forms[2:4] == ("mxfp4_moe_gemm1_n8", "mxfp4_moe_gemm2_n8_shortk")
+
+
+def test_every_token_count_is_supported():
+    w = CakeMxfp4MoEWrapper(**CONTRACT)
+    assert all(w.decide(t).supported for t in range(1, 20001))
+    assert [w.decide(t).block_n for t in (1, 1000, 20000)] == [8, 32, 64]
+
+
+@pytest.mark.parametrize("t", [0, -1, 2.0, True])
+def test_decide_unsupported(t):
+    d = CakeMxfp4MoEWrapper(**CONTRACT).decide(t)
+    assert not d.supported and "num_tokens" in d.reason and d.forms == ()
+
+
+def test_plan_decision_is_frozen():
+    d = CakeMxfp4MoEWrapper(**CONTRACT).decide(1)
+    assert isinstance(d, PlanDecision)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.block_n = 64
+
+
+# --- workspace -------------------------------------------------------------------------------
+
+def test_workspace_formula_by_hand():
+    # T=1, H=I=128, L=1, k=1: every segment fits in one 256-byte unit -> 7 units
+    assert _wrapper._workspace_bytes(1, 128, 128, 1, 1) == 7 * 256
+    # T=100, H=256, I=128, L=4, k=2: R=200
+    t, h, i, l, k = 100, 256, 128, 4, 2
+    segs = [20, 800, 800, (25 + 4) * 8 + 16, t * h * 2, 200 * i * 2, 200 * h * 2]
+    assert _wrapper._workspace_bytes(t, h, i, l, k) == sum(-(-s // 256) * 256 for s in segs)
+
+
+@pytest.mark.parametrize("layout", [EP8, TP8, {}])
+def test_workspace_monotonic_and_formula(layout):
+    w = CakeMxfp4MoEWrapper(**CONTRACT, **layout)
+    ts = sorted({1, 2, 7, 8, 9, 63, 64, 65, 1000, 4095, 4096, 16384, 20000, *range(1, 20001, 97)})
+    sizes = [w.get_workspace_size(t) for t in ts]
+    assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
+    for t, s in zip(ts, sizes):
+        assert s == _wrapper._workspace_bytes(t, 7168, w.intermediate_shard, w.num_local_experts, 16)
+        assert s % 256 == 0
+    assert w.get_workspace_size(max_tokens=16384) == w.get_workspace_size(16384)
+
+
+def test_workspace_extension_matches_python_formula():
+    try:
+        fn = _runtime.ext().mxfp4_moe_workspace_bytes
+    except (ImportError, AttributeError):
+        pytest.skip("the compiled extension (with mxfp4_moe_workspace_bytes) is not available here")
+    for t in (1, 5, 8, 100, 337, 2689, 16384):
+        for h, i, l, k in ((7168, 3072, 112, 16), (7168, 384, 896, 16), (256, 128, 8, 2)):
+            assert fn(t, h, i, l, k) == _wrapper._workspace_bytes(t, h, i, l, k)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({}, "exactly one"), ({"num_tokens": 4, "max_tokens": 8}, "exactly one"),
+    ({"num_tokens": 0}, "num_tokens"), ({"max_tokens": -1}, "max_tokens"), ({"num_tokens": 1.5}, "num_tokens"),
+])
+def test_workspace_refuses(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CakeMxfp4MoEWrapper(**CONTRACT).get_workspace_size(**kwargs)
+
+
+# --- wrapper construction --------------------------------------------------------------------
+
+def test_wrapper_defaults_and_layouts():
+    w = CakeMxfp4MoEWrapper(**CONTRACT)
+    assert (w.num_local_experts, w.local_expert_offset, w.intermediate_shard) == (896, 0, 3072)
+    ep = CakeMxfp4MoEWrapper(**CONTRACT, **EP8)
+    assert (ep.num_local_experts, ep.local_expert_offset, ep.intermediate_shard) == (112, 336, 3072)
+    tp = CakeMxfp4MoEWrapper(**CONTRACT, **TP8)
+    assert (tp.num_local_experts, tp.intermediate_shard) == (896, 384)
+    assert CakeMxfp4MoEWrapper(**CONTRACT, sm_count=148).sm_count == 148
+    if not torch.cuda.is_available():
+        assert w.sm_count == _wrapper.HOST_ONLY_SM_COUNT == 132
+        assert w.device == torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(**EP8, **TP8), "cannot be combined"),
+    (dict(hidden_size=7168 + 64), "hidden_size must be a multiple of 128"),
+    (dict(intermediate_shard=3072 // 2 + 64), "intermediate_shard must be a multiple of 128"),
+    (dict(intermediate_shard=1280), "multiple of intermediate_shard"),
+    (dict(top_k=0), "top_k"), (dict(top_k=33), "top_k must be in"),
+    (dict(num_experts=8, top_k=16), "num_experts must be in"), (dict(num_experts=1025), "num_experts must be in"),
+    (dict(num_local_experts=112, local_expert_offset=800), "exceeds"),
+    (dict(num_local_experts=897), "exceeds"),
+    (dict(local_expert_offset=-1), "local_expert_offset"),
+    (dict(num_local_experts=0), "num_local_experts"),
+    (dict(hidden_size=True), "hidden_size"), (dict(intermediate_size=3072.0), "intermediate_size"),
+    (dict(sm_count=0), "sm_count"), (dict(device="cpu"), "CUDA device"),
+])
+def test_wrapper_refuses(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CakeMxfp4MoEWrapper(**{**CONTRACT, **kwargs})
+
+
+def test_repr_names_the_layout():
+    assert "local_expert_offset=336" in repr(CakeMxfp4MoEWrapper(**CONTRACT, **EP8))
+
+
+# --- plan(): refusals without a GPU ----------------------------------------------------------
+
+def _aligned_bytes(n: int, align: int = 256) -> torch.Tensor:
+    buf = torch.zeros(n + align, dtype=torch.uint8)
+    off = (-buf.data_ptr()) % align
+    return buf[off:off + n]
+
+
+def _plan_args(t: int = 5, packed: bool = False) -> tuple[CakeMxfp4MoEWrapper, dict]:
+    w = CakeMxfp4MoEWrapper(E, K, H, I, sm_count=132)
+    g = torch.Generator().manual_seed(t)
+    prepared = prepare_cake_mxfp4_weights(*_bank(E, H, I))
+    ids = torch.randint(0, E, (t, K), generator=g, dtype=torch.int32)
+    weights = torch.rand(t, K, generator=g).to(torch.bfloat16)
+    a = dict(x=torch.randn(t, H, generator=g).to(torch.float8_e4m3fn),
+             x_sf=torch.full((t, H // 32), 127, dtype=torch.uint8),
+             topk_ids=ref.pack_routes(ids, weights) if packed else ids, topk_weights=None if packed else weights,
+             w1=prepared["w1"], w1_sf=prepared["w1_sf"], w2=prepared["w2"], w2_sf=prepared["w2_sf"],
+             beta=torch.full((E,), 4.0), linear_beta=torch.full((E,), 25.0),
+             workspace=_aligned_bytes(w.get_workspace_size(t)), output=torch.empty(t, H, dtype=torch.bfloat16))
+    return w, a
+
+
+def _call(w: CakeMxfp4MoEWrapper, a: dict):
+    return w.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], a["w1"], a["w1_sf"], a["w2"], a["w2_sf"],
+                  beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"])
+
+
+def _set(**changes):
+    return lambda a: a.update(changes)
+
+
+def _with(name, fn):
+    return lambda a: a.update({name: fn(a[name])})
+
+
+_BAD_PLAN = {
+    "beta None": (_set(beta=None), "beta is required"),
+    "linear_beta None": (_set(linear_beta=None), "linear_beta is required"),
+    "x dtype": (_with("x", lambda x: x.to(torch.bfloat16)), "x must have dtype"),
+    "x 3-D": (_with("x", lambda x: x.view(1, *x.shape)), "x must be 2-D"),
+    "x columns": (_with("x", lambda x: torch.cat([x.view(torch.uint8)] * 2, 1).view(torch.float8_e4m3fn)),
+                  "hidden_size"),
+    "x no tokens": (_with("x", lambda x: x[:0]), "num_tokens"),
+    "x non-contiguous": (_with("x", lambda x: x.view(torch.uint8).t().contiguous().t().view(torch.float8_e4m3fn)),
+                         "x must be contiguous"),
+    "x_sf shape": (_with("x_sf", lambda s: s[:, :4].contiguous()), "x_sf must have shape"),
+    "x_sf dtype": (_with("x_sf", lambda s: s.view(torch.float8_e8m0fnu)), "x_sf must have dtype"),
+    "topk_ids dtype": (_with("topk_ids", lambda t: t.long()), "topk_ids must have dtype"),
+    "topk_ids top_k": (_with("topk_ids", lambda t: t[:, :1].contiguous()), "topk_ids must have shape"),
+    "topk_weights dtype": (_with("topk_weights", lambda t: t.half()), "topk_weights must have dtype"),
+    "topk_weights tokens": (_with("topk_weights", lambda t: t[:2].contiguous()), "topk_weights must have shape"),
+    "w1 shape": (_with("w1", lambda t: t[:, :128].contiguous()), "w1 must have shape"),
+    "w1 experts": (_with("w1", lambda t: t[:4].contiguous()), "w1 must have shape"),
+    "w1_sf dtype": (_with("w1_sf", lambda t: t.view(torch.int8)), "w1_sf must have dtype"),
+    "w2 shape": (_with("w2", lambda t: t.transpose(1, 2).contiguous()), "w2 must have shape"),
+    "w2_sf 2-D": (_with("w2_sf", lambda t: t[0]), "w2_sf must be 3-D"),
+    "beta dtype": (_with("beta", lambda t: t.double()), "beta must have dtype"),
+    "linear_beta length": (_with("linear_beta", lambda t: t[:3]), "linear_beta must have shape"),
+    "workspace small": (_with("workspace", lambda t: t[:-1]), "workspace must hold"),
+    "workspace 2-D": (_with("workspace", lambda t: t.view(1, -1)), "workspace must be 1-D"),
+    "workspace misaligned": (_with("workspace", lambda t: _aligned_bytes(t.numel() + 16)[16:]), "256-byte aligned"),
+    "output dtype": (_with("output", lambda t: t.float()), "output must have dtype"),
+    "output shape": (_with("output", lambda t: t[:, :128].contiguous()), "output must have shape"),
+    "output misaligned": (_with("output", lambda t: torch.empty(t.numel() + 4, dtype=t.dtype)[4:].view(t.shape)),
+                          "output must be 16-byte aligned"),
+    "output inside workspace": (lambda a: a.update(output=a["workspace"][256:256 + 2 * 5 * H].view(torch.bfloat16)
+                                                   .view(5, H)), "overlap"),
+    "x inside output": (lambda a: a.update(x=a["output"].view(torch.uint8).view(-1)[:5 * H].view(5, H)
+                                           .view(torch.float8_e4m3fn)), "overlap"),
+    "workspace over beta": (lambda a: a.update(beta=a["workspace"][:4 * E].view(torch.float32)), "overlap"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(_BAD_PLAN))
+def test_plan_refuses(what):
+    change, match = _BAD_PLAN[what]
+    w, a = _plan_args()
+    change(a)
+    with pytest.raises(ValueError, match=match):
+        _call(w, a)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_plan_checks_the_device_last(packed):
+    """Well-formed CPU tensors pass every other check and are refused for their device."""
+    w, a = _plan_args(packed=packed)
+    with pytest.raises(ValueError, match=r"x is on cpu, expected cuda:0"):
+        _call(w, a)
+
+
+def test_plan_accepts_the_prepared_dict():
+    w, a = _plan_args()
+    prepared = dict(w1=a["w1"], w1_sf=a["w1_sf"], w2=a["w2"], w2_sf=a["w2_sf"], layout="cake_mma_v1",
+                    num_local_experts=E, hidden_size=H, intermediate_shard=I)
+    common = dict(beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"])
+    with pytest.raises(ValueError, match="is on cpu"):
+        w.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], prepared, **common)
+    with pytest.raises(ValueError, match="either as the dict or as four tensors"):
+        w.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], prepared, a["w1_sf"], **common)
+    with pytest.raises(ValueError, match="layout"):
+        w.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], {**prepared, "layout": "canonical"}, **common)
+    with pytest.raises(ValueError, match="intermediate_shard"):
+        w.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], {**prepared, "intermediate_shard": 256}, **common)
+
+
+def test_plan_refused_during_capture(monkeypatch):
+    w, a = _plan_args()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="captur"):
+        _call(w, a)
+
+
+# --- the binding contract, against a stand-in extension --------------------------------------
+
+class _FakeBound:
+    forms = "moe_route,fmt_mxfp8_dequantize,mxfp4_moe_gemm1_n8,mxfp4_moe_gemm2_n8,moe_finalize"
+
+    def __init__(self):
+        self.streams = []
+
+    def run(self, stream):
+        self.streams.append(stream)
+
+
+class _FakeExt:
+    def __init__(self):
+        self.calls = []
+
+    def mxfp4_moe_plan(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return _FakeBound()
+
+
+@pytest.fixture
+def fake_ext(monkeypatch):
+    """plan() with the device, SM-count and arch queries answered for CPU tensors and the
+    extension replaced by a recorder."""
+    ext = _FakeExt()
+    monkeypatch.setattr(_runtime, "ext", lambda: ext)
+    monkeypatch.setattr(_runtime, "require_served", lambda device, what: None)
+    monkeypatch.setattr(_runtime, "stream_handle", lambda device: 1234)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: type("Props", (), {"multi_processor_count": 132})())
+    return ext
+
+
+def _cpu_wrapper_args(packed: bool = False, t: int = 5):
+    w, a = _plan_args(t=t, packed=packed)
+    w.device = torch.device("cpu")
+    return w, a
+
+
+@pytest.mark.parametrize("packed,kind", [(False, 0), (True, 2)])
+def test_plan_binding_call(fake_ext, packed, kind):
+    w, a = _cpu_wrapper_args(packed=packed)
+    plan = _call(w, a)
+    (args, kwargs), = fake_ext.calls
+    assert args[0].dtype == torch.uint8 and args[0].data_ptr() == a["x"].data_ptr()
+    assert args[1] is a["x_sf"] and args[2] is a["topk_ids"] and args[3] is a["topk_weights"]
+    assert args[4] == kind
+    assert args[5:] == (a["w1"], a["w1_sf"], a["w2"], a["w2_sf"], a["beta"], a["linear_beta"], a["workspace"],
+                        a["output"])
+    assert kwargs == dict(num_tokens=5, hidden=H, inter=I, num_experts=E, num_local=E, local_offset=0, top_k=K,
+                          block_n=8)
+    assert isinstance(plan, Mxfp4MoEPlan)
+    assert plan._plan.streams == [1234], "plan() runs one warm-up on the current stream"
+    assert plan.run() is a["output"] and plan._plan.streams == [1234, 1234]
+    assert plan.num_tokens == 5 and plan.decision.block_n == 8 and "gemm1_n8" in plan.forms
+    assert any(t is a["workspace"] for t in plan._keep) and any(t is a["w2"] for t in plan._keep)
+
+
+def test_plan_binding_fp32_weights_and_block_n(fake_ext):
+    w, a = _cpu_wrapper_args(t=200)   # 200 * 2 / 8 = 50 routes per expert -> prefill
+    a["topk_weights"] = a["topk_weights"].float()
+    plan = _call(w, a)
+    (args, kwargs), = fake_ext.calls
+    assert args[4] == 1 and kwargs["block_n"] == 64 and plan.decision.path == "prefill"
+
+
+def test_plan_refuses_another_sm_count(fake_ext):
+    w, a = _cpu_wrapper_args()
+    w.sm_count = 148
+    with pytest.raises(RuntimeError, match="132 SMs"):
+        _call(w, a)
+    assert fake_ext.calls == []
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_check_mode_counts_bad_ids(fake_ext, monkeypatch, packed):
+    w, a = _cpu_wrapper_args(packed=packed)
+    plan = _call(w, a)
+    monkeypatch.setenv("CAKE_MOE_CHECK", "1")
+    plan.run()                                   # every id valid
+    bad = torch.tensor([E, -1], dtype=torch.int32)
+    if packed:
+        a["topk_ids"][0] = ref.pack_routes(bad, torch.ones(2))
+    else:
+        a["topk_ids"][0] = bad
+    runs = len(plan._plan.streams)
+    with pytest.raises(ValueError, match=r"2 expert id\(s\) outside \[0, 8\)"):
+        plan.run()
+    assert len(plan._plan.streams) == runs, "nothing is launched after a failed check"
+    monkeypatch.delenv("CAKE_MOE_CHECK")
+    plan.run()                                   # without the debug mode the kernels drop them

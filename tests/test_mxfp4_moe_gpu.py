@@ -1,0 +1,324 @@
+"""GPU tests of family B (MXFP4 x MXFP8 SiTU routed MoE) against the FP64 reference
+(SPEC §5, §7, §11): the contract geometry (ep8, tp8) over T = 1 .. 16384, general shapes,
+routing regimes, route forms, bitwise determinism, graph replay, refusals and allocation.
+
+The public API is imported inside the helpers (tests/mxfp4_moe_cases.Layer), never at
+collection, so the CPU suite collects this file on a build without the extension.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cake_moe.reference import moe as ref
+from cake_moe.reference.grouped_gemm import rel_rms
+
+from .conftest import poison_
+from .mxfp4_moe_cases import (CONTRACT, GENERAL, REGIMES, Case, Layer, bad_slots, local_routes, make_case,
+                              named_layer, reference, regime_applies, without_slots)
+
+pytestmark = pytest.mark.gpu
+
+# Kernel and reference round the same FP32/FP64 values at the same points (MXFP8 intermediate,
+# BF16 route rows, BF16 output); they differ only by rare rounding flips (~5e-4 relative RMS).
+# A 2% perturbation gives ~2e-2: every comparison below also asserts that it fails the budget.
+BUDGET = 5e-3
+
+CONTRACT_TOKENS = [1, 2, 16, 17, 128, 129, 1024, 1025, 4096, 16384]
+FORMS = ("fp32", "bf16", "packed")
+_FORM_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "packed": None}
+
+
+@pytest.fixture(scope="module")
+def layers():
+    """Layers by name (CONTRACT or GENERAL), built once per module: a contract bank is 3.7 GB
+    of codes plus its prepared copy."""
+    cache: dict[str, Layer] = {}
+
+    def get(name: str) -> Layer:
+        if name not in cache:
+            cache[name] = named_layer(name)
+        return cache[name]
+
+    yield get
+    cache.clear()
+    torch.cuda.empty_cache()
+
+
+def _route_ids(case: Case) -> torch.Tensor:
+    return case.topk_ids >> 16 if case.topk_weights is None else case.topk_ids
+
+
+def _check(case: Case, got: torch.Tensor, want: torch.Tensor) -> None:
+    """Every element written, tokens without a local route exactly +0, the rest within BUDGET
+    of the reference, and the budget live (a 2% RMS perturbation of the output fails it)."""
+    assert not got.isnan().any(), "an output element was not written (still NaN)"
+    idle = (local_routes(case.geom, _route_ids(case)) < 0).all(dim=1)
+    assert not got[idle].view(torch.int16).any(), "a token without a local route is not exactly zero"
+    err = rel_rms(got, want)
+    assert err < BUDGET, f"relative RMS {err:.2e} over budget {BUDGET:.0e}"
+    g = torch.Generator(device=got.device).manual_seed(0)
+    noise = torch.randn(got.shape, generator=g, device=got.device) * 0.02 * got.float().square().mean().sqrt()
+    assert rel_rms((got.float() + noise).to(torch.bfloat16), want) > BUDGET, "the budget does not catch 2%"
+
+
+def _check_regime(layer: Layer, regime: str, t: int, *, seed: int, form: str = "fp32") -> None:
+    """all-remote -> bitwise +0; out-of-range ids -> bitwise the output of the same routes
+    with those slots made inert; everything else -> the reference."""
+    geom = layer.geom
+    case = make_case(geom, t, regime, seed=seed, weights_dtype=_FORM_DTYPE[form], extreme_ids=form != "packed")
+    got = layer.run(case)
+    if regime == "remote":
+        assert not got.view(torch.int16).any(), "routes to remote experts must give exact zeros"
+        return
+    _check(case, got, reference(case, layer.bank))
+    if regime == "oob":
+        ids, w = (ref.unpack_routes(case.topk_ids) if form == "packed" else (case.topk_ids, case.topk_weights))
+        drop = bad_slots(geom, ids)
+        assert drop.any()
+        ids, w = without_slots(geom, ids, w, drop)
+        clean = (dataclasses.replace(case, topk_ids=ref.pack_routes(ids, w)) if form == "packed"
+                 else dataclasses.replace(case, topk_ids=ids.contiguous(), topk_weights=w.contiguous()))
+        assert torch.equal(layer.run(clean), got), "an out-of-range id changed the output"
+
+
+# --- accuracy --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("t", CONTRACT_TOKENS)
+@pytest.mark.parametrize("layout", sorted(CONTRACT))
+def test_contract_geometry(layers, layout, t):
+    layer = layers(layout)
+    case = make_case(layer.geom, t, seed=t)
+    _check(case, layer.run(case), reference(case, layer.bank))
+
+
+_CONTRACT_REGIMES = [(layout, regime, t) for layout in sorted(CONTRACT) for regime in REGIMES if regime != "balanced"
+                     if regime_applies(CONTRACT[layout], regime) for t in (16, 1025)]
+_CONTRACT_REGIMES += [(layout, regime, 16384) for layout in sorted(CONTRACT) for regime in ("hot", "zipf")]
+
+
+@pytest.mark.parametrize("layout,regime,t", _CONTRACT_REGIMES)
+def test_contract_routing_regimes(layers, layout, regime, t):
+    _check_regime(layers(layout), regime, t, seed=100 + t)
+
+
+@pytest.mark.parametrize("t", [1, 17, 129, 1025])
+@pytest.mark.parametrize("name", sorted(GENERAL))
+def test_general_shapes(layers, name, t):
+    layer = layers(name)
+    case = make_case(layer.geom, t, seed=t + 7)
+    _check(case, layer.run(case), reference(case, layer.bank))
+
+
+_GENERAL_REGIMES = [(name, regime, FORMS[i % len(FORMS)]) for name in sorted(GENERAL)
+                    for i, regime in enumerate(REGIMES) if regime_applies(GENERAL[name], regime)]
+
+
+@pytest.mark.parametrize("name,regime,form", _GENERAL_REGIMES)
+def test_general_routing_regimes(layers, name, regime, form):
+    _check_regime(layers(name), regime, 129, seed=3, form=form)
+
+
+@pytest.mark.parametrize("name", ["ep8", "tp8", "h512_e40_k5"])
+def test_route_weight_dtypes_and_packed_form(layers, name):
+    """FP32 and BF16 route weights against the reference; the packed form carries the BF16
+    weights, so it must give the BF16 run's bits."""
+    layer = layers(name)
+    outs = {}
+    for form in FORMS:
+        case = make_case(layer.geom, 129, seed=5, weights_dtype=_FORM_DTYPE[form])
+        outs[form] = layer.run(case)
+        _check(case, outs[form], reference(case, layer.bank))
+    assert torch.equal(outs["packed"], outs["bf16"])
+
+
+# --- determinism, streams, graphs ------------------------------------------------------------
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("name,t", [("h512_e40_k5", 17), ("h512_e40_k5", 1025), ("ep8", 16), ("tp8", 1025)])
+def test_bitwise_repeatable_runs_and_streams(layers, name, t):
+    layer = layers(name)
+    case = make_case(layer.geom, t, "zipf", seed=11)
+    plan, out = layer.plan(case)
+    poison_(out)
+    plan.run()
+    torch.cuda.synchronize()
+    y0 = out.clone()
+    _check(case, y0, reference(case, layer.bank))
+    for _ in range(3):
+        poison_(out)
+        plan.run()
+        torch.cuda.synchronize()
+        assert torch.equal(out, y0), "a repeated run changed the bits"
+    poison_(out)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        plan.run()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert torch.equal(out, y0), "a run on a side stream changed the bits"
+    assert torch.equal(layer.run(case), y0), "a second plan on other buffers changed the bits"
+
+
+def test_bitwise_repeatable_across_processes(layers):
+    layer = layers("h512_e40_k5")
+    code = (
+        "import sys, hashlib, torch; sys.path.insert(0, sys.argv[1]);"
+        "from mxfp4_moe_cases import make_case, named_layer;"
+        "layer = named_layer('h512_e40_k5');"
+        "y = layer.run(make_case(layer.geom, 1025, 'zipf', seed=11));"
+        "print(hashlib.sha256(y.view(torch.uint8).cpu().numpy().tobytes()).hexdigest())")
+    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    want = _digest(layer.run(make_case(layer.geom, 1025, "zipf", seed=11)))
+    assert out.stdout.strip().splitlines()[-1] == want, "another process computed other bits"
+
+
+@pytest.mark.parametrize("name,t", [("h512_e40_k5", 17), ("h384_ep_k8", 1025), ("tp8", 16)])
+def test_graph_replay_follows_new_values(layers, name, t):
+    """Serving captures run() once and replays it every step after writing the step's
+    activations and routes into the bound tensors: the replay must equal an eager run on the
+    new values, bit for bit."""
+    layer = layers(name)
+    case = make_case(layer.geom, t, seed=21)
+    plan, out = layer.plan(case)
+    plan.run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run()
+    new = dataclasses.replace(make_case(layer.geom, t, "zipf", seed=22), beta=case.beta,
+                              linear_beta=case.linear_beta)
+    for dst, src in ((case.x, new.x), (case.x_sf, new.x_sf), (case.topk_ids, new.topk_ids),
+                     (case.topk_weights, new.topk_weights)):
+        dst.copy_(src)
+    poison_(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, layer.run(new)), "graph replay differs from an eager run on the same values"
+    _check(new, out, reference(new, layer.bank))
+
+
+def test_one_workspace_serves_every_smaller_t(layers):
+    """get_workspace_size(max_tokens=M) covers every T <= M (and the bits do not depend on
+    which workspace a plan got)."""
+    layer = layers("h512_e40_k5")
+    ws = torch.empty(layer.runner.get_workspace_size(max_tokens=1025), dtype=torch.uint8, device="cuda")
+    for t in (1, 17, 1025):
+        case = make_case(layer.geom, t, seed=61 + t)
+        assert torch.equal(layer.run(case, workspace=ws), layer.run(case))
+
+
+@pytest.mark.parametrize("name,t", [("h512_e40_k5", 1025), ("tp8", 16)])
+def test_run_allocates_nothing(layers, name, t):
+    layer = layers(name)
+    plan, _ = layer.plan(make_case(layer.geom, t, seed=31))
+    plan.run()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    for _ in range(3):
+        plan.run()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "run() allocated"
+
+
+# --- refusals --------------------------------------------------------------------------------
+
+def _plan_args(layer: Layer, t: int) -> dict:
+    case = make_case(layer.geom, t, seed=41)
+    p = layer.prepared
+    return dict(x=case.x, x_sf=case.x_sf, topk_ids=case.topk_ids, topk_weights=case.topk_weights, w1=p["w1"],
+                w1_sf=p["w1_sf"], w2=p["w2"], w2_sf=p["w2_sf"], beta=case.beta, linear_beta=case.linear_beta,
+                workspace=layer.workspace(t), output=poison_(torch.empty(t, layer.geom.hidden, dtype=torch.bfloat16,
+                                                                         device="cuda")))
+
+
+def _call_plan(layer: Layer, a: dict, runner=None):
+    return (runner or layer.runner).plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], a["w1"], a["w1_sf"], a["w2"],
+                             a["w2_sf"], beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"],
+                             output=a["output"])
+
+
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")
+def test_plan_refused_during_capture(layers):
+    layer = layers("h256_e8_k2")
+    a = _plan_args(layer, 17)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="(?i)captur"):
+        with torch.cuda.graph(graph):
+            _call_plan(layer, a)
+    torch.cuda.synchronize()
+    assert a["output"].isnan().all(), "a refused plan() wrote the output"
+
+
+def test_plan_refuses_another_sm_count(layers):
+    from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper
+    layer = layers("h256_e8_k2")
+    args, kw = layer.geom.wrapper_args()
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    other = CakeMxfp4MoEWrapper(*args, sm_count=sms + 4, **kw)
+    a = _plan_args(layer, 17)
+    with pytest.raises(RuntimeError, match="SM"):
+        _call_plan(layer, a, runner=other)
+    assert a["output"].isnan().all(), "a refused plan() wrote the output"
+
+
+def test_debug_mode_refuses_out_of_range_ids(layers, monkeypatch):
+    """CAKE_MOE_CHECK=1 validates ids and raises (SPEC §5); valid routes still run."""
+    layer = layers("h256_e8_k2")
+    monkeypatch.setenv("CAKE_MOE_CHECK", "1")
+    with pytest.raises(ValueError, match="(?i)outside"):
+        layer.run(make_case(layer.geom, 17, "oob", seed=51))
+    case = make_case(layer.geom, 17, seed=52)
+    _check(case, layer.run(case), reference(case, layer.bank))
+
+
+def _output_in_workspace(a: dict) -> None:
+    t, h = a["output"].shape
+    a["output"] = a["workspace"][256:256 + 2 * t * h].view(torch.bfloat16).view(t, h)
+
+
+def _x_in_output(a: dict) -> None:
+    t, h = a["x"].shape
+    a["x"] = a["output"].view(-1).view(torch.uint8)[:t * h].view(t, h).view(torch.float8_e4m3fn)
+
+
+def _small_workspace(a: dict) -> None:
+    a["workspace"] = a["workspace"][:a["workspace"].numel() // 2]
+
+
+_BAD = {
+    "topk_ids on cpu": lambda a: a.update(topk_ids=a["topk_ids"].cpu()),
+    "x_sf on cpu": lambda a: a.update(x_sf=a["x_sf"].cpu()),
+    "w2 on cpu": lambda a: a.update(w2=a["w2"].cpu()),
+    "beta on cpu": lambda a: a.update(beta=a["beta"].cpu()),
+    "workspace on cpu": lambda a: a.update(workspace=a["workspace"].cpu()),
+    "output on cpu": lambda a: a.update(output=a["output"].cpu()),
+    "output inside workspace": _output_in_workspace,
+    "x inside output": _x_in_output,
+    "workspace too small": _small_workspace,
+}
+
+
+@pytest.mark.parametrize("what", sorted(_BAD))
+def test_plan_value_errors(layers, what):
+    """Refused before any launch, and nothing written."""
+    layer = layers("h256_e8_k2")
+    a = _plan_args(layer, 17)
+    _BAD[what](a)
+    a["output"].fill_(float("nan"))
+    with pytest.raises(ValueError):
+        _call_plan(layer, a)
+    torch.cuda.synchronize()
+    assert a["output"].isnan().all(), "a refused plan() wrote the output"
