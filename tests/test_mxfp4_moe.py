@@ -162,15 +162,17 @@ def test_unprepare_refuses_what_prepare_did_not_make():
 def test_decide_contract_rows():
     w = CakeMxfp4MoEWrapper(**CONTRACT, **EP8)
     d = w.decide(1)
-    assert (d.supported, d.path, d.block_n) == (True, "decode", 8)
-    assert d.forms == ("moe_route", "fmt_mxfp8_dequantize", "mxfp4_moe_gemm1_n8", "mxfp4_moe_gemm2_n8",
+    assert (d.supported, d.path, d.block_n, d.tile) == (True, "decode", 8, "n8_narrow")
+    assert d.forms == ("moe_route", "fmt_mxfp8_dequantize", "mxfp4_moe_gemm1_n8_narrow", "mxfp4_moe_gemm2_n8_narrow",
                        "moe_finalize")
+    assert w.decide(3).tile == "n8" and w.decide(3).forms[2] == "mxfp4_moe_gemm1_n8"
     d = w.decide(16384)
     assert (d.supported, d.path, d.block_n) == (True, "prefill", 64)
     assert d.forms[2:4] == ("mxfp4_moe_gemm1_n64", "mxfp4_moe_gemm2_n64")
 
 
-@pytest.mark.parametrize("t,path,bn", [(336, "decode", 8), (337, "mid", 32), (2688, "mid", 32), (2689, "prefill", 64)])
+@pytest.mark.parametrize("t,path,bn", [(3, "decode", 8), (336, "decode", 8), (337, "mid", 32), (2688, "mid", 32),
+                                       (2689, "prefill", 64)])
 def test_decide_thresholds(t, path, bn):
     """E=896, k=16: T*k/E = T/56, so the limits 6 and 48 fall at T = 336 and 2688."""
     d = CakeMxfp4MoEWrapper(**CONTRACT, **TP8).decide(t)
@@ -448,7 +450,7 @@ def test_plan_binding_call(fake_ext, packed, kind):
     assert args[5:] == (a["w1"], a["w1_sf"], a["w2"], a["w2_sf"], a["beta"], a["linear_beta"], a["workspace"],
                         a["output"])
     assert kwargs == dict(num_tokens=5, hidden=H, inter=I, num_experts=E, num_local=E, local_offset=0, top_k=K,
-                          block_n=8)
+                          tile="n8_narrow")
     assert isinstance(plan, Mxfp4MoEPlan)
     assert plan._plan.streams == [1234], "plan() runs one warm-up on the current stream"
     assert plan.run() is a["output"] and plan._plan.streams == [1234, 1234]
@@ -456,12 +458,12 @@ def test_plan_binding_call(fake_ext, packed, kind):
     assert any(t is a["workspace"] for t in plan._keep) and any(t is a["w2"] for t in plan._keep)
 
 
-def test_plan_binding_fp32_weights_and_block_n(fake_ext):
+def test_plan_binding_fp32_weights_and_tile(fake_ext):
     w, a = _cpu_wrapper_args(t=200)   # 200 * 2 / 8 = 50 routes per expert -> prefill
     a["topk_weights"] = a["topk_weights"].float()
     plan = _call(w, a)
     (args, kwargs), = fake_ext.calls
-    assert args[4] == 1 and kwargs["block_n"] == 64 and plan.decision.path == "prefill"
+    assert args[4] == 1 and kwargs["tile"] == "n64" and plan.decision.path == "prefill"
 
 
 def test_plan_refuses_another_sm_count(fake_ext):

@@ -142,7 +142,8 @@ def _moe_engine_forms() -> list[Form]:
 # Family B GEMM tilings: (form suffix, BN, tiling alias in mxfp4_moe/params.hpp, threads, GEMMs).
 # The decision table (python/cake_moe/mxfp4_moe/_decide.py) picks BN per token count; at BN 8
 # the host takes the short-K tiling for a GEMM whose K is at most kShortK.
-MXFP4_MOE_TILINGS = (("n8", 8, "DecodeTiling", 256, (1, 2)), ("n8_shortk", 8, "DecodeShortKTiling", 128, (1, 2)),
+MXFP4_MOE_TILINGS = (("n8", 8, "DecodeTiling", 256, (1, 2)), ("n8_narrow", 8, "DecodeNarrowTiling", 256, (1, 2)),
+                     ("n8_shortk", 8, "DecodeShortKTiling", 128, (1, 2)),
                      ("n32", 32, "MidTiling", 128, (1, 2)), ("n64", 64, "PrefillTiling", 128, (1, 2)))
 
 

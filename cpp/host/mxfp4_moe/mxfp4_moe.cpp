@@ -40,14 +40,16 @@ constexpr TilingInfo info(const char* suffix) {
   return {Cfg::kBN, Cfg::kBM, Cfg::kThreads, Cfg::kSmemBytes, suffix};
 }
 
-// The tiling of one GEMM: block_n from the decision table, and at block_n 8 the reduction length.
-TilingInfo tiling_for(int block_n, int k) {
-  switch (block_n) {
-    case 8: return k <= kShortK ? info<DecodeShortKTiling>("n8_shortk") : info<DecodeTiling>("n8");
-    case 32: return info<MidTiling>("n32");
-    case 64: return info<PrefillTiling>("n64");
-    default: throw ValueError("block_n must be 8, 32 or 64, got " + std::to_string(block_n));
+// The tiling of one GEMM: the decision table's tile form, except that the BN 8 forms take the
+// short-K tiling for a reduction of at most kShortK.
+TilingInfo tiling_for(const std::string& tile, int k) {
+  if (tile == "n8" || tile == "n8_narrow") {
+    if (k <= kShortK) return info<DecodeShortKTiling>("n8_shortk");
+    return tile == "n8" ? info<DecodeTiling>("n8") : info<DecodeNarrowTiling>("n8_narrow");
   }
+  if (tile == "n32") return info<MidTiling>("n32");
+  if (tile == "n64") return info<PrefillTiling>("n64");
+  throw ValueError("tile must be n8, n8_narrow, n32 or n64, got " + tile);
 }
 
 class Mxfp4MoePlan final : public Plan {
@@ -58,8 +60,7 @@ class Mxfp4MoePlan final : public Plan {
       throw ValueError("workspace has " + std::to_string(p.workspace_bytes) + " bytes, needs " +
                        std::to_string(ws.total));
     if (p.num_local > moe::kMaxLocalExperts) throw ValueError("at most 1024 local experts");
-    if (p.block_n != 8 && p.block_n != 32 && p.block_n != 64)
-      throw ValueError("block_n must be 8, 32 or 64, got " + std::to_string(p.block_n));
+    const TilingInfo t1 = tiling_for(p.tile, p.hidden), t2 = tiling_for(p.tile, p.inter);
     uint8_t* base = p.workspace;
     auto* offsets = reinterpret_cast<int32_t*>(base + ws.offsets);
     auto* row_token = reinterpret_cast<int32_t*>(base + ws.row_token);
@@ -78,15 +79,15 @@ class Mxfp4MoePlan final : public Plan {
     route_.cfg.block[0] = moe::kRouteThreads;
     route_.params = moe::RouteParams{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, int32_t(routes),
                                      p.top_k, p.num_experts, p.num_local, p.local_offset,
-                                     p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, p.block_n};
+                                     p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, t1.bn};
     // 2. activations to BF16 (exact: docs/mxfp4_moe.md)
     dequant_ = formats::DequantizeArgs{p.x, p.x_sf, nullptr, x_bf16, p.tokens, p.hidden, {}};
     // 3, 4. the GEMMs: grid = worst-case token tiles x m-blocks (idle CTAs exit at once)
-    const int64_t max_tiles = routes / p.block_n + std::min<int64_t>(p.num_local, routes);
-    bind_gemm(gemm1_, "mxfp4_moe_gemm1_", tiling_for(p.block_n, p.hidden), max_tiles,
+    const int64_t max_tiles = routes / t1.bn + std::min<int64_t>(p.num_local, routes);
+    bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles,
               GemmParams{p.w1, p.w1_sf, x_bf16, row_token, offsets, tile_count, tiles, act, p.beta, p.linear_beta,
                          2 * p.inter, p.hidden, 0, 0});
-    bind_gemm(gemm2_, "mxfp4_moe_gemm2_", tiling_for(p.block_n, p.inter), max_tiles,
+    bind_gemm(gemm2_, "mxfp4_moe_gemm2_", t2, max_tiles,
               GemmParams{p.w2, p.w2_sf, act, nullptr, offsets, tile_count, tiles, rows, nullptr, nullptr, p.hidden,
                          p.inter, 0, 0});
     // 5. finalize
@@ -95,6 +96,10 @@ class Mxfp4MoePlan final : public Plan {
     finalize_.cfg.grid[0] = unsigned(p.tokens);
     finalize_.cfg.grid[1] = unsigned((p.hidden / 8 + moe::kFinalizeThreads - 1) / moe::kFinalizeThreads);
     finalize_.cfg.block[0] = moe::kFinalizeThreads;
+    // GEMM1, GEMM2 and finalize are dependent launches: each starts while its predecessor drains
+    // and waits (griddepcontrol.wait) before reading its outputs. The routing and dequantize
+    // launches stay ordinary, so GEMM1's wait also covers the routing kernel.
+    gemm1_.cfg.pdl = gemm2_.cfg.pdl = finalize_.cfg.pdl = true;
     finalize_.params = moe::FinalizeParams{rows, route_row,
                                            p.weight_kind == int32_t(moe::RouteWeights::kPacked)
                                                ? static_cast<const void*>(p.topk_ids)

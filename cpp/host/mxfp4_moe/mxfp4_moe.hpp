@@ -24,7 +24,7 @@ struct Problem {
   int64_t workspace_bytes = 0;
   uint16_t* out = nullptr;            // [T, H] bf16
   int32_t tokens = 0, hidden = 0, inter = 0, num_experts = 0, num_local = 0, local_offset = 0, top_k = 0;
-  int32_t block_n = 8;                // token-tile rows: picks the GEMM forms
+  std::string tile = "n8";            // GEMM form suffix (n8, n8_narrow, n32, n64) from the decision table
   int device = 0;
 };
 

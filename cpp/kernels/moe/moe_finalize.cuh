@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "common/ptx/sm80.cuh"
 #include "moe/params.hpp"
 
 namespace cake_moe::moe {
@@ -28,6 +29,7 @@ __device__ __forceinline__ void finalize(const FinalizeParams& p) {
   __shared__ int32_t rows[32];
   __shared__ float weights[32];
   const int32_t t = blockIdx.x;
+  ptx::grid_dependency_wait();  // the route rows come from GEMM2
   if (threadIdx.x < p.top_k) {
     const int64_t route = int64_t(t) * p.top_k + threadIdx.x;
     rows[threadIdx.x] = p.route_row[route];

@@ -316,6 +316,7 @@ struct Mxfp4MoeGemm {
 
   __device__ static void run(const GemmParams& p) {
     extern __shared__ __align__(128) uint8_t smem_raw[];
+    ptx::grid_dependency_wait();  // the tile list and B rows come from the previous launches
     const int tile_index = blockIdx.x / p.m_blocks;
     if (tile_index >= *p.tile_count) return;  // the grid covers the worst case of the routing
     const moe::TokenTile tt = p.tiles[tile_index];
@@ -340,8 +341,8 @@ struct Mxfp4MoeGemm {
         for (int j = 0; j < 4; ++j) acc[mb][nb][j] = 0.0f;
 
     const int num_k = (p.k + Cfg::kKStage - 1) / Cfg::kKStage;
-#pragma unroll
     const Loader loader = make_loader(p, t);
+#pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < num_k) load_stage(p, loader, sm, s, s);
       ptx::cp_async_commit();
@@ -355,6 +356,7 @@ struct Mxfp4MoeGemm {
       if (warp_rows && ks * Cfg::kKStage + wk * Cfg::kKWarp < p.k) compute_stage(sm, ks % kStages, wm, wk, acc);
     }
     ptx::cp_async_wait<0>();
+    ptx::allow_dependent_launch();  // the next GEMM / finalize may start its CTAs; it waits for us
     reduce_k_split(smem_raw, wm, wk, acc);
     if (wk != 0 || !warp_rows) return;
     if constexpr (kStage == GemmStage::kGemm1) {

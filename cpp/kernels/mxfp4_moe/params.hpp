@@ -50,11 +50,13 @@ struct Tiling {
 };
 
 // The shipped tilings (forms.py instantiates them; the decision table picks by expected rows
-// per expert, the host by K). Decode streams each expert's weights once with narrow token tiles:
-// eight warps split K so an SM has enough warps in flight even when a launch has few CTAs
-// (T = 1); with a short K (GEMM2 of a TP shard) one CTA instead covers 256 weight rows so each
-// CTA still has a few stages to pipeline. Prefill reuses a 256-row weight tile over 64 tokens.
-using DecodeTiling = Tiling<8, 1, 8, 2>;
+// per expert, the host by K). Decode streams each expert's weights once with 8-row token tiles,
+// eight warps per CTA: 128 weight rows x 4-way K split; with very few routes (T * k <= 32) a
+// launch has only a few hundred CTAs, and 64 rows x 8-way K split keeps more SMs streaming.
+// With a short K (GEMM2 of a TP shard) one CTA covers 256 weight rows so each CTA still has a
+// few stages to pipeline. Prefill reuses a 256-row weight tile over 64 tokens.
+using DecodeTiling = Tiling<8, 2, 4, 2>;
+using DecodeNarrowTiling = Tiling<8, 1, 8, 2>;
 using DecodeShortKTiling = Tiling<8, 4, 1, 3>;
 using MidTiling = Tiling<32, 2, 2, 3>;
 using PrefillTiling = Tiling<64, 4, 1, 3>;

@@ -12,13 +12,20 @@ ROUTE_FORM = "moe_route"
 DEQUANT_FORM = "fmt_mxfp8_dequantize"
 FINALIZE_FORM = "moe_finalize"
 
-# (largest routes-per-expert estimate served, path name, BN): the first row that fits wins.
-TILE_TABLE: tuple[tuple[float, str, int], ...] = (
-    (6, "decode", 8),
-    (48, "mid", 32),
-    (float("inf"), "prefill", 64),
+# (largest routes-per-expert estimate served, path name, BN, tile form suffix): the first row
+# that fits wins. Measured on the H200 (docs/mxfp4_moe.md): BN 8 streams each expert's weights
+# once up to ~6 routes per expert, BN 32 wins up to ~48, BN 64 above.
+TILE_TABLE: tuple[tuple[float, str, int, str], ...] = (
+    (6, "decode", 8, "n8"),
+    (48, "mid", 32, "n32"),
+    (float("inf"), "prefill", 64, "n64"),
 )
-BLOCK_NS: tuple[int, ...] = tuple(bn for _, _, bn in TILE_TABLE)
+BLOCK_NS: tuple[int, ...] = tuple(row[2] for row in TILE_TABLE)
+# With at most this many routes (T * top_k: T = 1 at top_k 16) a launch has only a few hundred
+# CTAs: the narrow decode tiling (64 weight rows per CTA, eight warps splitting K) keeps more SMs
+# streaming.
+NARROW_ROUTES = 16
+TILES: tuple[str, ...] = ("n8", "n8_narrow", "n32", "n64")
 # At BN 8 a GEMM whose reduction length K is at most this uses the short-K tiling (256 weight
 # rows per CTA instead of eight warps splitting K): kShortK in cpp/kernels/mxfp4_moe/params.hpp.
 SHORT_K = 1024
@@ -35,15 +42,16 @@ class PlanDecision:
     path: str
     block_n: int
     forms: tuple[str, ...]
+    tile: str = ""  # form suffix of the GEMMs whose K exceeds SHORT_K
 
 
-def gemm_forms(block_n: int, hidden: int, inter: int) -> tuple[str, str]:
-    """The GEMM1 (K = hidden) and GEMM2 (K = inter) form names of tile size ``block_n``."""
-    if block_n not in BLOCK_NS:
-        raise ValueError(f"block_n must be one of {BLOCK_NS}, got {block_n}")
+def gemm_forms(tile: str, hidden: int, inter: int) -> tuple[str, str]:
+    """The GEMM1 (K = hidden) and GEMM2 (K = inter) form names of tile form ``tile``."""
+    if tile not in TILES:
+        raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
 
     def suffix(k: int) -> str:
-        return "n8_shortk" if block_n == 8 and k <= SHORT_K else f"n{block_n}"
+        return "n8_shortk" if tile.startswith("n8") and k <= SHORT_K else tile
     return f"mxfp4_moe_gemm1_{suffix(hidden)}", f"mxfp4_moe_gemm2_{suffix(inter)}"
 
 
@@ -58,6 +66,9 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
         return PlanDecision(False, f"num_tokens must be an int >= 1, got {num_tokens!r}", "none", 0, ())
     load = routes_per_expert(num_tokens, top_k, num_experts)
-    _, path, block_n = next(row for row in TILE_TABLE if load <= row[0])
-    reason = f"T*k/E = {load:g} routes per expert: {path} tiles of BN={block_n} token rows"
-    return PlanDecision(True, reason, path, block_n, (ROUTE_FORM, DEQUANT_FORM, *gemm_forms(block_n, hidden, inter), FINALIZE_FORM))
+    _, path, block_n, tile = next(row for row in TILE_TABLE if load <= row[0])
+    if block_n == 8 and num_tokens * top_k <= NARROW_ROUTES:
+        tile = "n8_narrow"
+    reason = f"T*k/E = {load:g} routes per expert: {path} tiles of BN={block_n} token rows ({tile})"
+    forms = (ROUTE_FORM, DEQUANT_FORM, *gemm_forms(tile, hidden, inter), FINALIZE_FORM)
+    return PlanDecision(True, reason, path, block_n, forms, tile)

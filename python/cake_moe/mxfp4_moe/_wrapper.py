@@ -289,7 +289,7 @@ class CakeMxfp4MoEWrapper:
             x.view(torch.uint8), x_sf, topk_ids, topk_weights, weights_kind, w1, w1_sf, w2, w2_sf, beta,
             linear_beta, workspace, output, num_tokens=num_tokens, hidden=self.hidden_size,
             inter=self.intermediate_shard, num_experts=self.num_experts, num_local=self.num_local_experts,
-            local_offset=self.local_expert_offset, top_k=self.top_k, block_n=decision.block_n)
+            local_offset=self.local_expert_offset, top_k=self.top_k, tile=decision.tile)
         plan = Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
                             num_experts=self.num_experts, output=output, topk_ids=topk_ids,
                             packed=topk_weights is None, keep=tuple(t for _, t in present))
