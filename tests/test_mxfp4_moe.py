@@ -171,10 +171,10 @@ def test_decide_contract_rows():
     assert d.forms[2:4] == ("mxfp4_moe_gemm1_n64", "mxfp4_moe_gemm2_n64")
 
 
-@pytest.mark.parametrize("t,path,bn", [(3, "decode", 8), (336, "decode", 8), (337, "mid", 32), (2688, "mid", 32),
-                                       (2689, "prefill", 64)])
+@pytest.mark.parametrize("t,path,bn", [(3, "decode", 8), (336, "decode", 8), (337, "mid", 32), (1344, "mid", 32),
+                                       (1345, "prefill", 64)])
 def test_decide_thresholds(t, path, bn):
-    """E=896, k=16: T*k/E = T/56, so the limits 6 and 48 fall at T = 336 and 2688."""
+    """E=896, k=16: T*k/E = T/56, so the limits 6 and 24 fall at T = 336 and 1344."""
     d = CakeMxfp4MoEWrapper(**CONTRACT, **TP8).decide(t)
     assert (d.path, d.block_n) == (path, bn)
     assert d.forms[2] == f"mxfp4_moe_gemm1_n{bn}"
