@@ -42,7 +42,7 @@
 #include <cstdint>
 
 #include "common/ptx/sm80.cuh"
-#include "grouped_gemm/block_scan.cuh"
+#include "common/block_scan.cuh"
 #include "grouped_gemm/group_rows.cuh"
 #include <type_traits>
 

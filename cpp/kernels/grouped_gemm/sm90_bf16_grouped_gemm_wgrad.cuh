@@ -70,7 +70,7 @@
 
 #include <cstdint>
 
-#include "grouped_gemm/block_scan.cuh"
+#include "common/block_scan.cuh"
 #include "grouped_gemm/group_rows.cuh"
 #include <type_traits>
 

@@ -11,7 +11,7 @@
 #pragma once
 #include <cstdint>
 
-#include "grouped_gemm/block_scan.cuh"
+#include "common/block_scan.cuh"
 #include "moe/params.hpp"
 
 namespace cake_moe::moe {
