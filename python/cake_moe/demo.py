@@ -82,24 +82,21 @@ def _moe_layer(device: str, l: int, e: int, k: int, offset: int):
 
 
 def _moe_cpu() -> None:
-    """The reference on a reduced layer; the host side of the API (weight preparation, the
-    decision for the contract rank) when this install has it."""
+    """The reference on a reduced layer, and the host side of the API (weight preparation, the
+    decision for the contract rank)."""
     from .bench.mxfp4_moe import E, LAYOUTS, TOP_K
+    from .mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
     l, e, k = MOE_CPU["num_local"], MOE_CPU["num_experts"], MOE_CPU["top_k"]
     _, bank, want, secs = _moe_layer("cpu", l, e, k, 0)
     print(f"  MXFP4 SiTU MoE reference on CPU, REDUCED layer: H={H}, I={I}, {l} local experts of E={e}, top_k={k} "
           f"(the contract has 112 of {E}, top_k={TOP_K}), T={MOE_T}: {secs * 1e3:.0f} ms, output rms "
           f"{want.float().square().mean().sqrt():.3g}")
-    try:
-        from .mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
-        t0 = time.perf_counter()
-        prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
-        prep_ms = (time.perf_counter() - t0) * 1e3
-        d = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS["ep8"]).decide(MOE_T)
-        print(f"  prepare_cake_mxfp4_weights on CPU ({l} experts): {prep_ms:.0f} ms; contract ep8 rank at T={MOE_T}: "
-              f"supported={d.supported} path={d.path} ({d.reason})")
-    except (ImportError, RuntimeError, NotImplementedError) as err:
-        print(f"  (family-B host API not available here: {err})")
+    t0 = time.perf_counter()
+    prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+    prep_ms = (time.perf_counter() - t0) * 1e3
+    d = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS["ep8"]).decide(MOE_T)
+    print(f"  prepare_cake_mxfp4_weights on CPU ({l} experts): {prep_ms:.0f} ms; contract ep8 rank at T={MOE_T}: "
+          f"supported={d.supported} path={d.path} ({d.reason})")
 
 
 def _moe_gpu() -> tuple[bool, str]:
