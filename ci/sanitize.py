@@ -58,21 +58,25 @@ def run_grouped_gemm() -> None:
 
 def run_mxfp4_moe() -> None:
     """Family B on small shapes (H=256, I=128, E=8, top_k=2; an EP rank with remote experts),
-    with ids outside [0, E) (never dereferenced), both route-weight dtypes and the packed form;
+    with ids outside [0, E) (never dereferenced), both route-weight dtypes, the packed form and
+    the prefill tile form (wgmma on sm_90a: its cp.async -> wgmma ring and amax exchange);
     the FP64 reference runs on the CPU (fast under the sanitizer)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from mxfp4_moe_cases import make_case, named_layer, reference
-    for name, runs in (("h256_e8_k2", (("balanced", 17, torch.float32), ("oob", 17, torch.bfloat16),
-                                        ("oob", 17, None), ("dup", 1, torch.float32))),
-                       ("h384_ep_k8", (("balanced", 17, torch.bfloat16), ("remote", 17, torch.float32)))):
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    for name, runs in (("h256_e8_k2", (("balanced", 17, torch.float32, None), ("oob", 17, torch.bfloat16, None),
+                                        ("oob", 17, None, None), ("dup", 1, torch.float32, None),
+                                        ("zipf", 129, torch.float32, "wg128" if sm90 else "n64"))),
+                       ("h384_ep_k8", (("balanced", 17, torch.bfloat16, None), ("remote", 17, torch.float32, None),
+                                       ("balanced", 200, torch.float32, "wg128" if sm90 else "n64")))):
         layer = named_layer(name)
         bank = {k: v.cpu() for k, v in layer.bank.items()}
-        for regime, t, dtype in runs:
+        for regime, t, dtype, tile in runs:
             case = make_case(layer.geom, t, regime, seed=t, weights_dtype=dtype, extreme_ids=dtype is not None)
-            got = layer.run(case).cpu()
+            got = layer.run(case, tile=tile).cpu()
             want = reference(case.to("cpu"), bank)
             ok = torch.equal(got, want) if regime == "remote" else gref.rel_rms(got, want) < 5e-3
-            check(ok, f"mxfp4_moe {name} {regime} T={t} {dtype}")
+            check(ok, f"mxfp4_moe {name} {regime} T={t} {dtype} {tile or 'decided'}")
 
 
 FAMILIES = {"formats": run_formats, "grouped_gemm": run_grouped_gemm, "mxfp4_moe": run_mxfp4_moe}

@@ -277,14 +277,17 @@ class Layer:
     def workspace(self, t: int) -> torch.Tensor:
         return torch.empty(self.runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
 
-    def plan(self, case: Case, *, workspace: torch.Tensor | None = None, output: torch.Tensor | None = None):
-        """(plan, output) bound to the case's tensors; fresh workspace and output by default."""
+    def plan(self, case: Case, *, workspace: torch.Tensor | None = None, output: torch.Tensor | None = None,
+             tile: str | None = None):
+        """(plan, output) bound to the case's tensors; fresh workspace and output by default;
+        ``tile`` forces a tile form."""
         t, h = case.x.shape
         ws = self.workspace(t) if workspace is None else workspace
         out = torch.empty(t, h, dtype=torch.bfloat16, device="cuda") if output is None else output
         p = self.prepared
         plan = self.runner.plan(case.x, case.x_sf, case.topk_ids, case.topk_weights, p["w1"], p["w1_sf"], p["w2"],
-                                p["w2_sf"], beta=case.beta, linear_beta=case.linear_beta, workspace=ws, output=out)
+                                p["w2_sf"], beta=case.beta, linear_beta=case.linear_beta, workspace=ws, output=out,
+                                tile=tile)
         return plan, out
 
     def run(self, case: Case, **kw) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from cake_moe import _runtime
 from cake_moe.mxfp4_moe import (CakeMxfp4MoEWrapper, Mxfp4MoEPlan, PlanDecision, prepare_cake_mxfp4_weights,
                                 unprepare_cake_mxfp4_weights)
-from cake_moe.mxfp4_moe import _wrapper
+from cake_moe.mxfp4_moe import _decide, _wrapper
 from cake_moe.reference import moe as ref
 
 E, K, H, I = 8, 2, 256, 128          # small geometry for plan() checks
@@ -161,23 +161,31 @@ def test_unprepare_refuses_what_prepare_did_not_make():
 
 def test_decide_contract_rows():
     w = CakeMxfp4MoEWrapper(**CONTRACT, **EP8)
+    assert w.capability == (9, 0)   # host only: an H200 is assumed, like the SM count
     d = w.decide(1)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "decode", 8, "n8_narrow")
     assert d.forms == ("moe_route", "fmt_mxfp8_dequantize", "mxfp4_moe_gemm1_n8_narrow", "mxfp4_moe_gemm2_n8_narrow",
                        "moe_finalize")
     assert w.decide(3).tile == "n8" and w.decide(3).forms[2] == "mxfp4_moe_gemm1_n8"
     d = w.decide(16384)
-    assert (d.supported, d.path, d.block_n) == (True, "prefill", 64)
-    assert d.forms[2:4] == ("mxfp4_moe_gemm1_n64", "mxfp4_moe_gemm2_n64")
+    assert (d.supported, d.path, d.block_n, d.tile) == (True, "prefill", 128, "wg128")
+    assert d.forms[2:4] == ("mxfp4_moe_gemm1_wg128", "mxfp4_moe_gemm2_wg128")
 
 
+_TP8 = (CONTRACT["top_k"], CONTRACT["num_experts"], CONTRACT["hidden_size"], TP8["intermediate_shard"])
+
+
+@pytest.mark.parametrize("sm90", [False, True])
 @pytest.mark.parametrize("t,path,bn", [(3, "decode", 8), (336, "decode", 8), (337, "mid", 32), (1344, "mid", 32),
-                                       (1345, "prefill", 64)])
-def test_decide_thresholds(t, path, bn):
-    """E=896, k=16: T*k/E = T/56, so the limits 6 and 24 fall at T = 336 and 1344."""
-    d = CakeMxfp4MoEWrapper(**CONTRACT, **TP8).decide(t)
-    assert (d.path, d.block_n) == (path, bn)
-    assert d.forms[2] == f"mxfp4_moe_gemm1_n{bn}"
+                                       (1345, "prefill", 64), (2688, "prefill", 64), (2689, "prefill", 128)])
+def test_decide_thresholds(t, path, bn, sm90):
+    """E=896, k=16: T*k/E = T/56, so the limits 6, 24 and 48 fall at T = 336, 1344 and 2688;
+    above 48 an sm_90 device takes the wgmma form (BN 128), other arches stay on BN 64."""
+    d = _decide.decide(t, *_TP8, sm90=sm90)
+    if bn == 128 and not sm90:
+        bn = 64
+    tile = "wg128" if bn == 128 else f"n{bn}"
+    assert (d.path, d.block_n, d.forms[2]) == (path, bn, f"mxfp4_moe_gemm1_{tile}")
 
 
 def test_decide_short_k_form_for_a_tp_shard():
@@ -189,7 +197,23 @@ def test_decide_short_k_form_for_a_tp_shard():
 def test_every_token_count_is_supported():
     w = CakeMxfp4MoEWrapper(**CONTRACT)
     assert all(w.decide(t).supported for t in range(1, 20001))
-    assert [w.decide(t).block_n for t in (1, 1000, 20000)] == [8, 32, 64]
+    assert [w.decide(t).block_n for t in (1, 1000, 20000)] == [8, 32, 128]
+    assert [_decide.decide(t, *_TP8).block_n for t in (1, 1000, 20000)] == [8, 32, 64]
+
+
+@pytest.mark.parametrize("tile,bn", [("n8", 8), ("n8_narrow", 8), ("n32", 32), ("n64", 64), ("wg128", 128)])
+def test_decide_forced_tile(tile, bn):
+    d = _decide.decide(20000, *_TP8, sm90=True, tile=tile)
+    assert (d.supported, d.path, d.block_n, d.tile) == (True, "forced", bn, tile)
+    gemm2 = "n8_shortk" if tile.startswith("n8") else tile    # K = 384 <= SHORT_K
+    assert d.forms[2:4] == (f"mxfp4_moe_gemm1_{tile}", f"mxfp4_moe_gemm2_{gemm2}")
+
+
+def test_decide_refuses_an_sm90_tile_elsewhere_and_unknown_tiles():
+    d = _decide.decide(64, *_TP8, sm90=False, tile="wg128")
+    assert not d.supported and "sm_90" in d.reason and d.forms == ()
+    with pytest.raises(ValueError, match="tile must be one of"):
+        _decide.decide(64, *_TP8, tile="n16")
 
 
 @pytest.mark.parametrize("t", [0, -1, 2.0, True])
@@ -308,9 +332,9 @@ def _plan_args(t: int = 5, packed: bool = False) -> tuple[CakeMxfp4MoEWrapper, d
     return w, a
 
 
-def _call(w: CakeMxfp4MoEWrapper, a: dict):
+def _call(w: CakeMxfp4MoEWrapper, a: dict, **kw):
     return w.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], a["w1"], a["w1_sf"], a["w2"], a["w2_sf"],
-                  beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"])
+                  beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"], **kw)
 
 
 def _set(**changes):
@@ -430,6 +454,7 @@ def fake_ext(monkeypatch):
     monkeypatch.setattr(_runtime, "stream_handle", lambda device: 1234)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: type("Props", (), {"multi_processor_count": 132})())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     return ext
 
 
@@ -463,7 +488,31 @@ def test_plan_binding_fp32_weights_and_tile(fake_ext):
     a["topk_weights"] = a["topk_weights"].float()
     plan = _call(w, a)
     (args, kwargs), = fake_ext.calls
-    assert args[4] == 1 and kwargs["tile"] == "n64" and plan.decision.path == "prefill"
+    assert args[4] == 1 and kwargs["tile"] == "wg128" and plan.decision.path == "prefill"
+
+
+def test_plan_forced_tile(fake_ext):
+    w, a = _cpu_wrapper_args(t=200)
+    plan = _call(w, a, tile="n32")
+    (_, kwargs), = fake_ext.calls
+    assert kwargs["tile"] == "n32" and plan.decision.path == "forced" and plan.decision.block_n == 32
+
+
+def test_plan_refuses_an_sm90_tile_on_another_arch(fake_ext):
+    w, a = _cpu_wrapper_args(t=200)
+    w.capability = (10, 0)
+    torch.cuda.get_device_capability = lambda device: (10, 0)  # fake_ext's monkeypatch restores it
+    with pytest.raises(ValueError, match="sm_90a form"):
+        _call(w, a, tile="wg128")
+    assert _call(w, a) is not None and fake_ext.calls[-1][1]["tile"] == "n64"
+
+
+def test_plan_refuses_another_capability(fake_ext):
+    w, a = _cpu_wrapper_args()
+    w.capability = (10, 0)
+    with pytest.raises(RuntimeError, match="compute capability"):
+        _call(w, a)
+    assert fake_ext.calls == []
 
 
 def test_plan_refuses_another_sm_count(fake_ext):

@@ -167,5 +167,30 @@ def _mxfp4_moe_forms() -> list[Form]:
     return forms
 
 
+# sm_90a family B prefill: (form suffix, BN, tiling alias, threads). RS wgmma with the weights
+# dequantized in registers (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh); the decision table takes it on
+# sm_90 devices for the prefill path.
+MXFP4_MOE_SM90_TILINGS = (("wg128", 128, "Sm90PrefillTiling", 256),)
+
+
+def _mxfp4_moe_sm90_forms() -> list[Form]:
+    forms = []
+    for suffix, bn, tiling, threads in MXFP4_MOE_SM90_TILINGS:
+        for stage in (1, 2):
+            alias = (f"cake_moe::mxfp4_moe::Sm90Mxfp4MoeGemm<cake_moe::mxfp4_moe::GemmStage::kGemm{stage}, "
+                     f"cake_moe::mxfp4_moe::{tiling}>")
+            prelude = "\n".join([
+                f"using Form = {alias};",
+                f"static_assert(Form::kThreads == {threads} && Form::kBN == {bn});",
+            ])
+            forms.append(Form(
+                f"mxfp4_moe_gemm{stage}_{suffix}", "mxfp4_moe", "mxfp4_moe/sm90_mxfp4_moe_gemm.cuh",
+                "cake_moe::mxfp4_moe::GemmParams",
+                (Kernel(f"cake_mxfp4_moe_gemm{stage}_{suffix}", "Form::run", threads=threads, min_blocks=1),),
+                {"stage": stage, "bn": bn, "tiling": tiling}, arches=("90a",), native=("90a",), prelude=prelude))
+    return forms
+
+
 FORMS: list[Form] = [*_format_forms(), *_grouped_gemm_sm90_forms(), *_grouped_gemm_sm90_wgrad_forms(),
-                     *_grouped_gemm_portable_forms(), *_moe_engine_forms(), *_mxfp4_moe_forms()]
+                     *_grouped_gemm_portable_forms(), *_moe_engine_forms(), *_mxfp4_moe_forms(),
+                     *_mxfp4_moe_sm90_forms()]

@@ -64,7 +64,8 @@ def cmd_bench(args) -> int:
         bench_gg.main(args.out, ops=tuple(args.ops.split(",")), sweep=args.sweep)
     elif args.what == "mxfp4-moe":
         from .bench import mxfp4_moe as bench_moe
-        bench_moe.main(args.out, tokens=tuple(args.tokens or bench_moe.TOKENS), layouts=args.layouts)
+        bench_moe.main(args.out, tokens=tuple(args.tokens or bench_moe.TOKENS), layouts=args.layouts,
+                       tiles=tuple(t for t in args.tiles.split(",") if t))
     return 0
 
 
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--tokens", type=int, nargs="+", default=None,
                    help="mxfp4-moe: token counts (default 1 4 16 64 256 1024 4096 16384)")
     b.add_argument("--layouts", default="ep8,tp8", type=_layouts, help="mxfp4-moe: comma list of ep8,tp8")
+    b.add_argument("--tiles", default="", help="mxfp4-moe: also time these tile forms (comma list, e.g. n64,wg128)")
     b.set_defaults(fn=cmd_bench)
     args = p.parse_args(argv)
     return args.fn(args)

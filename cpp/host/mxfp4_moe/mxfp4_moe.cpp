@@ -33,11 +33,12 @@ struct Bound {
 struct TilingInfo {
   int bn, bm, threads, smem;
   const char* suffix;  // form name suffix (forms.py MXFP4_MOE_TILINGS)
+  bool persistent;     // one CTA per SM walks the work items (else one CTA per item)
 };
 
 template <typename Cfg>
-constexpr TilingInfo info(const char* suffix) {
-  return {Cfg::kBN, Cfg::kBM, Cfg::kThreads, Cfg::kSmemBytes, suffix};
+constexpr TilingInfo info(const char* suffix, bool persistent = false) {
+  return {Cfg::kBN, Cfg::kBM, Cfg::kThreads, Cfg::kSmemBytes, suffix, persistent};
 }
 
 // The tiling of one GEMM: the decision table's tile form, except that the BN 8 forms take the
@@ -49,7 +50,8 @@ TilingInfo tiling_for(const std::string& tile, int k) {
   }
   if (tile == "n32") return info<MidTiling>("n32");
   if (tile == "n64") return info<PrefillTiling>("n64");
-  throw ValueError("tile must be n8, n8_narrow, n32 or n64, got " + tile);
+  if (tile == "wg128") return info<Sm90PrefillTiling>("wg128", true);  // sm_90a only: Python checks the device
+  throw ValueError("tile must be n8, n8_narrow, n32, n64 or wg128, got " + tile);
 }
 
 class Mxfp4MoePlan final : public Plan {
@@ -130,7 +132,8 @@ class Mxfp4MoePlan final : public Plan {
     b.form = form;
     b.kernel = runtime::get_kernel(form, ("cake_" + form).c_str(), device_);
     runtime::set_max_dynamic_smem(b.kernel, device_, unsigned(tl.smem));
-    b.cfg.grid[0] = unsigned(std::max<int64_t>(ctas, 1));
+    const int64_t grid = tl.persistent ? std::min<int64_t>(ctas, runtime::device_sm_count(device_)) : ctas;
+    b.cfg.grid[0] = unsigned(std::max<int64_t>(grid, 1));
     b.cfg.block[0] = unsigned(tl.threads);
     b.cfg.smem_bytes = unsigned(tl.smem);
     b.params = params;

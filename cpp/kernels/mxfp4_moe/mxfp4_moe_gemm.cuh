@@ -133,39 +133,49 @@ struct Mxfp4MoeGemm {
     for (int j = 0; j < kBIters; ++j) {
       const int r = threadIdx.x / kBChunks + j * kBRowStep;
       const bool ok = b_k_ok && l.b_row[j] >= 0;
-      ptx::cp_async_16(b_base + r * Cfg::kBRowBytes + 16 * b_chunk(r, c),
+      ptx::cp_async_16(b_base + Cfg::b_offset(r, c),
                        ok ? p.b + int64_t(l.b_row[j]) * p.k + k0 + l.b_k : p.b, ok);
     }
+  }
+
+  // kMB m16 blocks of weight rows from `row0` (block mb: rows row0 + 16 mb + g, + 8) of 64-element
+  // unit u of K slice wk in ring slot `slot`: per block the two prepared words of rows g and g + 8
+  // and their two UE8M0 codes (byte i: k32 block i). Returns whether any lane of the warp holds
+  // a block code that needs the two-multiply path.
+  template <int kMB>
+  __device__ static __forceinline__ bool load_unit_weights(const Smem& sm, int slot, int row0, int wk, int u,
+                                                           uint2 (&wrow)[kMB][2], uint32_t (&codes)[kMB][2]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const uint8_t* ws = sm.w(slot);
+    const uint8_t* sfs = sm.sf(slot);
+    const int chunk = (wk * 128 + u * 64) / 32;  // first 16-byte chunk of the unit in the row
+#pragma unroll
+    for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + mb * 16 + g + 8 * h;
+        wrow[mb][h] = *reinterpret_cast<const uint2*>(ws + r * Cfg::kWRowBytes + 16 * w_chunk(r, chunk + (q >> 1)) +
+                                                      8 * (q & 1));
+        codes[mb][h] = *reinterpret_cast<const uint16_t*>(sfs + r * Cfg::kSfRowBytes + wk * 4 + u * 2);
+      }
+    }
+    bool any_big = false;
+#pragma unroll
+    for (int mb = 0; mb < kMB; ++mb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        any_big |= (codes[mb][h] & 0xFFu) > kBigScaleCode || (codes[mb][h] >> 8) > kBigScaleCode;
+    return __any_sync(0xFFFFFFFFu, any_big);
   }
 
   // One stage of the warp's K slice: two 64-element units, four k16 sub-steps each.
   __device__ static __forceinline__ void compute_stage(const Smem& sm, int slot, int wm, int wk,
                                                        float (&acc)[4][kNBlocks][4]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const uint8_t* ws = sm.w(slot);
-    const uint8_t* sfs = sm.sf(slot);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      const int chunk = (wk * 128 + u * 64) / 32;  // first 16-byte chunk of the unit in the row
       uint2 wrow[4][2];
-      uint32_t codes[4][2];  // [m16 block][row g / g + 8]: UE8M0 codes of the unit's two blocks
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = wm * 64 + mb * 16 + g + 8 * h;
-          wrow[mb][h] = *reinterpret_cast<const uint2*>(ws + r * Cfg::kWRowBytes + 16 * w_chunk(r, chunk + (q >> 1)) +
-                                                        8 * (q & 1));
-          codes[mb][h] = *reinterpret_cast<const uint16_t*>(sfs + r * Cfg::kSfRowBytes + wk * 4 + u * 2);
-        }
-      }
-      bool any_big = false;
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          any_big |= (codes[mb][h] & 0xFFu) > kBigScaleCode || (codes[mb][h] >> 8) > kBigScaleCode;
-      if (__any_sync(0xFFFFFFFFu, any_big)) {
+      uint32_t codes[4][2];
+      if (load_unit_weights(sm, slot, wm * 64, wk, u, wrow, codes)) {
         compute_unit<true>(sm, slot, wk, u, wrow, codes, acc);
       } else {
         compute_unit<false>(sm, slot, wk, u, wrow, codes, acc);
@@ -238,14 +248,15 @@ struct Mxfp4MoeGemm {
   // GEMM1 epilogue. Thread (g, q) of m16 block mb holds up (c0, c1) and gate (c2, c3) of
   // intermediate column j = j0 + 4g + mb for sorted rows 2q, 2q + 1 of each n8 block; the warp's
   // 32 columns j0.. are one MXFP8 block per row: amax over the 4 blocks and the 8 lanes g.
-  __device__ static void epilogue_gemm1(const GemmParams& p, const Tile& t, int wm, float (&acc)[4][kNBlocks][4]) {
+  template <int kNB>
+  __device__ static void epilogue_gemm1(const GemmParams& p, const Tile& t, int wm, float (&acc)[4][kNB][4]) {
     using namespace numerics;
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const float beta = p.beta[t.expert], lbeta = p.linear_beta[t.expert];
     const int inter = p.m / 2;
     const int j0 = (t.m0 + wm * 64) / 2;
 #pragma unroll
-    for (int nb = 0; nb < kNBlocks; ++nb) {
+    for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         float v[4];
@@ -293,12 +304,13 @@ struct Mxfp4MoeGemm {
 
   // GEMM2 epilogue. Thread (g, q) of m16 block mb holds output columns h0 + 8g + 2mb (c0, c1)
   // and + 1 (c2, c3) for rows 2q, 2q + 1: eight consecutive columns per row, one 16-byte store.
-  __device__ static void epilogue_gemm2(const GemmParams& p, const Tile& t, int wm, float (&acc)[4][kNBlocks][4]) {
+  template <int kNB>
+  __device__ static void epilogue_gemm2(const GemmParams& p, const Tile& t, int wm, float (&acc)[4][kNB][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int h0 = t.m0 + wm * 64;
     if (h0 >= p.m) return;
 #pragma unroll
-    for (int nb = 0; nb < kNBlocks; ++nb) {
+    for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         uint32_t out[4];

@@ -47,6 +47,30 @@ struct Tiling {
   static constexpr int kSmemBytes = kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
   static_assert(kBN % 8 == 0 && kBN >= moe::kMinBlockN, "token tiles are whole n8 blocks");
   static_assert(kWRowBytes % 64 == 0, "weight rows are whole 64-byte units per stage");
+
+  // Byte offset of 16-byte chunk `chunk` of token row `row` in a stage's activation tile: rows
+  // of kBRowBytes, chunks XOR-swizzled by the row so the ldmatrix reads of 8 rows are conflict-free.
+  static constexpr int b_offset(int row, int chunk) { return row * kBRowBytes + 16 * (chunk ^ (row & 7)); }
+};
+
+// sm_90a prefill (sm90_mxfp4_moe_gemm.cuh): a CTA computes 256 weight rows x 128 token rows with
+// two warpgroups of 128 weight rows each, by RS wgmma m64n128k16 (dequantized weights from
+// registers as A, the token rows from shared memory as B). A stage's token rows are two K-major
+// tiles (one per 64-wide K half) in the 128-byte swizzle wgmma reads: 128 rows x 128 B, 8-row atoms.
+// Past the ring: each warp's per-row MXFP8 amax partials for the GEMM1 epilogue.
+struct Sm90PrefillTiling : Tiling<128, 4, 1, 4> {
+  static constexpr int kWarpGroups = 2;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kBTileBytes = kBN * 128;  // one K half of a stage's token rows
+  static constexpr int kAmaxOffset = kStages * kStageBytes;
+  static constexpr int kSmemBytes = kAmaxOffset + kThreads / 32 * kBN * 4;
+  static constexpr int b_offset(int row, int chunk) {
+    return (chunk / 8) * kBTileBytes + row * 128 + 16 * ((chunk % 8) ^ (row & 7));
+  }
+  static_assert(kKStage == 128, "a stage is two 64-wide K halves");
+  static_assert(kBM == 64 * 2 * kWarpGroups, "a warpgroup owns two 64-row prepared groups");
+  static_assert(kBM * (kWRowBytes + kSfRowBytes) % 1024 == 0 && kStageBytes % 1024 == 0,
+                "every B tile starts on a 1024-byte swizzle atom");
 };
 
 // The shipped tilings (forms.py instantiates them; the decision table picks by expected rows

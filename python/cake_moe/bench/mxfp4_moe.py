@@ -133,7 +133,7 @@ def _cycle(fns):
     return call
 
 
-def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: int):
+def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: int, tile: str | None = None):
     """Plans (and naive calls on the same inputs) for T tokens: ROTATIONS routings for decode
     rows, one otherwise; with the mean routed-expert and local-route counts."""
     n = ROTATIONS if t <= ROTATE_MAX_T else 1
@@ -143,7 +143,7 @@ def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: in
         out = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
         ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")  # one per plan
         plans.append(runner.plan(x, x_sf, ids, w, prepared["w1"], prepared["w1_sf"], prepared["w2"], prepared["w2_sf"],
-                                 beta=beta, linear_beta=lbeta, workspace=ws, output=out).run)
+                                 beta=beta, linear_beta=lbeta, workspace=ws, output=out, tile=tile).run)
         naive.append(lambda a=(x, x_sf, ids, w): naive_layer(*a, *bank16, beta, lbeta, num_experts=E, offset=offset))
         outs.append(out)
         local = ids.long() - offset
@@ -153,14 +153,16 @@ def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: in
     return plans, naive, outs, experts / n, routes / n
 
 
-def _row(layout: str, t: int, runner, prepared, bank16, beta, lbeta, gen, copy_bw: float) -> dict:
+def _row(layout: str, t: int, runner, prepared, bank16, beta, lbeta, gen, copy_bw: float,
+         tile: str | None = None) -> dict:
     l, offset, i_shard = layout_dims(layout)
-    d = runner.decide(t)
+    d = runner.decide(t, tile=tile)
     row = {"op": "mxfp4_moe", "layout": layout, "shape": [H, I, E, TOP_K], "T": t, "path": getattr(d, "path", None),
-           "block_n": getattr(d, "block_n", None), "gpu": timing.gpu_name(), "date": datetime.date.today().isoformat()}
+           "block_n": getattr(d, "block_n", None), "tile": d.tile, "gpu": timing.gpu_name(),
+           "date": datetime.date.today().isoformat()}
     if not d.supported:
         return dict(row, skipped=str(d.reason))
-    plans, naive, outs, experts, routes = _bind(t, runner, prepared, bank16, beta, lbeta, gen, l, offset)
+    plans, naive, outs, experts, routes = _bind(t, runner, prepared, bank16, beta, lbeta, gen, l, offset, tile)
     calls = 48 if len(plans) > 1 else 20
     ours_ms = _time(_cycle(plans), t, calls)
     naive_ms, diff = float("nan"), None
@@ -180,7 +182,8 @@ def _row(layout: str, t: int, runner, prepared, bank16, beta, lbeta, gen, copy_b
                 peer_us_perf_md=PEER_TP8_US.get(t) if layout == "tp8" else None)
 
 
-def run(tokens=TOKENS, layouts=tuple(LAYOUTS)) -> list[dict]:
+def run(tokens=TOKENS, layouts=tuple(LAYOUTS), tiles: tuple[str, ...] = ()) -> list[dict]:
+    """The grid; ``tiles``: forms also timed (forced) beside the decision table's own choice."""
     from ..mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
     copy_bw = timing.copy_bandwidth(1 << 30)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -194,35 +197,37 @@ def run(tokens=TOKENS, layouts=tuple(LAYOUTS)) -> list[dict]:
         beta, lbeta = random_situ(l, gen)
         runner = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS[layout])
         for t in tokens:
-            rows.append(_row(layout, t, runner, prepared, bank16, beta, lbeta, gen, copy_bw))
-            r = rows[-1]
-            if "skipped" in r:
-                print(f"{layout} T={t:6}: not run ({r['skipped']})", flush=True)
-                continue
-            print(f"{layout} T={t:6} {str(r['path']):10} ours {r['ours_us']:9.1f} us  naive {r['naive_us']:9.1f} us  "
-                  f"x{r['speedup']:6.1f}  {r['eff_bw_frac']:5.2f} of copy  {r['tflops']:6.1f} TF/s", flush=True)
+            for tile in (None, *(x for x in tiles if x != runner.decide(t).tile)):
+                rows.append(_row(layout, t, runner, prepared, bank16, beta, lbeta, gen, copy_bw, tile))
+                r = rows[-1]
+                if "skipped" in r:
+                    print(f"{layout} T={t:6} {r['tile']}: not run ({r['skipped']})", flush=True)
+                    continue
+                print(f"{layout} T={t:6} {str(r['path']):8} {r['tile']:9} ours {r['ours_us']:9.1f} us  naive "
+                      f"{r['naive_us']:9.1f} us  x{r['speedup']:6.1f}  {r['eff_bw_frac']:5.2f} of copy  "
+                      f"{r['tflops']:6.1f} TF/s", flush=True)
         del prepared, bank16
         torch.cuda.empty_cache()
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| layout | T | path | ours (us) | naive (us) | vs naive | routed experts | eff. TB/s | of copy | TFLOP/s "
-             "| peer (us, PERF.md) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| layout | T | path | tile | ours (us) | naive (us) | vs naive | routed experts | eff. TB/s | of copy | TFLOP/s "
+             "| peer (us, PERF.md) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['layout']} | {r['T']} | not run: {r['skipped']} |" + " |" * 8)
+            lines.append(f"| {r['layout']} | {r['T']} | not run: {r['skipped']} |" + " |" * 9)
             continue
         peer = r.get("peer_us_perf_md")
-        lines.append(f"| {r['layout']} | {r['T']} | {r['path']} | {r['ours_us']:.1f} | {r['naive_us']:.1f} | "
+        lines.append(f"| {r['layout']} | {r['T']} | {r['path']} | {r['tile']} | {r['ours_us']:.1f} | {r['naive_us']:.1f} | "
                      f"{r['speedup']:.1f} | {r['routed_experts']:.1f} | {r['bytes'] / r['ours_us'] / 1e6:.2f} | "
                      f"{r['eff_bw_frac']:.2f} | {r['tflops']:.0f} | {peer if peer else '-'} |")
     return "\n".join(lines)
 
 
 def summary(rows: list[dict]) -> str:
-    """The PERF.md family-B targets, row by row."""
-    rs = [r for r in rows if "skipped" not in r]
+    """The PERF.md family-B targets, row by row (the decision table's rows, not forced tiles)."""
+    rs = [r for r in rows if "skipped" not in r and r["path"] != "forced"]
     out = []
 
     def verdict(name, sel, ok):
@@ -251,8 +256,8 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main(out_prefix: str | None = None, tokens=TOKENS, layouts=tuple(LAYOUTS)) -> list[dict]:
-    rows = run(tokens, layouts)
+def main(out_prefix: str | None = None, tokens=TOKENS, layouts=tuple(LAYOUTS), tiles: tuple[str, ...] = ()) -> list[dict]:
+    rows = run(tokens, layouts, tiles)
     md, summ = markdown(rows), summary(rows)
     print(md)
     print(summ)

@@ -25,7 +25,14 @@ BLOCK_NS: tuple[int, ...] = tuple(row[2] for row in TILE_TABLE)
 # CTAs: the narrow decode tiling (64 weight rows per CTA, eight warps splitting K) keeps more SMs
 # streaming.
 NARROW_ROUTES = 16
-TILES: tuple[str, ...] = ("n8", "n8_narrow", "n32", "n64")
+# sm_90 devices run the prefill path on the wgmma form (128 token rows per tile) once an expert
+# expects more than this many routes; the mma.sync forms serve every arch. Measured on the H200
+# (docs/mxfp4_moe.md): n64 wins at 36.6 routes per expert (T = 2048) in both contract layouts,
+# wg128 at 73 (T = 4096); at 54.9 (T = 3072) wg128 wins ep8 by 1.38x and loses tp8 by 1.25x.
+PREFILL_WG_MIN_LOAD = 48
+SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", 128, "wg128")
+SM90_TILES: tuple[str, ...] = ("wg128",)
+TILES: tuple[str, ...] = ("n8", "n8_narrow", "n32", "n64", *SM90_TILES)
 # At BN 8 a GEMM whose reduction length K is at most this uses the short-K tiling (256 weight
 # rows per CTA instead of eight warps splitting K): kShortK in cpp/kernels/mxfp4_moe/params.hpp.
 SHORT_K = 1024
@@ -50,6 +57,9 @@ def gemm_forms(tile: str, hidden: int, inter: int) -> tuple[str, str]:
     if tile not in TILES:
         raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
 
+    if tile in SM90_TILES:
+        return f"mxfp4_moe_gemm1_{tile}", f"mxfp4_moe_gemm2_{tile}"
+
     def suffix(k: int) -> str:
         return "n8_shortk" if tile.startswith("n8") and k <= SHORT_K else tile
     return f"mxfp4_moe_gemm1_{suffix(hidden)}", f"mxfp4_moe_gemm2_{suffix(inter)}"
@@ -60,15 +70,26 @@ def routes_per_expert(num_tokens: int, top_k: int, num_experts: int) -> float:
     return num_tokens * top_k / num_experts
 
 
-def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int) -> PlanDecision:
+def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, *, sm90: bool = False,
+           tile: str | None = None) -> PlanDecision:
     """The decision for ``num_tokens`` tokens of a layer with ``hidden`` and ``inter`` (the
-    rank's intermediate shard); every T >= 1 is served."""
+    rank's intermediate shard); every T >= 1 is served. ``sm90``: the device runs the sm_90a
+    forms. ``tile`` forces a tile form (benchmarks and tests); an sm_90a form needs ``sm90``."""
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
         return PlanDecision(False, f"num_tokens must be an int >= 1, got {num_tokens!r}", "none", 0, ())
     load = routes_per_expert(num_tokens, top_k, num_experts)
-    _, path, block_n, tile = next(row for row in TILE_TABLE if load <= row[0])
+    _, path, block_n, chosen = next(row for row in TILE_TABLE if load <= row[0])
     if block_n == 8 and num_tokens * top_k <= NARROW_ROUTES:
-        tile = "n8_narrow"
-    reason = f"T*k/E = {load:g} routes per expert: {path} tiles of BN={block_n} token rows ({tile})"
-    forms = (ROUTE_FORM, DEQUANT_FORM, *gemm_forms(tile, hidden, inter), FINALIZE_FORM)
-    return PlanDecision(True, reason, path, block_n, forms, tile)
+        chosen = "n8_narrow"
+    if sm90 and load > PREFILL_WG_MIN_LOAD:
+        _, path, block_n, chosen = SM90_PREFILL
+    if tile is not None:
+        if tile not in TILES:
+            raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
+        if tile in SM90_TILES and not sm90:
+            return PlanDecision(False, f"tile {tile!r} is an sm_90a form; this device is not sm_90", "none", 0, ())
+        chosen, path = tile, "forced"
+        block_n = SM90_PREFILL[2] if tile in SM90_TILES else int(tile[1:].split("_")[0])
+    reason = f"T*k/E = {load:g} routes per expert: {path} tiles of BN={block_n} token rows ({chosen})"
+    forms = (ROUTE_FORM, DEQUANT_FORM, *gemm_forms(chosen, hidden, inter), FINALIZE_FORM)
+    return PlanDecision(True, reason, path, block_n, forms, chosen)

@@ -16,6 +16,7 @@ from ._decide import PlanDecision
 from ._prepare import LAYOUT
 
 HOST_ONLY_SM_COUNT = 132     # H100 SXM / H200: the SM count assumed when no CUDA device is visible
+HOST_ONLY_CAPABILITY = (9, 0)  # and the compute capability
 MAX_TOP_K = 32
 MAX_EXPERTS = 1024
 WORKSPACE_ALIGN = 256
@@ -159,6 +160,8 @@ class CakeMxfp4MoEWrapper:
             sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
                         if torch.cuda.is_available() else HOST_ONLY_SM_COUNT)
         self.sm_count = _positive_int(sm_count, "sm_count")
+        self.capability = (tuple(torch.cuda.get_device_capability(self.device)) if torch.cuda.is_available()
+                           else HOST_ONLY_CAPABILITY)
 
     @staticmethod
     def _resolve_device(device) -> torch.device:
@@ -173,9 +176,11 @@ class CakeMxfp4MoEWrapper:
 
     # ------------------------------------------------------------------ host-only queries
 
-    def decide(self, num_tokens: int) -> PlanDecision:
-        """The tile form ``plan()`` uses for ``num_tokens`` tokens (host only)."""
-        return _decide.decide(num_tokens, self.top_k, self.num_experts, self.hidden_size, self.intermediate_shard)
+    def decide(self, num_tokens: int, *, tile: str | None = None) -> PlanDecision:
+        """The tile form ``plan()`` uses for ``num_tokens`` tokens (host only); ``tile`` forces
+        one of ``_decide.TILES`` (the sm_90a forms only on a compute capability 9.0 device)."""
+        return _decide.decide(num_tokens, self.top_k, self.num_experts, self.hidden_size, self.intermediate_shard,
+                              sm90=self.capability == (9, 0), tile=tile)
 
     def get_workspace_size(self, num_tokens: int | None = None, *, max_tokens: int | None = None) -> int:
         """Workspace bytes for ``num_tokens`` tokens (host only). The size is monotonic in T, so
@@ -238,7 +243,7 @@ class CakeMxfp4MoEWrapper:
     def plan(self, x: torch.Tensor, x_sf: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor | None,
              w1, w1_sf: torch.Tensor | None = None, w2: torch.Tensor | None = None,
              w2_sf: torch.Tensor | None = None, *, beta: torch.Tensor, linear_beta: torch.Tensor,
-             workspace: torch.Tensor, output: torch.Tensor) -> Mxfp4MoEPlan:
+             workspace: torch.Tensor, output: torch.Tensor, tile: str | None = None) -> Mxfp4MoEPlan:
         """Validate and bind caller-owned buffers for ``T = x.shape[0]`` tokens, load the kernels
         and run once (a warm-up that writes ``output``). Call it outside graph capture.
 
@@ -248,7 +253,9 @@ class CakeMxfp4MoEWrapper:
         :func:`prepare_cake_mxfp4_weights` as ``w1``, or its four tensors); beta, linear_beta
         fp32 [L]; workspace uint8 [>= get_workspace_size(T)], 256-byte aligned; output [T, H]
         bf16. Every tensor is contiguous and on the wrapper's device; output and workspace
-        share no memory with each other or with any input.
+        share no memory with each other or with any input. ``tile`` overrides the decision
+        table's tile form (see :meth:`decide`). Forms sum K in different orders: each is
+        repeatable to the bit, two forms agree to rounding.
         """
         if _capturing():
             raise RuntimeError("CakeMxfp4MoEWrapper.plan() cannot run during CUDA graph capture: plan outside "
@@ -260,7 +267,7 @@ class CakeMxfp4MoEWrapper:
         num_tokens = x.shape[0]
         if x.shape[1] != self.hidden_size:
             raise ValueError(f"x must have hidden_size={self.hidden_size} columns, got shape {tuple(x.shape)}")
-        decision = self.decide(num_tokens)
+        decision = self.decide(num_tokens, tile=tile)
         if not decision.supported:
             raise ValueError(f"x: {decision.reason}")
         if num_tokens * self.top_k > _INT32_MAX:
@@ -283,6 +290,10 @@ class CakeMxfp4MoEWrapper:
         if sms != self.sm_count:
             raise RuntimeError(f"{self.device} has {sms} SMs but this wrapper was configured for "
                                f"sm_count={self.sm_count}; build a wrapper for this device")
+        cap = tuple(torch.cuda.get_device_capability(self.device))
+        if cap != self.capability:
+            raise RuntimeError(f"{self.device} has compute capability {cap} but this wrapper was configured "
+                               f"for {self.capability}; build a wrapper for this device")
         _runtime.require_served(self.device, "mxfp4_moe")
         weights_kind = _WEIGHT_KIND[None if topk_weights is None else topk_weights.dtype]
         bound = _runtime.ext().mxfp4_moe_plan(

@@ -5,12 +5,10 @@
 
 #include <cstdint>
 
+#include "common/ptx/smem.cuh"
+
 namespace cake_moe {
 namespace ptx {
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Initialise a barrier that completes a phase after `count` arrivals (plus any
 // expected transaction bytes).

@@ -4,11 +4,9 @@
 #pragma once
 #include <cstdint>
 
-namespace cake_moe::ptx {
+#include "common/ptx/smem.cuh"
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+namespace cake_moe::ptx {
 
 // 16-byte global -> shared copy bypassing L1; `valid` false: 16 zero bytes, nothing read.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
