@@ -34,10 +34,19 @@ def _nibble(row: list[int], element: int) -> int:
     return byte >> 4 if element % 2 else byte & 0xF
 
 
+def _bit(r: int, h: int, b: int) -> int:
+    """The doc's bit table: bit b (0 mantissa, 1-2 exponent, 3 sign) of register slot r, half h
+    of a prepared 32-bit word."""
+    if r < 3:
+        return ((6, 7, 8, 15)[b] + 16 * h - (0, 3, 13)[r]) % 32
+    return (14, 0, 1, 13)[b] + 16 * h
+
+
 def _slow_prepare_rows(canonical: torch.Tensor, canon_row, weights: bool) -> torch.Tensor:
     """The doc's formulas, one element at a time: prepared row P of expert e is canonical row
-    canon_row(P); with ``weights``, prepared nibble slot (q, wi, p) of chunk c holds canonical
-    element 64c + 16s + 8h + 2q + odd, R = 4wi + p%4, s = R//2, h = R%2, odd = p//4."""
+    canon_row(P); with ``weights``, slot (q, wi, p) of chunk c (word 8q + 4wi of the chunk's bytes)
+    holds canonical element 64c + 16s + 8h + 2q + odd, R = 4wi + p%4, s = R//2, h = R%2,
+    odd = p//4, its bits spread by the bit table (register slot p%4, half p//4)."""
     num_local, rows, cols = canonical.shape
     out = torch.empty_like(canonical)
     for e in range(num_local):
@@ -54,8 +63,10 @@ def _slow_prepare_rows(canonical: torch.Tensor, canon_row, weights: bool) -> tor
                         for p in range(8):
                             r = 4 * wi + p % 4
                             element = 64 * c + 16 * (r // 2) + 8 * (r % 2) + 2 * q + p // 4
-                            byte = 32 * c + 8 * q + 4 * wi + p // 2
-                            new[byte] |= _nibble(row, element) << (4 if p % 2 else 0)
+                            v = _nibble(row, element)
+                            for b in range(4):
+                                pos = _bit(p % 4, p // 4, b)
+                                new[32 * c + 8 * q + 4 * wi + pos // 8] |= ((v >> b) & 1) << (pos % 8)
             out[e, prow] = torch.tensor(new, dtype=torch.uint8)
     return out
 
@@ -85,6 +96,37 @@ def test_prepare_matches_the_doc_formulas_element_by_element(hidden, inter):
     assert torch.equal(p["w2_sf"], _slow_prepare_rows(w2s, _w2_row, weights=False))
 
 
+def test_bit_table_is_a_permutation_and_matches_the_module():
+    from cake_moe.mxfp4_moe import _prepare
+    slots = [(r, h, b) for r in range(4) for h in range(2) for b in range(4)]
+    assert sorted(_bit(*x) for x in slots) == list(range(32))
+    assert all(_prepare.bit_position(*x) == _bit(*x) for x in slots)
+
+
+def _extract(word: int, r: int) -> int:
+    """The kernel's extraction of register slot r (weight_fragments.cuh), in Python."""
+    rotl = lambda x, k: ((x << k) | (x >> (32 - k))) & 0xFFFFFFFF if k else x  # noqa: E731
+    if r < 3:
+        return rotl(word, (0, 3, 13)[r]) & 0x81C081C0
+    return ((word << 7) & 0x01800180) | ((word >> 8) & 0x00400040) | ((word << 2) & 0x80008000)
+
+
+def test_kernel_extraction_yields_the_bf16_patterns():
+    """Every slot's nibble comes out as the BF16x2 pattern 2^-126 * E2M1 (magnitude at bits 6-8,
+    sign at 15, + 16 for the high half), whatever the other slots hold."""
+    g = torch.Generator().manual_seed(7)
+    for _ in range(200):
+        nibbles = torch.randint(0, 16, (8,), generator=g).tolist()
+        word = 0
+        for p, v in enumerate(nibbles):
+            for b in range(4):
+                word |= ((v >> b) & 1) << _bit(p % 4, p // 4, b)
+        for r in range(4):
+            lo, hi = nibbles[r], nibbles[r + 4]
+            want = ((lo & 7) << 6) | ((lo >> 3) << 15) | ((hi & 7) << 22) | ((hi >> 3) << 31)
+            assert _extract(word, r) == want
+
+
 def test_prepare_pairs_up_and_gate_of_one_column():
     """Prepared w1 rows r and r + 8 of a group are up and gate of the same intermediate column;
     the scale rows move with them (the scale column here carries the canonical row number)."""
@@ -104,7 +146,7 @@ def test_prepare_round_trip(shape):
     bank = _bank(num_local, hidden, inter, seed=sum(shape))
     before = [t.clone() for t in bank]
     p = prepare_cake_mxfp4_weights(*bank)
-    assert p["layout"] == "cake_mma_v1"
+    assert p["layout"] == "cake_mma_v2"
     assert (p["num_local_experts"], p["hidden_size"], p["intermediate_shard"]) == shape
     for name, canonical in zip(("w1", "w1_sf", "w2", "w2_sf"), bank):
         t = p[name]
@@ -402,7 +444,7 @@ def test_plan_checks_the_device_last(packed):
 
 def test_plan_accepts_the_prepared_dict():
     w, a = _plan_args()
-    prepared = dict(w1=a["w1"], w1_sf=a["w1_sf"], w2=a["w2"], w2_sf=a["w2_sf"], layout="cake_mma_v1",
+    prepared = dict(w1=a["w1"], w1_sf=a["w1_sf"], w2=a["w2"], w2_sf=a["w2_sf"], layout="cake_mma_v2",
                     num_local_experts=E, hidden_size=H, intermediate_shard=I)
     common = dict(beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"])
     with pytest.raises(ValueError, match="is on cpu"):

@@ -140,10 +140,9 @@ struct Mxfp4MoeGemm {
 
   // kMB m16 blocks of weight rows from `row0` (block mb: rows row0 + 16 mb + g, + 8) of 64-element
   // unit u of K slice wk in ring slot `slot`: per block the two prepared words of rows g and g + 8
-  // and their two UE8M0 codes (byte i: k32 block i). Returns whether any lane of the warp holds
-  // a block code that needs the two-multiply path.
+  // and their two UE8M0 codes (byte i: k32 block i).
   template <int kMB>
-  __device__ static __forceinline__ bool load_unit_weights(const Smem& sm, int slot, int row0, int wk, int u,
+  __device__ static __forceinline__ void load_unit_weights(const Smem& sm, int slot, int row0, int wk, int u,
                                                            uint2 (&wrow)[kMB][2], uint32_t (&codes)[kMB][2]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const uint8_t* ws = sm.w(slot);
@@ -159,6 +158,11 @@ struct Mxfp4MoeGemm {
         codes[mb][h] = *reinterpret_cast<const uint16_t*>(sfs + r * Cfg::kSfRowBytes + wk * 4 + u * 2);
       }
     }
+  }
+
+  // Whether any lane of the warp holds a block code that needs the two-multiply conversion.
+  template <int kMB>
+  __device__ static __forceinline__ bool warp_needs_big(const uint32_t (&codes)[kMB][2]) {
     bool any_big = false;
 #pragma unroll
     for (int mb = 0; mb < kMB; ++mb)
@@ -175,7 +179,8 @@ struct Mxfp4MoeGemm {
     for (int u = 0; u < 2; ++u) {
       uint2 wrow[4][2];
       uint32_t codes[4][2];
-      if (load_unit_weights(sm, slot, wm * 64, wk, u, wrow, codes)) {
+      load_unit_weights(sm, slot, wm * 64, wk, u, wrow, codes);
+      if (warp_needs_big(codes)) {
         compute_unit<true>(sm, slot, wk, u, wrow, codes, acc);
       } else {
         compute_unit<false>(sm, slot, wk, u, wrow, codes, acc);

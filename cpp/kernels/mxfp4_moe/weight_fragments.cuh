@@ -1,8 +1,8 @@
-// MXFP4 weight rows of the prepared layout (cake_mma_v1) -> BF16 mma.sync A fragments.
+// MXFP4 weight rows of the prepared layout (cake_mma_v2) -> BF16 mma.sync / wgmma A fragments.
 //
 // Per row and 64 elements of K, lane q of a quad owns prepared bytes 8q..8q+7 (two words). Word
-// wi, nibble pair (r, r + 4) is one bf16x2 fragment register R = 4 wi + r: sub-step s = R / 2,
-// half h = R % 2 (k + 8), low/high halves = even/odd k (docs/mxfp4_moe.md).
+// wi, register slot r (0..3), halves h = 0, 1 is one bf16x2 fragment register R = 4 wi + r:
+// sub-step s = R / 2, half R % 2 (k + 8), low/high halves = even/odd k (docs/mxfp4_moe.md).
 //
 // Conversion is exact. The E2M1 magnitude bits placed at BF16 bits 6..8 (sign at bit 15) read as
 // 2^-126 times the E2M1 value (code 1 becomes the BF16 subnormal 2^-127 = 0.5 * 2^-126). One
@@ -18,15 +18,22 @@ namespace cake_moe::mxfp4_moe {
 
 constexpr uint32_t kBigScaleCode = 128;  // codes above: 2^(code - 1) is not a BF16 value
 
-// Nibbles r (bits 4r..4r+3) and r + 4 (16 + 4r..) of `word` as bf16x2 patterns times 2^-126:
-// magnitude bits to 6..8 / 22..24, sign bits to 15 / 31.
+// Register slot r of a prepared word as a bf16x2 pattern times 2^-126: magnitude bits at 6..8 /
+// 22..24, sign bits at 15 / 31, everything else zero. prepare_cake_mxfp4_weights spreads each
+// slot's bits so that slots 0..2 are one rotate (by 0, 3, 13) and one mask; slot 3 takes three
+// shifts (its bits sit at 14, 0, 1, 13 + 16h). The bit table is _prepare.bit_position.
 template <int kR>
 __device__ __forceinline__ uint32_t e2m1x2_scaled_down(uint32_t word) {
-  constexpr int kMagShift = 6 - 4 * kR;   // left for r <= 1, right for r >= 2
-  constexpr int kSignShift = 12 - 4 * kR;  // >= 0
-  const uint32_t mag = kMagShift >= 0 ? word << (kMagShift >= 0 ? kMagShift : 0)
-                                      : word >> (kMagShift < 0 ? -kMagShift : 0);
-  return (mag & 0x01C001C0u) | ((word << kSignShift) & 0x80008000u);
+  constexpr uint32_t kMask = 0x81C081C0u;
+  if constexpr (kR == 0) {
+    return word & kMask;
+  } else if constexpr (kR == 1) {
+    return __funnelshift_l(word, word, 3) & kMask;
+  } else if constexpr (kR == 2) {
+    return __funnelshift_l(word, word, 13) & kMask;
+  } else {
+    return ((word << 7) & 0x01800180u) | ((word >> 8) & 0x00400040u) | ((word << 2) & 0x80008000u);
+  }
 }
 
 // The bf16x2 factors of a block with UE8M0 `code`: first = 2^(code - 1) (codes <= 128) or 2^126,

@@ -1,4 +1,4 @@
-"""Canonical MXFP4 weights <-> the kernel operand layout ``cake_mma_v1`` (docs/mxfp4_moe.md).
+"""Canonical MXFP4 weights <-> the kernel operand layout ``cake_mma_v2`` (docs/mxfp4_moe.md).
 
 Both permutations of the layout are index-bit permutations, so neither needs an index tensor
 (gathers through index tensors are an order of magnitude slower on CPU). For the contract bank
@@ -24,12 +24,20 @@ Bits 5-4 select one of the chunk's four int64 words, bits 3-0 a nibble inside it
 exchanges, each between a word bit and a nibble bit, produce that order:
 (W1, P3), (W1, P0), (W1, P2) rotate wi -> P3, h -> P0, n -> P2, q1 -> W1, and (W0, P1) swaps
 a and q0. Each exchange is an involution, so the inverse applies them in reverse order.
+
+Bits inside each 32-bit word: the element of nibble slot ``p`` (register ``r = p % 4``, half
+``h = p // 4``) is not stored as a nibble but spread so that the kernel extracts register ``r``
+as a BF16x2 pattern (magnitude at bits 6-8, sign at 15, + 16 for the high half) with one rotate
+and one mask (``r = 0``: the mask alone; ``r = 3``: three shifts): bit ``b`` (0: mantissa,
+1, 2: exponent, 3: sign) of slot (r, h) sits at ``(T[b] + 16h - ROT[r]) mod 32`` for r < 3,
+``T = (6, 7, 8, 15)``, ``ROT = (0, 3, 13)``, and at ``(14, 0, 1, 13)[b] + 16h`` for r = 3
+(cpp/kernels/mxfp4_moe/weight_fragments.cuh). The move is ten (mask, shift) groups per word.
 """
 from __future__ import annotations
 
 import torch
 
-LAYOUT = "cake_mma_v1"
+LAYOUT = "cake_mma_v2"
 _CHUNK = 32                                          # bytes of one 64-element K chunk
 _EXCHANGES = ((1, 3), (1, 0), (1, 2), (0, 1))        # (word bit, nibble bit), applied in order
 _SLAB_BYTES = {"cpu": 1 << 22, "cuda": 1 << 28}      # in-place passes run slab by slab (CPU: in cache)
@@ -94,6 +102,65 @@ def _permute_nibbles_(w: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     return w
 
 
+_BF16X2_BITS = (6, 7, 8, 15)        # mantissa, exponent lo, exponent hi, sign of a BF16 (x 2^-126) half
+_ROTATE = (0, 3, 13)                # register r < 3: rotate left by _ROTATE[r], then mask
+_REG3_BITS = (14, 0, 1, 13)         # register 3: where its bits sit (three shifts gather them)
+
+
+def bit_position(r: int, h: int, b: int) -> int:
+    """Bit of a prepared 32-bit word holding bit ``b`` of the element of register ``r``, half ``h``."""
+    if r < 3:
+        return (_BF16X2_BITS[b] + 16 * h - _ROTATE[r]) % 32
+    return _REG3_BITS[b] + 16 * h
+
+
+def _bit_groups(inverse: bool) -> tuple[tuple[int, int], ...]:
+    """(int64 mask of source bits, left shift) groups moving nibble-slot bits (slot p at bits
+    4p..4p+3) to their positions, in both 32-bit words of an int64; ``inverse`` moves them back."""
+    groups: dict[int, int] = {}
+    for p in range(8):
+        for b in range(4):
+            src, dst = 4 * p + b, bit_position(p % 4, p // 4, b)
+            if inverse:
+                src, dst = dst, src
+            groups[dst - src] = groups.get(dst - src, 0) | (1 << src) | (1 << (src + 32))
+    return tuple((mask, shift) for shift, mask in sorted(groups.items()))
+
+
+def _signed64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _place_bits_(w: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Spread the nibbles of every 32-bit word to their bit positions (or gather them back), in
+    place, for a contiguous uint8 tensor whose size is a multiple of 8."""
+    words = w.view(-1).view(torch.int64)
+    step = max(1, _SLAB_BYTES.get(w.device.type, _SLAB_BYTES["cuda"]) // 8)
+    acc = torch.empty(min(step, words.shape[0]), dtype=torch.int64, device=w.device)
+    tmp = torch.empty_like(acc)
+    groups = _bit_groups(inverse)
+    for c0 in range(0, words.shape[0], step):
+        x = words[c0:c0 + step]
+        a, t = acc[:x.shape[0]], tmp[:x.shape[0]]
+        a.zero_()
+        for mask, shift in groups:
+            if shift >= 0:
+                torch.bitwise_and(x, _signed64(mask), out=t).bitwise_left_shift_(shift)
+            else:   # arithmetic shift: the shifted mask clears the sign-extended bits
+                torch.bitwise_right_shift(x, -shift, out=t).bitwise_and_(_signed64(mask >> -shift))
+            a.bitwise_or_(t)
+        x.copy_(a)
+    return w
+
+
+def _to_prepared(w: torch.Tensor, kind: str) -> torch.Tensor:
+    return _place_bits_(_permute_nibbles_(_permute_rows(w, kind)))
+
+
+def _from_prepared(w: torch.Tensor, kind: str) -> torch.Tensor:
+    return _permute_nibbles_(_place_bits_(_permute_rows(w, kind, inverse=True), inverse=True), inverse=True)
+
+
 def _check_bank(w1, w1_scale, w2, w2_scale, names: tuple[str, str, str, str]) -> tuple[int, int, int]:
     """Validate a canonical or prepared bank; returns (L, H, I)."""
     tensors = (w1, w1_scale, w2, w2_scale)
@@ -124,7 +191,7 @@ def _check_bank(w1, w1_scale, w2, w2_scale, names: tuple[str, str, str, str]) ->
 
 def prepare_cake_mxfp4_weights(w1: torch.Tensor, w1_scale: torch.Tensor, w2: torch.Tensor,
                                w2_scale: torch.Tensor) -> dict:
-    """Canonical MXFP4 expert bank -> the ``cake_mma_v1`` kernel operands (pure torch).
+    """Canonical MXFP4 expert bank -> the ``cake_mma_v2`` kernel operands (pure torch).
 
     w1 [L, 2*I, H/2] (rows: up then gate), w1_scale [L, 2*I, H/32], w2 [L, H, I/2],
     w2_scale [L, H, I/32], all uint8 on one device; H and I multiples of 128. Returns a dict of
@@ -134,9 +201,9 @@ def prepare_cake_mxfp4_weights(w1: torch.Tensor, w1_scale: torch.Tensor, w2: tor
     """
     num_local, hidden, inter = _check_bank(w1, w1_scale, w2, w2_scale, ("w1", "w1_scale", "w2", "w2_scale"))
     return {
-        "w1": _permute_nibbles_(_permute_rows(w1, "w1")),
+        "w1": _to_prepared(w1, "w1"),
         "w1_sf": _permute_rows(w1_scale, "w1"),
-        "w2": _permute_nibbles_(_permute_rows(w2, "w2")),
+        "w2": _to_prepared(w2, "w2"),
         "w2_sf": _permute_rows(w2_scale, "w2"),
         "layout": LAYOUT,
         "num_local_experts": num_local,
@@ -151,7 +218,7 @@ def unprepare_cake_mxfp4_weights(prepared: dict) -> tuple[torch.Tensor, torch.Te
         raise ValueError(f"prepared must be the dict returned by prepare_cake_mxfp4_weights (layout {LAYOUT!r})")
     w1, w1_sf, w2, w2_sf = (prepared[k] for k in ("w1", "w1_sf", "w2", "w2_sf"))
     _check_bank(w1, w1_sf, w2, w2_sf, ("prepared['w1']", "prepared['w1_sf']", "prepared['w2']", "prepared['w2_sf']"))
-    return (_permute_nibbles_(_permute_rows(w1, "w1", inverse=True), inverse=True),
+    return (_from_prepared(w1, "w1"),
             _permute_rows(w1_sf, "w1", inverse=True),
-            _permute_nibbles_(_permute_rows(w2, "w2", inverse=True), inverse=True),
+            _from_prepared(w2, "w2"),
             _permute_rows(w2_sf, "w2", inverse=True))
