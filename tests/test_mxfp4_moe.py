@@ -517,7 +517,7 @@ def test_plan_binding_call(fake_ext, packed, kind):
     assert args[5:] == (a["w1"], a["w1_sf"], a["w2"], a["w2_sf"], a["beta"], a["linear_beta"], a["workspace"],
                         a["output"])
     assert kwargs == dict(num_tokens=5, hidden=H, inter=I, num_experts=E, num_local=E, local_offset=0, top_k=K,
-                          tile="n8_narrow")
+                          gemm1_tile="n8_shortk", gemm2_tile="n8_shortk")   # H = 256, I = 128: both K short
     assert isinstance(plan, Mxfp4MoEPlan)
     assert plan._plan.streams == [1234], "plan() runs one warm-up on the current stream"
     assert plan.run() is a["output"] and plan._plan.streams == [1234, 1234]
@@ -530,14 +530,16 @@ def test_plan_binding_fp32_weights_and_tile(fake_ext):
     a["topk_weights"] = a["topk_weights"].float()
     plan = _call(w, a)
     (args, kwargs), = fake_ext.calls
-    assert args[4] == 1 and kwargs["tile"] == "wg128" and plan.decision.path == "prefill"
+    assert args[4] == 1 and (kwargs["gemm1_tile"], kwargs["gemm2_tile"]) == ("wg128", "wg128")
+    assert plan.decision.path == "prefill"
 
 
 def test_plan_forced_tile(fake_ext):
     w, a = _cpu_wrapper_args(t=200)
     plan = _call(w, a, tile="n32")
     (_, kwargs), = fake_ext.calls
-    assert kwargs["tile"] == "n32" and plan.decision.path == "forced" and plan.decision.block_n == 32
+    assert (kwargs["gemm1_tile"], kwargs["gemm2_tile"]) == ("n32", "n32")
+    assert plan.decision.path == "forced" and plan.decision.block_n == 32
 
 
 def test_plan_refuses_an_sm90_tile_on_another_arch(fake_ext):
@@ -546,7 +548,7 @@ def test_plan_refuses_an_sm90_tile_on_another_arch(fake_ext):
     torch.cuda.get_device_capability = lambda device: (10, 0)  # fake_ext's monkeypatch restores it
     with pytest.raises(ValueError, match="sm_90a form"):
         _call(w, a, tile="wg128")
-    assert _call(w, a) is not None and fake_ext.calls[-1][1]["tile"] == "n64"
+    assert _call(w, a) is not None and fake_ext.calls[-1][1]["gemm1_tile"] == "n64"
 
 
 def test_plan_refuses_another_capability(fake_ext):

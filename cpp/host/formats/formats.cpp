@@ -69,20 +69,28 @@ void launch_quantize(Fmt fmt, bool in_bf16, bool swizzled, const QuantizeArgs& i
   runtime::launch(k.get(device), cfg, &args, k.name());
 }
 
-void launch_dequantize(Fmt fmt, bool out_bf16, bool swizzled, const DequantizeArgs& in_args, int device,
-                       std::uintptr_t stream) {
+runtime::BoundKernel<DequantizeArgs> bind_dequantize(Fmt fmt, bool out_bf16, bool swizzled,
+                                                     const DequantizeArgs& args, int device) {
   static Table table("dequantize");
-  const int64_t chunks = checked_chunks(in_args.rows, in_args.cols);
-  if (chunks == 0) return;
-  DequantizeArgs args = in_args;
-  args.chunks_per_row = FastDivmod(uint32_t(args.cols / kChunkElems));
+  const int64_t chunks = checked_chunks(args.rows, args.cols);
+  if (chunks == 0) throw ValueError("bind_dequantize: empty tensor");
   runtime::KernelRef& k = table.at(fmt, out_bf16, swizzled);
   runtime::ScopedDevice scope(device);
-  runtime::LaunchConfig cfg;
-  cfg.grid[0] = blocks_for(chunks);
-  cfg.block[0] = kThreads;
-  cfg.stream = stream;
-  runtime::launch(k.get(device), cfg, &args, k.name());
+  runtime::BoundKernel<DequantizeArgs> b;
+  *b.params = args;
+  b.params->chunks_per_row = FastDivmod(uint32_t(args.cols / kChunkElems));
+  b.kernel = k.get(device);
+  b.form = k.form();
+  b.device = device;
+  b.cfg.grid[0] = blocks_for(chunks);
+  b.cfg.block[0] = kThreads;
+  return b;
+}
+
+void launch_dequantize(Fmt fmt, bool out_bf16, bool swizzled, const DequantizeArgs& args, int device,
+                       std::uintptr_t stream) {
+  if (checked_chunks(args.rows, args.cols) == 0) return;
+  bind_dequantize(fmt, out_bf16, swizzled, args, device).launch(stream);
 }
 
 }  // namespace cake_moe::formats

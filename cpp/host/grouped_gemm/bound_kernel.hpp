@@ -1,34 +1,21 @@
-// A resolved kernel with its launch shape and by-value parameter block: the common tail of every
-// grouped-GEMM host launcher (the launchers differ in how they fill the parameters).
+// The grouped-GEMM Launch interface over a runtime::BoundKernel: the launchers fill `bound_`.
 #pragma once
-#include <memory>
+#include <cstdint>
 #include <string>
-#include <utility>
 
 #include "host/grouped_gemm/problem.hpp"
-#include "runtime/driver.hpp"
-#include "runtime/launch.hpp"
+#include "runtime/bound_kernel.hpp"
 
 namespace cake_moe::grouped_gemm {
 
 template <typename Params>
 class BoundKernel : public Launch {
  public:
-  void launch(std::uintptr_t stream) const override {
-    runtime::ScopedDevice scope(device_);
-    runtime::LaunchConfig cfg = cfg_;
-    cfg.stream = stream;
-    runtime::launch(kernel_, cfg, params_.get(), form_.c_str());
-  }
-  const std::string& form() const override { return form_; }
+  void launch(std::uintptr_t stream) const override { bound_.launch(stream); }
+  const std::string& form() const override { return bound_.form; }
 
  protected:
-  // Parameter blocks holding CUtensorMaps must be 64-byte aligned: heap-allocated (aligned new).
-  std::unique_ptr<Params> params_ = std::make_unique<Params>();
-  CUkernel kernel_ = nullptr;
-  runtime::LaunchConfig cfg_;
-  std::string form_;
-  int device_ = 0;
+  runtime::BoundKernel<Params> bound_;
 };
 
 }  // namespace cake_moe::grouped_gemm

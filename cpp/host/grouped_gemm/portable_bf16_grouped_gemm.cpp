@@ -19,8 +19,8 @@ using portable::PortableGroupedGemmParams;
 class PortableLaunch final : public BoundKernel<PortableGroupedGemmParams> {
  public:
   explicit PortableLaunch(const Problem& p) {
-    device_ = p.device;
-    PortableGroupedGemmParams& params = *params_;
+    bound_.device = p.device;
+    PortableGroupedGemmParams& params = *bound_.params;
     std::memset(&params, 0, sizeof(params));
     std::string kernel = "cake_gg_portable_";
     switch (p.op) {
@@ -40,7 +40,7 @@ class PortableLaunch final : public BoundKernel<PortableGroupedGemmParams> {
         kernel += p.out_f32 ? "wgrad_f32" : "wgrad_bf16";
         break;
     }
-    form_ = std::string("gg_portable_") + op_name(p.op);
+    bound_.form = std::string("gg_portable_") + op_name(p.op);
     params.out = p.out;
     params.offs = p.offs;
     params.num_groups = p.num_groups;
@@ -50,8 +50,8 @@ class PortableLaunch final : public BoundKernel<PortableGroupedGemmParams> {
     params.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
 
     runtime::ScopedDevice scope(p.device);
-    kernel_ = runtime::get_kernel(form_, kernel.c_str(), p.device);
-    runtime::set_max_dynamic_smem(kernel_, p.device, PortableGroupedGemmConfig::kSmemBytes);
+    bound_.kernel = runtime::get_kernel(bound_.form, kernel.c_str(), p.device);
+    runtime::set_max_dynamic_smem(bound_.kernel, p.device, PortableGroupedGemmConfig::kSmemBytes);
     const int64_t bm = PortableGroupedGemmConfig::kBlockM, bn = PortableGroupedGemmConfig::kBlockN;
     int64_t tiles;
     if (p.op == Op::kWgrad) {
@@ -61,9 +61,9 @@ class PortableLaunch final : public BoundKernel<PortableGroupedGemmParams> {
       tiles = ((p.rows + bm - 1) / bm + p.num_groups) * ((n_out + bn - 1) / bn);
     }
     const int64_t ctas = int64_t(PortableGroupedGemmConfig::kMinBlocksPerSM) * runtime::device_sm_count(p.device);
-    cfg_.grid[0] = unsigned(std::max<int64_t>(1, std::min(ctas, tiles)));
-    cfg_.block[0] = PortableGroupedGemmConfig::kThreads;
-    cfg_.smem_bytes = PortableGroupedGemmConfig::kSmemBytes;
+    bound_.cfg.grid[0] = unsigned(std::max<int64_t>(1, std::min(ctas, tiles)));
+    bound_.cfg.block[0] = PortableGroupedGemmConfig::kThreads;
+    bound_.cfg.smem_bytes = PortableGroupedGemmConfig::kSmemBytes;
   }
 
 };

@@ -23,13 +23,13 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     runtime::ScopedDevice scope(p.device);
     const bool dgrad = p.op == Op::kDgrad;
     const sm90::GroupedGemmGeometry geo{tile.bm, tile.bn, tile.stages};
-    form_ = std::string("gg_sm90_") + op_name(p.op) + "_" + std::to_string(tile.bm) + "x" + std::to_string(tile.bn);
+    bound_.form = std::string("gg_sm90_") + op_name(p.op) + "_" + std::to_string(tile.bm) + "x" + std::to_string(tile.bn);
     const std::string kernel = "cake_gg_sm90_" + std::string(op_name(p.op)) + "_" + std::to_string(tile.bm) + "x" +
                                std::to_string(tile.bn) + "x64_s" + std::to_string(tile.stages);
     const int64_t n_out = dgrad ? p.k : p.n;
     const int64_t k_red = dgrad ? p.n : p.k;
-    std::memset(params_.get(), 0, sizeof(sm90::GroupedGemmParams));
-    sm90::GroupedGemmParams& q = *params_;
+    std::memset(bound_.params.get(), 0, sizeof(sm90::GroupedGemmParams));
+    sm90::GroupedGemmParams& q = *bound_.params;
     q.tmap_a = runtime::encode_bf16_rows(p.a, k_red, p.rows, uint32_t(geo.box_a_rows()));
     TensorMapSpec w;  // w [E, N, K] as a 3D map: K innermost
     w.base = const_cast<void*>(p.b);
@@ -46,16 +46,16 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     q.k_red = int32_t(k_red);
     q.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
 
-    kernel_ = runtime::get_kernel(form_, kernel.c_str(), p.device);
-    runtime::set_max_dynamic_smem(kernel_, p.device, geo.smem_bytes());
+    bound_.kernel = runtime::get_kernel(bound_.form, kernel.c_str(), p.device);
+    runtime::set_max_dynamic_smem(bound_.kernel, p.device, geo.smem_bytes());
     // Persistent: one CTA per SM at most; the tile count is only known on the device, so the
     // grid is min(SMs, an upper bound on tiles) and surplus CTAs exit at once.
     const int64_t n_tiles = (n_out + tile.bn - 1) / tile.bn;
     const int64_t upper = ((p.rows + tile.bm - 1) / tile.bm + p.num_groups) * n_tiles;
-    cfg_.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(runtime::device_sm_count(p.device), upper)));
-    cfg_.block[0] = sm90::GroupedGemmGeometry::kThreads;
-    cfg_.smem_bytes = geo.smem_bytes();
-    device_ = p.device;
+    bound_.cfg.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(runtime::device_sm_count(p.device), upper)));
+    bound_.cfg.block[0] = sm90::GroupedGemmGeometry::kThreads;
+    bound_.cfg.smem_bytes = geo.smem_bytes();
+    bound_.device = p.device;
   }
 
 };

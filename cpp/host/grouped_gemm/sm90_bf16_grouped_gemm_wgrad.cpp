@@ -22,14 +22,14 @@ using Geo = GroupedGemmWgradGeometry;
 class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
  public:
   explicit Sm90WgradLaunch(const Problem& p) {
-    device_ = p.device;
+    bound_.device = p.device;
     runtime::ScopedDevice scope(p.device);  // tensor-map encoding needs a current context
     const std::string variant = p.variant == Variant::kFast ? "fast" : "det";
-    form_ = "gg_sm90_wgrad_" + variant;
+    bound_.form = "gg_sm90_wgrad_" + variant;
     const std::string kernel = "cake_gg_sm90_wgrad_" + variant + "_128x256_" + (p.out_f32 ? "f32" : "bf16");
     const int sms = runtime::device_sm_count(p.device);
-    std::memset(params_.get(), 0, sizeof(sm90::GroupedGemmWgradParams));
-    sm90::GroupedGemmWgradParams& q = *params_;
+    std::memset(bound_.params.get(), 0, sizeof(sm90::GroupedGemmWgradParams));
+    sm90::GroupedGemmWgradParams& q = *bound_.params;
     q.tmap_g = runtime::encode_bf16_rows(p.a, p.n, p.rows, 64);
     q.tmap_x = runtime::encode_bf16_rows(p.b, p.k, p.rows, 64);
     q.out = p.out;
@@ -43,13 +43,13 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
     q.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
     q.num_workers = sms;  // fixes the split granularity: det bits depend on it, not on timing
     q.ws_slots = p.workspace ? sm90::grouped_gemm_wgrad_slots_that_fit(Geo::kBM, Geo::kBN, q.workspace_bytes) : 0;
-    kernel_ = runtime::get_kernel(form_, kernel.c_str(), p.device);
-    runtime::set_max_dynamic_smem(kernel_, p.device, Geo::kSmemBytes);
+    bound_.kernel = runtime::get_kernel(bound_.form, kernel.c_str(), p.device);
+    runtime::set_max_dynamic_smem(bound_.kernel, p.device, Geo::kSmemBytes);
     const int64_t tiles =
         int64_t(p.num_groups) * ((p.n + Geo::kBM - 1) / Geo::kBM) * ((p.k + Geo::kBN - 1) / Geo::kBN);
-    cfg_.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(sms, tiles + 8 * int64_t(sms))));
-    cfg_.block[0] = Geo::kThreads;
-    cfg_.smem_bytes = Geo::kSmemBytes;
+    bound_.cfg.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(sms, tiles + 8 * int64_t(sms))));
+    bound_.cfg.block[0] = Geo::kThreads;
+    bound_.cfg.smem_bytes = Geo::kSmemBytes;
   }
 
 };

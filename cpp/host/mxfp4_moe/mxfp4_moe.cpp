@@ -7,6 +7,7 @@
 #include "host/formats/formats.hpp"
 #include "moe/params.hpp"
 #include "mxfp4_moe/params.hpp"
+#include "runtime/bound_kernel.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/images.hpp"
@@ -14,21 +15,6 @@
 
 namespace cake_moe::mxfp4_moe {
 namespace {
-
-// A kernel with its launch shape and by-value parameters.
-template <typename Params>
-struct Bound {
-  CUkernel kernel = nullptr;
-  runtime::LaunchConfig cfg;
-  Params params{};
-  std::string form;
-
-  void launch(std::uintptr_t stream) const {
-    runtime::LaunchConfig c = cfg;
-    c.stream = stream;
-    runtime::launch(kernel, c, &params, form.c_str());
-  }
-};
 
 struct TilingInfo {
   int bn, bm, threads, smem;
@@ -41,17 +27,15 @@ constexpr TilingInfo info(const char* suffix, bool persistent = false) {
   return {Cfg::kBN, Cfg::kBM, Cfg::kThreads, Cfg::kSmemBytes, suffix, persistent};
 }
 
-// The tiling of one GEMM: the decision table's tile form, except that the BN 8 forms take the
-// short-K tiling for a reduction of at most kShortK.
-TilingInfo tiling_for(const std::string& tile, int k) {
-  if (tile == "n8" || tile == "n8_narrow") {
-    if (k <= kShortK) return info<DecodeShortKTiling>("n8_shortk");
-    return tile == "n8" ? info<DecodeTiling>("n8") : info<DecodeNarrowTiling>("n8_narrow");
-  }
+// The tiling of a GEMM form suffix (forms.py MXFP4_MOE_TILINGS, MXFP4_MOE_SM90_TILINGS).
+TilingInfo tiling_for(const std::string& tile) {
+  if (tile == "n8") return info<DecodeTiling>("n8");
+  if (tile == "n8_narrow") return info<DecodeNarrowTiling>("n8_narrow");
+  if (tile == "n8_shortk") return info<DecodeShortKTiling>("n8_shortk");
   if (tile == "n32") return info<MidTiling>("n32");
   if (tile == "n64") return info<PrefillTiling>("n64");
   if (tile == "wg128") return info<Sm90PrefillTiling>("wg128", true);  // sm_90a only: Python checks the device
-  throw ValueError("tile must be n8, n8_narrow, n32, n64 or wg128, got " + tile);
+  throw ValueError("tile must be n8, n8_narrow, n8_shortk, n32, n64 or wg128, got " + tile);
 }
 
 class Mxfp4MoePlan final : public Plan {
@@ -62,7 +46,8 @@ class Mxfp4MoePlan final : public Plan {
       throw ValueError("workspace has " + std::to_string(p.workspace_bytes) + " bytes, needs " +
                        std::to_string(ws.total));
     if (p.num_local > moe::kMaxLocalExperts) throw ValueError("at most 1024 local experts");
-    const TilingInfo t1 = tiling_for(p.tile, p.hidden), t2 = tiling_for(p.tile, p.inter);
+    const TilingInfo t1 = tiling_for(p.gemm1_tile), t2 = tiling_for(p.gemm2_tile);
+    if (t1.bn != t2.bn) throw ValueError("GEMM1 and GEMM2 tiles must share one token-tile size (block_n)");
     uint8_t* base = p.workspace;
     auto* offsets = reinterpret_cast<int32_t*>(base + ws.offsets);
     auto* row_token = reinterpret_cast<int32_t*>(base + ws.row_token);
@@ -77,13 +62,16 @@ class Mxfp4MoePlan final : public Plan {
     runtime::ScopedDevice scope(p.device);
     // 1. routing bookkeeping
     route_.form = "moe_route";
+    route_.device = p.device;
     route_.kernel = runtime::get_kernel(route_.form, "cake_moe_route", p.device);
     route_.cfg.block[0] = moe::kRouteThreads;
-    route_.params = moe::RouteParams{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, int32_t(routes),
+    *route_.params = moe::RouteParams{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, int32_t(routes),
                                      p.top_k, p.num_experts, p.num_local, p.local_offset,
                                      p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, t1.bn};
     // 2. activations to BF16 (exact: docs/mxfp4_moe.md)
-    dequant_ = formats::DequantizeArgs{p.x, p.x_sf, nullptr, x_bf16, p.tokens, p.hidden, {}};
+    dequant_ = formats::bind_dequantize(formats::Fmt::kMxfp8, true, false,
+                                        formats::DequantizeArgs{p.x, p.x_sf, nullptr, x_bf16, p.tokens, p.hidden, {}},
+                                        p.device);
     // 3, 4. the GEMMs: grid = worst-case token tiles x m-blocks (idle CTAs exit at once)
     const int64_t max_tiles = routes / t1.bn + std::min<int64_t>(p.num_local, routes);
     bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles,
@@ -94,6 +82,7 @@ class Mxfp4MoePlan final : public Plan {
                          p.inter, 0, 0});
     // 5. finalize
     finalize_.form = "moe_finalize";
+    finalize_.device = p.device;
     finalize_.kernel = runtime::get_kernel(finalize_.form, "cake_moe_finalize", p.device);
     finalize_.cfg.grid[0] = unsigned(p.tokens);
     finalize_.cfg.grid[1] = unsigned((p.hidden / 8 + moe::kFinalizeThreads - 1) / moe::kFinalizeThreads);
@@ -102,19 +91,18 @@ class Mxfp4MoePlan final : public Plan {
     // and waits (griddepcontrol.wait) before reading its outputs. The routing and dequantize
     // launches stay ordinary, so GEMM1's wait also covers the routing kernel.
     gemm1_.cfg.pdl = gemm2_.cfg.pdl = finalize_.cfg.pdl = true;
-    finalize_.params = moe::FinalizeParams{rows, route_row,
+    *finalize_.params = moe::FinalizeParams{rows, route_row,
                                            p.weight_kind == int32_t(moe::RouteWeights::kPacked)
                                                ? static_cast<const void*>(p.topk_ids)
                                                : p.topk_weights,
                                            p.out, p.tokens, p.hidden, p.top_k, p.weight_kind};
-    forms_ = route_.form + ", fmt_mxfp8_dequantize, " + gemm1_.form + ", " + gemm2_.form + ", " + finalize_.form;
+    forms_ = route_.form + ", " + dequant_.form + ", " + gemm1_.form + ", " + gemm2_.form + ", " + finalize_.form;
   }
 
   void run(std::uintptr_t stream) const override {
     if (tokens_ == 0) return;
-    runtime::ScopedDevice scope(device_);
     route_.launch(stream);
-    formats::launch_dequantize(formats::Fmt::kMxfp8, true, false, dequant_, device_, stream);
+    dequant_.launch(stream);
     gemm1_.launch(stream);
     gemm2_.launch(stream);
     finalize_.launch(stream);
@@ -123,28 +111,29 @@ class Mxfp4MoePlan final : public Plan {
   const std::string& forms() const override { return forms_; }
 
  private:
-  void bind_gemm(Bound<GemmParams>& b, const std::string& prefix, const TilingInfo& tl, int64_t max_tiles,
+  void bind_gemm(runtime::BoundKernel<GemmParams>& b, const std::string& prefix, const TilingInfo& tl, int64_t max_tiles,
                  GemmParams params) {
     const std::string form = prefix + tl.suffix;
     params.m_blocks = (params.m + tl.bm - 1) / tl.bm;
     const int64_t ctas = max_tiles * params.m_blocks;
     if (ctas > int64_t(0x7FFFFFFF)) throw ValueError("too many tiles for one launch");
     b.form = form;
+    b.device = device_;
     b.kernel = runtime::get_kernel(form, ("cake_" + form).c_str(), device_);
     runtime::set_max_dynamic_smem(b.kernel, device_, unsigned(tl.smem));
     const int64_t grid = tl.persistent ? std::min<int64_t>(ctas, runtime::device_sm_count(device_)) : ctas;
     b.cfg.grid[0] = unsigned(std::max<int64_t>(grid, 1));
     b.cfg.block[0] = unsigned(tl.threads);
     b.cfg.smem_bytes = unsigned(tl.smem);
-    b.params = params;
+    *b.params = params;
   }
 
   int device_;
   int32_t tokens_;
-  Bound<moe::RouteParams> route_;
-  formats::DequantizeArgs dequant_{};
-  Bound<GemmParams> gemm1_, gemm2_;
-  Bound<moe::FinalizeParams> finalize_;
+  runtime::BoundKernel<moe::RouteParams> route_;
+  runtime::BoundKernel<formats::DequantizeArgs> dequant_;
+  runtime::BoundKernel<GemmParams> gemm1_, gemm2_;
+  runtime::BoundKernel<moe::FinalizeParams> finalize_;
   std::string forms_;
 };
 

@@ -73,8 +73,8 @@ struct Sm90PrefillTiling : Tiling<128, 4, 1, 4> {
                 "every B tile starts on a 1024-byte swizzle atom");
 };
 
-// The shipped tilings (forms.py instantiates them; the decision table picks by expected rows
-// per expert, the host by K). Decode streams each expert's weights once with 8-row token tiles,
+// The shipped tilings (forms.py instantiates them; the decision table in Python picks one per
+// GEMM by expected rows per expert and K). Decode streams each expert's weights once with 8-row token tiles,
 // eight warps per CTA: 128 weight rows x 4-way K split; with very few routes (T * k <= 32) a
 // launch has only a few hundred CTAs, and 64 rows x 8-way K split keeps more SMs streaming.
 // With a short K (GEMM2 of a TP shard) one CTA covers 256 weight rows so each CTA still has a
@@ -84,6 +84,5 @@ using DecodeNarrowTiling = Tiling<8, 1, 8, 2>;
 using DecodeShortKTiling = Tiling<8, 4, 1, 3>;
 using MidTiling = Tiling<32, 2, 2, 3>;
 using PrefillTiling = Tiling<64, 4, 1, 3>;
-constexpr int kShortK = 1024;  // GEMMs with K <= this use DecodeShortKTiling at block_n 8
 
 }  // namespace cake_moe::mxfp4_moe

@@ -34,7 +34,7 @@ SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", 128, "wg128")
 SM90_TILES: tuple[str, ...] = ("wg128",)
 TILES: tuple[str, ...] = ("n8", "n8_narrow", "n32", "n64", *SM90_TILES)
 # At BN 8 a GEMM whose reduction length K is at most this uses the short-K tiling (256 weight
-# rows per CTA instead of eight warps splitting K): kShortK in cpp/kernels/mxfp4_moe/params.hpp.
+# rows per CTA instead of eight warps splitting K). The host binds the two GEMM forms it is given.
 SHORT_K = 1024
 
 
@@ -52,17 +52,21 @@ class PlanDecision:
     tile: str = ""  # form suffix of the GEMMs whose K exceeds SHORT_K
 
 
-def gemm_forms(tile: str, hidden: int, inter: int) -> tuple[str, str]:
-    """The GEMM1 (K = hidden) and GEMM2 (K = inter) form names of tile form ``tile``."""
+def gemm_tiles(tile: str, hidden: int, inter: int) -> tuple[str, str]:
+    """The GEMM1 (K = hidden) and GEMM2 (K = inter) form suffixes of tile form ``tile``: the BN 8
+    forms take the short-K tiling for a K of at most SHORT_K."""
     if tile not in TILES:
         raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
 
-    if tile in SM90_TILES:
-        return f"mxfp4_moe_gemm1_{tile}", f"mxfp4_moe_gemm2_{tile}"
-
     def suffix(k: int) -> str:
         return "n8_shortk" if tile.startswith("n8") and k <= SHORT_K else tile
-    return f"mxfp4_moe_gemm1_{suffix(hidden)}", f"mxfp4_moe_gemm2_{suffix(inter)}"
+    return suffix(hidden), suffix(inter)
+
+
+def gemm_forms(tile: str, hidden: int, inter: int) -> tuple[str, str]:
+    """The GEMM1 and GEMM2 form names of tile form ``tile``."""
+    t1, t2 = gemm_tiles(tile, hidden, inter)
+    return f"mxfp4_moe_gemm1_{t1}", f"mxfp4_moe_gemm2_{t2}"
 
 
 def routes_per_expert(num_tokens: int, top_k: int, num_experts: int) -> float:

@@ -296,11 +296,12 @@ class CakeMxfp4MoEWrapper:
                                f"for {self.capability}; build a wrapper for this device")
         _runtime.require_served(self.device, "mxfp4_moe")
         weights_kind = _WEIGHT_KIND[None if topk_weights is None else topk_weights.dtype]
+        gemm1_tile, gemm2_tile = _decide.gemm_tiles(decision.tile, self.hidden_size, self.intermediate_shard)
         bound = _runtime.ext().mxfp4_moe_plan(
             x.view(torch.uint8), x_sf, topk_ids, topk_weights, weights_kind, w1, w1_sf, w2, w2_sf, beta,
             linear_beta, workspace, output, num_tokens=num_tokens, hidden=self.hidden_size,
             inter=self.intermediate_shard, num_experts=self.num_experts, num_local=self.num_local_experts,
-            local_offset=self.local_expert_offset, top_k=self.top_k, tile=decision.tile)
+            local_offset=self.local_expert_offset, top_k=self.top_k, gemm1_tile=gemm1_tile, gemm2_tile=gemm2_tile)
         plan = Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
                             num_experts=self.num_experts, output=output, topk_ids=topk_ids,
                             packed=topk_weights is None, keep=tuple(t for _, t in present))
