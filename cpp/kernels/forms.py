@@ -139,58 +139,41 @@ def _moe_engine_forms() -> list[Form]:
     ]
 
 
-# Family B GEMM tilings: (form suffix, BN, tiling alias in mxfp4_moe/params.hpp, threads, GEMMs).
-# The decision table (python/cake_moe/mxfp4_moe/_decide.py) picks BN per token count; at BN 8
-# the host takes the short-K tiling for a GEMM whose K is at most kShortK.
-MXFP4_MOE_TILINGS = (("n8", 8, "DecodeTiling", 256, (1, 2)), ("n8_narrow", 8, "DecodeNarrowTiling", 256, (1, 2)),
-                     ("n8_shortk", 8, "DecodeShortKTiling", 128, (1, 2)),
-                     ("n32", 32, "MidTiling", 128, (1, 2)), ("n64", 64, "PrefillTiling", 128, (1, 2)))
-
-
-def _mxfp4_moe_forms() -> list[Form]:
-    """MXFP4-weight GEMMs dequantizing in the mainloop (mma.sync: portable on every arch)."""
-    forms = []
-    for suffix, bn, tiling, threads, stages in MXFP4_MOE_TILINGS:
-        for stage in stages:
-            alias = (f"cake_moe::mxfp4_moe::Mxfp4MoeGemm<cake_moe::mxfp4_moe::GemmStage::kGemm{stage}, "
-                     f"cake_moe::mxfp4_moe::{tiling}>")
-            prelude = "\n".join([
-                f"using Form = {alias};",
-                f"static_assert(Form::kThreads == {threads} && Form::kBN == {bn});",
-            ])
-            forms.append(Form(
-                f"mxfp4_moe_gemm{stage}_{suffix}", "mxfp4_moe", "mxfp4_moe/mxfp4_moe_gemm.cuh",
-                "cake_moe::mxfp4_moe::GemmParams",
-                (Kernel(f"cake_mxfp4_moe_gemm{stage}_{suffix}", "Form::run", threads=threads,
-                        min_blocks=2),),
-                {"stage": stage, "bn": bn, "tiling": tiling}, native=(), prelude=prelude, validated=("90a",)))
-    return forms
-
-
-# sm_90a family B prefill: (form suffix, BN, tiling alias, threads). RS wgmma with the weights
-# dequantized in registers (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh); the decision table takes it on
-# sm_90 devices for the prefill path.
+# Family B GEMM tilings: (form suffix, BN, tiling alias in mxfp4_moe/params.hpp, threads). The
+# decision table (python/cake_moe/mxfp4_moe/_decide.py) picks a suffix per GEMM. The portable
+# forms (mma.sync) serve every arch; the sm_90a prefill form runs RS wgmma with the weights
+# dequantized in registers (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh), one CTA per SM.
+MXFP4_MOE_TILINGS = (("n8", 8, "DecodeTiling", 256), ("n8_narrow", 8, "DecodeNarrowTiling", 256),
+                     ("n8_shortk", 8, "DecodeShortKTiling", 128),
+                     ("n32", 32, "MidTiling", 128), ("n64", 64, "PrefillTiling", 128))
 MXFP4_MOE_SM90_TILINGS = (("wg128", 128, "Sm90PrefillTiling", 256),)
 
 
-def _mxfp4_moe_sm90_forms() -> list[Form]:
+def _mxfp4_moe_forms() -> list[Form]:
+    """MXFP4-weight GEMMs dequantizing in the mainloop: GEMM1 and GEMM2 per tiling."""
+    kinds = (  # (tilings, kernel template, header, arch fields, min blocks per SM)
+        (MXFP4_MOE_TILINGS, "Mxfp4MoeGemm", "mxfp4_moe/mxfp4_moe_gemm.cuh", {"native": ()}, 2),
+        (MXFP4_MOE_SM90_TILINGS, "Sm90Mxfp4MoeGemm", "mxfp4_moe/sm90_mxfp4_moe_gemm.cuh",
+         {"arches": ("90a",), "native": ("90a",)}, 1),
+    )
     forms = []
-    for suffix, bn, tiling, threads in MXFP4_MOE_SM90_TILINGS:
-        for stage in (1, 2):
-            alias = (f"cake_moe::mxfp4_moe::Sm90Mxfp4MoeGemm<cake_moe::mxfp4_moe::GemmStage::kGemm{stage}, "
-                     f"cake_moe::mxfp4_moe::{tiling}>")
-            prelude = "\n".join([
-                f"using Form = {alias};",
-                f"static_assert(Form::kThreads == {threads} && Form::kBN == {bn});",
-            ])
-            forms.append(Form(
-                f"mxfp4_moe_gemm{stage}_{suffix}", "mxfp4_moe", "mxfp4_moe/sm90_mxfp4_moe_gemm.cuh",
-                "cake_moe::mxfp4_moe::GemmParams",
-                (Kernel(f"cake_mxfp4_moe_gemm{stage}_{suffix}", "Form::run", threads=threads, min_blocks=1),),
-                {"stage": stage, "bn": bn, "tiling": tiling}, arches=("90a",), native=("90a",), prelude=prelude))
+    for tilings, template, header, arch_fields, min_blocks in kinds:
+        for suffix, bn, tiling, threads in tilings:
+            for stage in (1, 2):
+                alias = (f"cake_moe::mxfp4_moe::{template}<cake_moe::mxfp4_moe::GemmStage::kGemm{stage}, "
+                         f"cake_moe::mxfp4_moe::{tiling}>")
+                prelude = "\n".join([
+                    f"using Form = {alias};",
+                    f"static_assert(Form::kThreads == {threads} && Form::kBN == {bn});",
+                ])
+                forms.append(Form(
+                    f"mxfp4_moe_gemm{stage}_{suffix}", "mxfp4_moe", header, "cake_moe::mxfp4_moe::GemmParams",
+                    (Kernel(f"cake_mxfp4_moe_gemm{stage}_{suffix}", "Form::run", threads=threads,
+                            min_blocks=min_blocks),),
+                    {"stage": stage, "bn": bn, "tiling": tiling}, prelude=prelude, validated=("90a",),
+                    **arch_fields))
     return forms
 
 
 FORMS: list[Form] = [*_format_forms(), *_grouped_gemm_sm90_forms(), *_grouped_gemm_sm90_wgrad_forms(),
-                     *_grouped_gemm_portable_forms(), *_moe_engine_forms(), *_mxfp4_moe_forms(),
-                     *_mxfp4_moe_sm90_forms()]
+                     *_grouped_gemm_portable_forms(), *_moe_engine_forms(), *_mxfp4_moe_forms()]
