@@ -33,7 +33,7 @@ struct Sm90Mxfp4MoeGemm {
   static constexpr int kBN = Cfg::kBN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   static constexpr int kSmemBytes = Cfg::kSmemBytes;
   // Stages in flight ahead of the one computed. kStages - 1 would refill the slot stage ks - 1
-  // read, so its last k16 step would have to retire before each barrier: measured 4-7% slower.
+  // read, so its last k16 step would have to retire before each barrier: measured 3-7% slower.
   static constexpr int kAhead = kAheadStages;
   static constexpr bool kDrainEachStage = kAhead == kStages - 1;
   static constexpr int kNBlocks = kBN / 8;
@@ -45,7 +45,7 @@ struct Sm90Mxfp4MoeGemm {
 
   // k16 step s of unit u: the four A registers of each of the warp's two m16 blocks. Always the
   // two-multiply conversion (exact for every scale code): a branch to the one-multiply form for
-  // codes <= 128, as in the portable kernels, measured 4-6% slower here (a second copy of the
+  // codes <= 128, as in the portable kernels, measured 3.5-6% slower here (a second copy of the
   // unrolled mainloop, the warp vote and the branch cost more than one HMUL2 per bf16x2).
   template <int kS>
   __device__ static __forceinline__ void fragments(uint32_t (&a)[2][4], const uint2 (&wrow)[2][2],
