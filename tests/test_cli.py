@@ -1,0 +1,53 @@
+"""CPU tests of the ``cake-moe`` command line and of the family-B benchmark's report (its target
+verdicts decide what the docs claim, so they are tested on synthetic rows)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cake_moe import cli
+from cake_moe.bench import mxfp4_moe as bench_moe
+
+
+def test_bench_refuses_unknown_layouts():
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "mxfp4-moe", "--layouts", "ep8,ep9"])
+    assert e.value.code == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_bench_without_a_gpu_says_so(capsys):
+    assert cli.main(["bench", "mxfp4-moe", "--tiles", "n64,wg128"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def _row(layout, t, path, tile, us, frac, tflops, speedup, peer=None):
+    return {"layout": layout, "T": t, "path": path, "tile": tile, "ours_us": us, "naive_us": us * speedup,
+            "speedup": speedup, "routed_experts": 1.0, "bytes": 1e6, "eff_bw_frac": frac, "tflops": tflops,
+            "peer_us_perf_md": peer, "naive_rel_diff": 0.027}
+
+
+def test_summary_verdicts_ignore_forced_rows():
+    rows = [
+        _row("tp8", 1, "decode", "n8_narrow", 50.0, 0.55, 5, 31.0, peer=83),
+        _row("tp8", 16, "decode", "n8", 350.0, 0.69, 12, 4.0, peer=405),
+        _row("tp8", 64, "decode", "n8", 900.0, 0.71, 18, 4.0, peer=1040),
+        _row("tp8", 64, "forced", "n32", 5000.0, 0.10, 3, 1.0, peer=1040),   # must not count
+        _row("tp8", 16384, "prefill", "wg128", 16000.0, 0.06, 610, 4.5, peer=12970),
+    ]
+    s = bench_moe.summary(rows)
+    assert "decode bandwidth >= 0.70 of copy (8 <= T <= 64): MISSED at tp8 T=16 (2 rows)" in s
+    assert "decode bandwidth >= 0.50 of copy (T <= 4): met (1 rows)" in s
+    assert "prefill >= 600 TFLOP/s (T >= 4096): met (1 rows)" in s
+    assert "vs naive >= 30x (T = 1): met" in s and "vs naive >= 4x (T = 16384): met" in s
+    assert "faster than the PERF.md peer (tp8): MISSED at tp8 T=16384 (4 rows)" in s
+
+
+def test_markdown_has_one_line_per_row_with_its_tile():
+    rows = [_row("ep8", 4096, "prefill", "wg128", 4767.0, 0.19, 323, 4.0),
+            dict(_row("ep8", 4096, "forced", "wg128", 0, 0, 0, 1), skipped="tile 'wg128' is an sm_90a form")]
+    md = bench_moe.markdown(rows).splitlines()
+    assert len(md) == 2 + len(rows)
+    assert md[2].startswith("| ep8 | 4096 | prefill | wg128 | 4767.0 |")
+    assert "not run: tile 'wg128' is an sm_90a form" in md[3]
+    assert all(line.count("|") == md[0].count("|") for line in md[1:])
