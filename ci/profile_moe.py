@@ -1,28 +1,69 @@
-"""One family-B layer at the contract geometry, planned once and run a few times: the target
-for Nsight Compute / Systems (e.g. ncu -k regex:gemm1 --launch-skip 2 --launch-count 1).
-usage: python ci/profile_moe.py LAYOUT T [TILE] [RUNS]"""
-import sys
+"""One family-B layer at the contract geometry, planned once and run a few times.
+
+Two uses:
+- the target for Nsight Compute / Systems (e.g. ``ncu -k regex:gemm1 -s 1 -c 1 python ci/profile_moe.py ep8 4096``);
+- ``--kernel-times``: the device time of each of the layer's kernels, from the torch profiler
+  (CUPTI), averaged over the runs, for several token counts in one call.
+
+usage: python ci/profile_moe.py LAYOUT T [T ...] [--tile TILE] [--runs N] [--kernel-times]
+"""
+import argparse
 
 import torch
 
 from cake_moe.bench import mxfp4_moe as b
 from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
 
-layout, t = sys.argv[1], int(sys.argv[2])
-tile = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
-runs = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-l, offset, i_shard = b.layout_dims(layout)
-gen = torch.Generator(device="cuda").manual_seed(0)
-bank = b.random_bank(l, i_shard, gen)
-prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
-del bank
-beta, lbeta = b.random_situ(l, gen)
-runner = CakeMxfp4MoEWrapper(b.E, b.TOP_K, b.H, b.I, **b.LAYOUTS[layout])
-x, x_sf, ids, w = b.random_inputs(t, l, offset, gen)
-out = torch.empty(t, b.H, dtype=torch.bfloat16, device="cuda")
-ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
-plan = runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws, output=out, tile=tile)
-for _ in range(runs):
-    plan.run()
-torch.cuda.synchronize()
-print(plan)
+
+def kernel_times(plan, runs: int) -> list[tuple[str, float]]:
+    """(kernel name, mean device microseconds per run) of one plan's launches."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            plan.run()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] = totals.get(event.name, 0.0) + event.time_range.elapsed_us()
+    return sorted(((name, us / runs) for name, us in totals.items()), key=lambda kv: -kv[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("layout", choices=sorted(b.LAYOUTS))
+    ap.add_argument("tokens", type=int, nargs="+")
+    ap.add_argument("--tile", default=None)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--kernel-times", action="store_true")
+    args = ap.parse_args()
+
+    l, offset, i_shard = b.layout_dims(args.layout)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bank = b.random_bank(l, i_shard, gen)
+    prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+    del bank
+    beta, lbeta = b.random_situ(l, gen)
+    runner = CakeMxfp4MoEWrapper(b.E, b.TOP_K, b.H, b.I, **b.LAYOUTS[args.layout])
+    for t in args.tokens:
+        x, x_sf, ids, w = b.random_inputs(t, l, offset, gen)
+        out = torch.empty(t, b.H, dtype=torch.bfloat16, device="cuda")
+        ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
+        plan = runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws, output=out,
+                           tile=args.tile)
+        if not args.kernel_times:
+            for _ in range(args.runs):
+                plan.run()
+            torch.cuda.synchronize()
+            print(plan)
+            continue
+        rows = kernel_times(plan, args.runs)
+        total = sum(us for _, us in rows)
+        print(f"{args.layout} T={t} ({plan.decision.tile}): {total:.1f} us of kernels per run")
+        for name, us in rows:
+            print(f"  {us:9.1f} us  {100 * us / total:5.1f}%  {name}")
+
+
+if __name__ == "__main__":
+    main()
