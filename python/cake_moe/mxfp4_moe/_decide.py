@@ -30,9 +30,11 @@ NARROW_ROUTES = 16
 # (docs/mxfp4_moe.md): n64 wins at 36.6 routes per expert (T = 2048) in both contract layouts,
 # wg128 at 73 (T = 4096); at 54.9 (T = 3072) wg128 wins ep8 by 1.38x and loses tp8 by 1.25x.
 PREFILL_WG_MIN_LOAD = 48
-SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", 128, "wg128")
 SM90_TILES: tuple[str, ...] = ("wg128",)
-TILES: tuple[str, ...] = ("n8", "n8_narrow", "n32", "n64", *SM90_TILES)
+# Token rows per tile of every form the table (or a caller's `tile=`) can name.
+BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n32": 32, "n64": 64, "wg128": 128}
+SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg128"], "wg128")
+TILES: tuple[str, ...] = tuple(BLOCK_N_OF)
 # At BN 8 a GEMM whose reduction length K is at most this uses the short-K tiling (256 weight
 # rows per CTA instead of eight warps splitting K). The host binds the two GEMM forms it is given.
 SHORT_K = 1024
@@ -93,7 +95,7 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
         if tile in SM90_TILES and not sm90:
             return PlanDecision(False, f"tile {tile!r} is an sm_90a form; this device is not sm_90", "none", 0, ())
         chosen, path = tile, "forced"
-        block_n = SM90_PREFILL[2] if tile in SM90_TILES else int(tile[1:].split("_")[0])
+        block_n = BLOCK_N_OF[tile]
     reason = f"T*k/E = {load:g} routes per expert: {path} tiles of BN={block_n} token rows ({chosen})"
     forms = (ROUTE_FORM, DEQUANT_FORM, *gemm_forms(chosen, hidden, inter), FINALIZE_FORM)
     return PlanDecision(True, reason, path, block_n, forms, chosen)
