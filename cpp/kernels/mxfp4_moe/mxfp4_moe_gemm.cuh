@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/numerics.cuh"
 #include "common/ptx/sm80.cuh"
@@ -307,26 +308,31 @@ struct Mxfp4MoeGemm {
     return e4m3_decode(e4m3_encode(__fmul_rn(v, to_elem))) * from_elem;
   }
 
-  // GEMM2 epilogue. Thread (g, q) of m16 block mb holds output columns h0 + 8g + 2mb (c0, c1)
-  // and + 1 (c2, c3) for rows 2q, 2q + 1: eight consecutive columns per row, one 16-byte store.
-  template <int kNB>
-  __device__ static void epilogue_gemm2(const GemmParams& p, const Tile& t, int wm, float (&acc)[4][kNB][4]) {
+  // GEMM2 epilogue. Thread (g, q) of the warp's m16 block i (prepared block b = col0 / 2 + i of
+  // the 64-row group at weight row row0) holds output columns h0 + 8g + 2b (c0, c1) and + 1
+  // (c2, c3) for rows 2q, 2q + 1: 2 kMB consecutive columns per row, one store. The portable
+  // warps hold all four blocks (col0 0), an sm_90a warp half of them (col0 0 or 4).
+  template <int kMB, int kNB>
+  __device__ static void epilogue_gemm2(const GemmParams& p, const Tile& t, int row0, int col0,
+                                        float (&acc)[kMB][kNB][4]) {
+    static_assert(kMB == 2 || kMB == 4, "8- or 16-byte stores");
+    using Store = std::conditional_t<kMB == 4, uint4, uint2>;
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int h0 = t.m0 + wm * 64;
+    const int h0 = t.m0 + row0;
     if (h0 >= p.m) return;
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        uint32_t out[4];
+        uint32_t out[kMB];
 #pragma unroll
-        for (int mb = 0; mb < 4; ++mb)
+        for (int mb = 0; mb < kMB; ++mb)
           out[mb] = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(acc[mb][nb][c]))) |
                     (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(acc[mb][nb][2 + c]))) << 16);
         const int row = nb * 8 + 2 * q + c;
         if (row < t.rows)
-          *reinterpret_cast<uint4*>(p.out + int64_t(t.row0 + row) * p.m + h0 + 8 * g) =
-              make_uint4(out[0], out[1], out[2], out[3]);
+          *reinterpret_cast<Store*>(p.out + int64_t(t.row0 + row) * p.m + h0 + 8 * g + col0) =
+              *reinterpret_cast<const Store*>(out);
       }
     }
   }
@@ -379,7 +385,7 @@ struct Mxfp4MoeGemm {
     if constexpr (kStage == GemmStage::kGemm1) {
       epilogue_gemm1(p, t, wm, acc);
     } else {
-      epilogue_gemm2(p, t, wm, acc);
+      epilogue_gemm2(p, t, wm * 64, 0, acc);
     }
   }
 };

@@ -26,18 +26,17 @@
 
 namespace cake_moe::mxfp4_moe {
 
-template <GemmStage kStage, typename Cfg, int kAheadStages = Cfg::kStages - 2>
+template <GemmStage kStage, typename Cfg>
 struct Sm90Mxfp4MoeGemm {
-  using Base = Mxfp4MoeGemm<kStage, Cfg>;  // stage loader, weight reads, SiTU and requantization
+  using Base = Mxfp4MoeGemm<kStage, Cfg>;  // stage loader, weight reads, SiTU, requantization, GEMM2 epilogue
   using Wgmma = ptx::WgmmaBf16RS<Cfg::kBN, 0>;  // B K-major
   static constexpr int kBN = Cfg::kBN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   static constexpr int kSmemBytes = Cfg::kSmemBytes;
   // Stages in flight ahead of the one computed. kStages - 1 would refill the slot stage ks - 1
   // read, so its last k16 step would have to retire before each barrier: measured 3-7% slower.
-  static constexpr int kAhead = kAheadStages;
-  static constexpr bool kDrainEachStage = kAhead == kStages - 1;
+  static constexpr int kAhead = kStages - 2;
   static constexpr int kNBlocks = kBN / 8;
-  static_assert(kAhead >= 1 && kAhead < kStages, "the ring holds the computed stage and those ahead");
+  static_assert(kAhead >= 1, "the ring needs a slot for the stage whose wgmmas are still running");
   static_assert(Cfg::kWarpsK == 1 && kThreads == 128 * Cfg::kWarpGroups, "whole warpgroups, no K split");
   static_assert(Wgmma::kAccRegs == 4 * kNBlocks, "the wgmma N is the token tile");
 
@@ -134,29 +133,6 @@ struct Sm90Mxfp4MoeGemm {
     }
   }
 
-  // GEMM2 epilogue. Thread (g, q) holds output columns h0 + 8g + 2b (c0, c1) and + 1 (c2, c3),
-  // b = 2 half + i, for rows 2q, 2q + 1: four consecutive columns per row, one 8-byte store.
-  __device__ static void epilogue_gemm2(const GemmParams& p, const typename Base::Tile& t, int group, Acc& acc) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, half = (threadIdx.x >> 5) & 1;
-    const int h0 = t.m0 + group * 64;
-    if (h0 >= p.m) return;
-#pragma unroll
-    for (int nb = 0; nb < kNBlocks; ++nb) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        uint32_t out[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          out[i] = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(acc[i][nb][c]))) |
-                   (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(acc[i][nb][2 + c]))) << 16);
-        const int row = nb * 8 + 2 * q + c;
-        if (row < t.rows)
-          *reinterpret_cast<uint2*>(p.out + int64_t(t.row0 + row) * p.m + h0 + 8 * g + 4 * half) =
-              make_uint2(out[0], out[1]);
-      }
-    }
-  }
-
   __device__ static typename Base::Tile tile_of(const GemmParams& p, int work) {
     const moe::TokenTile tt = p.tiles[work / p.m_blocks];
     typename Base::Tile t;
@@ -193,7 +169,6 @@ struct Sm90Mxfp4MoeGemm {
     for (int ks = 0; ks < num_k; ++ks) {
       ptx::cp_async_wait<kAhead - 1>();
       ptx::fence_proxy_async_smem();  // cp.async wrote B through the generic proxy; wgmma reads it
-      if constexpr (kDrainEachStage) ptx::wgmma_wait<0>();
       __syncthreads();  // stage ks landed; the stage that last used slot (ks + kAhead) % kStages retired
       const int next = ks + kAhead;
       if (next < num_k) Base::load_stage(p, loader, sm, next % kStages, next);
@@ -236,7 +211,7 @@ struct Sm90Mxfp4MoeGemm {
       if constexpr (kStage == GemmStage::kGemm1) {
         epilogue_gemm1(p, t, smem_raw, group, acc);
       } else {
-        epilogue_gemm2(p, t, group, acc);
+        Base::epilogue_gemm2(p, t, group * 64, 4 * (warp & 1), acc);  // the warp's half: blocks 2 half + i
       }
       if (next >= items) break;
       t = next_t;
