@@ -206,7 +206,7 @@ def test_decide_contract_rows():
     assert w.capability == (9, 0)   # host only: an H200 is assumed, like the SM count
     d = w.decide(1)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "decode", 8, "n8_narrow")
-    assert d.forms == ("moe_route", "fmt_mxfp8_dequantize", "mxfp4_moe_gemm1_n8_narrow", "mxfp4_moe_gemm2_n8_narrow",
+    assert d.forms == ("fmt_mxfp8_dequantize", "moe_route", "mxfp4_moe_gemm1_n8_narrow", "mxfp4_moe_gemm2_n8_narrow",
                        "moe_finalize")
     assert w.decide(3).tile == "n8" and w.decide(3).forms[2] == "mxfp4_moe_gemm1_n8"
     d = w.decide(16384)

@@ -87,22 +87,23 @@ class Mxfp4MoePlan final : public Plan {
     finalize_.cfg.grid[0] = unsigned(p.tokens);
     finalize_.cfg.grid[1] = unsigned((p.hidden / 8 + moe::kFinalizeThreads - 1) / moe::kFinalizeThreads);
     finalize_.cfg.block[0] = moe::kFinalizeThreads;
-    // GEMM1, GEMM2 and finalize are dependent launches: each starts while its predecessor drains
-    // and waits (griddepcontrol.wait) before reading its outputs. The routing and dequantize
-    // launches stay ordinary, so GEMM1's wait also covers the routing kernel.
-    gemm1_.cfg.pdl = gemm2_.cfg.pdl = finalize_.cfg.pdl = true;
+    // Launch order: dequantize (ordinary), routing, GEMM1, GEMM2, finalize, each of the last four
+    // a dependent launch that starts while its predecessor drains and waits (griddepcontrol.wait)
+    // before reading its outputs. The routing kernel reads nothing the dequantize writes: it runs
+    // alongside it and waits for it only before completing, so GEMM1's wait covers both.
+    route_.cfg.pdl = gemm1_.cfg.pdl = gemm2_.cfg.pdl = finalize_.cfg.pdl = true;
     *finalize_.params = moe::FinalizeParams{rows, route_row,
                                            p.weight_kind == int32_t(moe::RouteWeights::kPacked)
                                                ? static_cast<const void*>(p.topk_ids)
                                                : p.topk_weights,
                                            p.out, p.tokens, p.hidden, p.top_k, p.weight_kind};
-    forms_ = route_.form + ", " + dequant_.form + ", " + gemm1_.form + ", " + gemm2_.form + ", " + finalize_.form;
+    forms_ = dequant_.form + ", " + route_.form + ", " + gemm1_.form + ", " + gemm2_.form + ", " + finalize_.form;
   }
 
   void run(std::uintptr_t stream) const override {
     if (tokens_ == 0) return;
-    route_.launch(stream);
     dequant_.launch(stream);
+    route_.launch(stream);
     gemm1_.launch(stream);
     gemm2_.launch(stream);
     finalize_.launch(stream);

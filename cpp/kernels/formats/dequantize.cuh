@@ -3,6 +3,7 @@
 // once to the output type.
 #pragma once
 #include "common/numerics.cuh"
+#include "common/ptx/sm80.cuh"
 #include "formats/args.hpp"
 #include "formats/chunk_io.cuh"
 
@@ -12,6 +13,9 @@ template <Fmt F, typename Out, bool kSwizzled>
 __device__ __forceinline__ void dequantize(const DequantizeArgs& a) {
   using namespace numerics;
   constexpr int kBlock = block_size(F);
+  // A dependent launch (the MoE routing kernel) may start at once: it reads nothing written here
+  // and waits for this grid before it completes. Without one this is a no-op.
+  ptx::allow_dependent_launch();
   const int64_t chunks = a.rows * a.cols / kChunk;
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= chunks) return;

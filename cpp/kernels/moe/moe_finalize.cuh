@@ -25,31 +25,43 @@ __device__ __forceinline__ float route_weight(const FinalizeParams& p, int64_t r
   }
 }
 
+// Route rows are loaded kBatch slots at a time, all in flight together, then added in slot order.
+constexpr int kFinalizeBatch = 8;
+
 __device__ __forceinline__ void finalize(const FinalizeParams& p) {
   __shared__ int32_t rows[32];
   __shared__ float weights[32];
   const int32_t t = blockIdx.x;
-  ptx::grid_dependency_wait();  // the route rows come from GEMM2
+  // The route rows' positions (routing kernel) and the weights (inputs) are not written by the
+  // launch this one depends on: read them before the wait, which only the rows themselves need.
   if (threadIdx.x < p.top_k) {
     const int64_t route = int64_t(t) * p.top_k + threadIdx.x;
     rows[threadIdx.x] = p.route_row[route];
     weights[threadIdx.x] = route_weight(p, route);
   }
   __syncthreads();
+  ptx::grid_dependency_wait();  // the route rows come from GEMM2
   const int32_t c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c < p.hidden / 8) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int32_t s = 0; s < p.top_k; ++s) {
-      const int32_t row = rows[s];
-      if (row < 0) continue;
-      const uint4 v = *reinterpret_cast<const uint4*>(p.rows + int64_t(row) * p.hidden + 8 * c);
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      const float wt = weights[s];
+    for (int32_t s0 = 0; s0 < p.top_k; s0 += kFinalizeBatch) {
+      uint4 v[kFinalizeBatch];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[2 * i] = __fmaf_rn(__uint_as_float(w[i] << 16), wt, acc[2 * i]);
-        acc[2 * i + 1] = __fmaf_rn(__uint_as_float(w[i] & 0xFFFF0000u), wt, acc[2 * i + 1]);
+      for (int b = 0; b < kFinalizeBatch; ++b) {
+        const int32_t row = s0 + b < p.top_k ? rows[s0 + b] : -1;
+        v[b] = row < 0 ? make_uint4(0u, 0u, 0u, 0u)
+                       : *reinterpret_cast<const uint4*>(p.rows + int64_t(row) * p.hidden + 8 * c);
+      }
+#pragma unroll
+      for (int b = 0; b < kFinalizeBatch; ++b) {
+        if (s0 + b >= p.top_k || rows[s0 + b] < 0) continue;  // a slot without a local route adds nothing
+        const uint32_t w[4] = {v[b].x, v[b].y, v[b].z, v[b].w};
+        const float wt = weights[s0 + b];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          acc[2 * i] = __fmaf_rn(__uint_as_float(w[i] << 16), wt, acc[2 * i]);
+          acc[2 * i + 1] = __fmaf_rn(__uint_as_float(w[i] & 0xFFFF0000u), wt, acc[2 * i + 1]);
+        }
       }
     }
     uint32_t o[4];

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "common/block_scan.cuh"
+#include "common/ptx/sm80.cuh"
 #include "moe/params.hpp"
 
 namespace cake_moe::moe {
@@ -38,7 +39,11 @@ __device__ __forceinline__ int32_t warp_aggregated_add(int32_t* counter, int32_t
   return base + __popc(peers & ((1u << lane) - 1u));
 }
 
+// Launch order (a plan's run): activation dequantize, this kernel as its dependent launch, the
+// GEMMs. It reads nothing the dequantize writes, so it runs alongside it, and waits for it only
+// before completing: the GEMMs' dependency wait on this grid then covers both.
 __device__ __forceinline__ void route(const RouteParams& p) {
+  ptx::allow_dependent_launch();  // GEMM1 may be scheduled; it waits for this grid to complete
   __shared__ int32_t count[kMaxLocalExperts];   // counts, then their inclusive prefix
   __shared__ int32_t tiles_end[kMaxLocalExperts];  // tile ends, then placement cursors
   __shared__ int32_t chunk_total[32];
@@ -81,6 +86,7 @@ __device__ __forceinline__ void route(const RouteParams& p) {
     if (in) p.route_row[route] = e >= 0 ? row : -1;
     if (e >= 0) p.row_token[row] = route / p.top_k;
   }
+  ptx::grid_dependency_wait();  // complete only after the activation dequantize has
 }
 
 }  // namespace cake_moe::moe

@@ -97,5 +97,5 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
         chosen, path = tile, "forced"
         block_n = BLOCK_N_OF[tile]
     reason = f"T*k/E = {load:g} routes per expert: {path} tiles of BN={block_n} token rows ({chosen})"
-    forms = (ROUTE_FORM, DEQUANT_FORM, *gemm_forms(chosen, hidden, inter), FINALIZE_FORM)
+    forms = (DEQUANT_FORM, ROUTE_FORM, *gemm_forms(chosen, hidden, inter), FINALIZE_FORM)
     return PlanDecision(True, reason, path, block_n, forms, chosen)

@@ -68,7 +68,7 @@ def _check_mode() -> bool:
 
 
 class Mxfp4MoEPlan:
-    """A bound MXFP4 MoE layer for one token count. :meth:`run` enqueues route, dequantize,
+    """A bound MXFP4 MoE layer for one token count. :meth:`run` enqueues dequantize, route,
     GEMM1, GEMM2 and finalize on the current stream: no allocation, no host synchronisation,
     capturable in a CUDA graph. It reads the values in the bound tensors at run time, so new
     tokens, routes or weights written in place are picked up by the next run (or replay).
