@@ -3,9 +3,10 @@
 Two uses:
 - the target for Nsight Compute / Systems (e.g. ``ncu -k regex:gemm1 -s 1 -c 1 python ci/profile_moe.py ep8 4096``);
 - ``--kernel-times``: the device time of each of the layer's kernels, from the torch profiler
-  (CUPTI), averaged over the runs, for several token counts in one call.
+  (CUPTI), averaged over the runs, for several token counts in one call;
+- ``--timeline``: when each kernel of one run (the last of ``--runs``) starts and ends.
 
-usage: python ci/profile_moe.py LAYOUT T [T ...] [--tile TILE] [--runs N] [--kernel-times]
+usage: python ci/profile_moe.py LAYOUT T [T ...] [--tile TILE] [--runs N] [--kernel-times | --timeline]
 """
 import argparse
 
@@ -30,6 +31,22 @@ def kernel_times(plan, runs: int) -> list[tuple[str, float]]:
     return sorted(((name, us / runs) for name, us in totals.items()), key=lambda kv: -kv[1])
 
 
+def timeline(plan, runs: int) -> list[tuple[str, float, float]]:
+    """(kernel name, start, end) in microseconds from the first kernel's start, of the last of
+    `runs` back-to-back runs: shows the gaps and the dependent-launch overlaps between kernels."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            plan.run()
+        torch.cuda.synchronize()
+    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    last = events[-5:]  # the five launches of the last run
+    t0 = last[0][0]
+    return [(name, start - t0, end - t0) for start, end, name in last]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("layout", choices=sorted(b.LAYOUTS))
@@ -37,6 +54,7 @@ def main() -> None:
     ap.add_argument("--tile", default=None)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--kernel-times", action="store_true")
+    ap.add_argument("--timeline", action="store_true", help="start/end of each kernel of one run")
     args = ap.parse_args()
 
     l, offset, i_shard = b.layout_dims(args.layout)
@@ -52,6 +70,11 @@ def main() -> None:
         ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
         plan = runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws, output=out,
                            tile=args.tile)
+        if args.timeline:
+            print(f"{args.layout} T={t} ({plan.decision.tile}): one run, microseconds from its first kernel")
+            for name, start, end in timeline(plan, args.runs):
+                print(f"  {start:8.1f} .. {end:8.1f} ({end - start:6.1f})  {name}")
+            continue
         if not args.kernel_times:
             for _ in range(args.runs):
                 plan.run()
