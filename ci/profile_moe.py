@@ -55,8 +55,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--kernel-times", action="store_true")
     ap.add_argument("--timeline", action="store_true", help="start/end of each kernel of one run")
+    ap.add_argument("--gemm-tiles", default=None,
+                    help="experiment: bind these GEMM1,GEMM2 forms (same BN) whatever the decision table says")
     args = ap.parse_args()
 
+    if args.gemm_tiles:
+        from cake_moe.mxfp4_moe import _decide
+        forced = tuple(args.gemm_tiles.split(","))
+        _decide.gemm_tiles = lambda tile, hidden, inter: forced
     l, offset, i_shard = b.layout_dims(args.layout)
     gen = torch.Generator(device="cuda").manual_seed(0)
     bank = b.random_bank(l, i_shard, gen)
