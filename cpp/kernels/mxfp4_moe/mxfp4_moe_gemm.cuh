@@ -139,6 +139,88 @@ struct Mxfp4MoeGemm {
     }
   }
 
+  // The sm_90a prefill form's loader: each copy's source at K = 0 is resolved once per item (a
+  // missing row: the operand's first row, copied as zero bytes), so a stage only adds its K
+  // offset. In that form it saves ~100 instructions per stage and thread (H200: prefill 2-3.6%
+  // faster); the mma.sync forms keep the loader above, as its pointer per copy costs them
+  // registers (n8 reaches its cap: decode 2-5% slower, docs/mxfp4_moe.md).
+  struct PointerLoader {
+    const uint8_t* w_src[kWIters];    // weight chunk of each copy at K = 0
+    const uint8_t* sf_src[kSfIters];  // scale word of each copy at K = 0
+    const uint16_t* b_src[kBIters];   // activation chunk of each copy at K = 0
+    uint32_t valid;                   // bit per copy (W, then SF, then B): 0 = the row is missing
+    uint32_t w_dst, sf_dst;
+    int w_k, sf_k, b_k;               // K of this thread's chunk inside a stage
+  };
+  static constexpr int kSfBit = kWIters, kBBit = kWIters + kSfIters;
+  static_assert(kBBit + kBIters <= 32, "one validity bit per copy");
+
+  __device__ static PointerLoader make_pointer_loader(const GemmParams& p, const Tile& t) {
+    const int tid = threadIdx.x;
+    PointerLoader l;
+    l.valid = 0;
+    const int64_t w_row0 = int64_t(t.expert) * p.m + t.m0;
+    const int rows_left = p.m - t.m0;
+    {
+      const int r = tid / kWChunks, c = tid % kWChunks;
+#pragma unroll
+      for (int j = 0; j < kWIters; ++j) {
+        const bool ok = r + j * kWRowStep < rows_left;
+        l.w_src[j] = p.w + (ok ? w_row0 + r + j * kWRowStep : 0) * (p.k / 2) + 16 * c;
+        l.valid |= uint32_t(ok) << j;
+      }
+      l.w_dst = r * Cfg::kWRowBytes + 16 * w_chunk(r, c);  // w_chunk(r + j * step, c) is the same
+      l.w_k = c * 32;
+    }
+    {
+      const int r = tid / Cfg::kWarpsK, c = tid % Cfg::kWarpsK;
+#pragma unroll
+      for (int j = 0; j < kSfIters; ++j) {
+        const bool ok = r + j * kSfRowStep < rows_left;
+        l.sf_src[j] = p.w_sf + (ok ? w_row0 + r + j * kSfRowStep : 0) * (p.k / 32) + 4 * c;
+        l.valid |= uint32_t(ok) << (kSfBit + j);
+      }
+      l.sf_dst = r * Cfg::kSfRowBytes + 4 * c;
+      l.sf_k = c * 128;
+    }
+    l.b_k = (tid % kBChunks) * 8;
+#pragma unroll
+    for (int j = 0; j < kBIters; ++j) {
+      const int r = tid / kBChunks + j * kBRowStep;
+      const bool ok = r < t.rows;
+      const int row = !ok ? 0 : (kStage == GemmStage::kGemm1 ? p.row_token[t.row0 + r] : t.row0 + r);
+      l.b_src[j] = p.b + int64_t(row) * p.k + l.b_k;
+      l.valid |= uint32_t(ok) << (kBBit + j);
+    }
+    return l;
+  }
+
+  __device__ static void load_stage(const GemmParams& p, const PointerLoader& l, const Smem& sm, int slot, int ks) {
+    const int k0 = ks * Cfg::kKStage;
+    const uint32_t w_base = ptx::smem_addr(sm.w(slot)) + l.w_dst;
+    const bool w_k_ok = k0 + l.w_k < p.k;
+    const int w_off = w_k_ok ? k0 / 2 : 0;  // past K: nothing is read, the source stays in bounds
+#pragma unroll
+    for (int j = 0; j < kWIters; ++j)
+      ptx::cp_async_16(w_base + j * kWRowStep * Cfg::kWRowBytes, l.w_src[j] + w_off, w_k_ok && (l.valid >> j & 1u));
+    const uint32_t sf_base = ptx::smem_addr(sm.sf(slot)) + l.sf_dst;
+    const bool sf_k_ok = k0 + l.sf_k < p.k;
+    const int sf_off = sf_k_ok ? k0 / 32 : 0;
+#pragma unroll
+    for (int j = 0; j < kSfIters; ++j)
+      ptx::cp_async_4(sf_base + j * kSfRowStep * Cfg::kSfRowBytes, l.sf_src[j] + sf_off,
+                      sf_k_ok && (l.valid >> (kSfBit + j) & 1u));
+    const uint32_t b_base = ptx::smem_addr(sm.b(slot));
+    const bool b_k_ok = k0 + l.b_k < p.k;
+    const int b_off = b_k_ok ? k0 : 0;
+    const int c = threadIdx.x % kBChunks;
+#pragma unroll
+    for (int j = 0; j < kBIters; ++j) {
+      const int r = threadIdx.x / kBChunks + j * kBRowStep;
+      ptx::cp_async_16(b_base + Cfg::b_offset(r, c), l.b_src[j] + b_off, b_k_ok && (l.valid >> (kBBit + j) & 1u));
+    }
+  }
+
   // kMB m16 blocks of weight rows from `row0` (block mb: rows row0 + 16 mb + g, + 8) of 64-element
   // unit u of K slice wk in ring slot `slot`: per block the two prepared words of rows g and g + 8
   // and their two UE8M0 codes (byte i: k32 block i).

@@ -28,7 +28,7 @@ namespace cake_moe::mxfp4_moe {
 
 template <GemmStage kStage, typename Cfg>
 struct Sm90Mxfp4MoeGemm {
-  using Base = Mxfp4MoeGemm<kStage, Cfg>;  // stage loader, weight reads, SiTU, requantization, GEMM2 epilogue
+  using Base = Mxfp4MoeGemm<kStage, Cfg>;  // pointer stage loader, weight reads, SiTU, requantization, GEMM2 epilogue
   using Wgmma = ptx::WgmmaBf16RS<Cfg::kBN, 0>;  // B K-major
   static constexpr int kBN = Cfg::kBN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   static constexpr int kSmemBytes = Cfg::kSmemBytes;
@@ -146,7 +146,7 @@ struct Sm90Mxfp4MoeGemm {
 
   // The first kAhead stages of an item into ring slots 0..kAhead-1 (the ring must be free).
   __device__ static void prologue(const GemmParams& p, const typename Base::Smem& sm,
-                                  const typename Base::Loader& loader) {
+                                  const typename Base::PointerLoader& loader) {
     const int num_k = p.k / Cfg::kKStage;  // K is a multiple of 128
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
@@ -158,7 +158,7 @@ struct Sm90Mxfp4MoeGemm {
   // The mainloop over K of an item whose prologue is issued; returns with every wgmma retired,
   // every copy landed and the ring free for the next item's prologue.
   __device__ static void mainloop(const GemmParams& p, const typename Base::Smem& sm,
-                                  const typename Base::Loader& loader, int row0, Acc& acc) {
+                                  const typename Base::PointerLoader& loader, int row0, Acc& acc) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -194,7 +194,7 @@ struct Sm90Mxfp4MoeGemm {
     const int group = 2 * (warp / 4) + (warp % 4) / 2;  // prepared 64-row group of the warp in the CTA
     const int row0 = group * 64 + (warp & 1) * 32;
     typename Base::Tile t = tile_of(p, work);
-    typename Base::Loader loader = Base::make_loader(p, t);
+    typename Base::PointerLoader loader = Base::make_pointer_loader(p, t);
     prologue(p, sm, loader);
     while (true) {
       Acc acc;
@@ -203,7 +203,7 @@ struct Sm90Mxfp4MoeGemm {
       typename Base::Tile next_t{};
       if (next < items) {
         next_t = tile_of(p, next);
-        loader = Base::make_loader(p, next_t);
+        loader = Base::make_pointer_loader(p, next_t);
         prologue(p, sm, loader);
       } else {
         ptx::allow_dependent_launch();  // the next GEMM / finalize may start; it waits for us
