@@ -68,7 +68,7 @@ def run_mxfp4_moe() -> None:
                                         ("oob", 17, None, None), ("dup", 1, torch.float32, None),
                                         ("zipf", 129, torch.float32, "wg128" if sm90 else "n64"))),
                        ("h384_ep_k8", (("balanced", 17, torch.bfloat16, None), ("remote", 17, torch.float32, None),
-                                       ("balanced", 200, torch.float32, "wg128" if sm90 else "n64")))):
+                                       ("balanced", 200, torch.float32, "wg128x4" if sm90 else "n64")))):
         layer = named_layer(name)
         bank = {k: v.cpu() for k, v in layer.bank.items()}
         for regime, t, dtype, tile in runs:

@@ -210,8 +210,8 @@ def test_decide_contract_rows():
                        "moe_finalize")
     assert w.decide(3).tile == "n8" and w.decide(3).forms[2] == "mxfp4_moe_gemm1_n8"
     d = w.decide(16384)
-    assert (d.supported, d.path, d.block_n, d.tile) == (True, "prefill", 128, "wg128")
-    assert d.forms[2:4] == ("mxfp4_moe_gemm1_wg128", "mxfp4_moe_gemm2_wg128")
+    assert (d.supported, d.path, d.block_n, d.tile) == (True, "prefill", 128, "wg128x4")
+    assert d.forms[2:4] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm2_wg128x4")
 
 
 _TP8 = (CONTRACT["top_k"], CONTRACT["num_experts"], CONTRACT["hidden_size"], TP8["intermediate_shard"])
@@ -226,7 +226,7 @@ def test_decide_thresholds(t, path, bn, sm90):
     d = _decide.decide(t, *_TP8, sm90=sm90)
     if bn == 128 and not sm90:
         bn = 64
-    tile = "wg128" if bn == 128 else f"n{bn}"
+    tile = "wg128x4" if bn == 128 else f"n{bn}"
     assert (d.path, d.block_n, d.forms[2]) == (path, bn, f"mxfp4_moe_gemm1_{tile}")
 
 
@@ -243,7 +243,8 @@ def test_every_token_count_is_supported():
     assert [_decide.decide(t, *_TP8).block_n for t in (1, 1000, 20000)] == [8, 32, 64]
 
 
-@pytest.mark.parametrize("tile,bn", [("n8", 8), ("n8_narrow", 8), ("n32", 32), ("n64", 64), ("wg128", 128)])
+@pytest.mark.parametrize("tile,bn", [("n8", 8), ("n8_narrow", 8), ("n32", 32), ("n64", 64), ("wg128", 128),
+                                     ("wg128x4", 128)])
 def test_decide_forced_tile(tile, bn):
     d = _decide.decide(20000, *_TP8, sm90=True, tile=tile)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "forced", bn, tile)
@@ -530,7 +531,7 @@ def test_plan_binding_fp32_weights_and_tile(fake_ext):
     a["topk_weights"] = a["topk_weights"].float()
     plan = _call(w, a)
     (args, kwargs), = fake_ext.calls
-    assert args[4] == 1 and (kwargs["gemm1_tile"], kwargs["gemm2_tile"]) == ("wg128", "wg128")
+    assert args[4] == 1 and (kwargs["gemm1_tile"], kwargs["gemm2_tile"]) == ("wg128x4", "wg128x4")
     assert plan.decision.path == "prefill"
 
 

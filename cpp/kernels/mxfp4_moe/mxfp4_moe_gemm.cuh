@@ -397,8 +397,8 @@ struct Mxfp4MoeGemm {
   template <int kMB, int kNB>
   __device__ static void epilogue_gemm2(const GemmParams& p, const Tile& t, int row0, int col0,
                                         float (&acc)[kMB][kNB][4]) {
-    static_assert(kMB == 2 || kMB == 4, "8- or 16-byte stores");
-    using Store = std::conditional_t<kMB == 4, uint4, uint2>;
+    static_assert(kMB == 1 || kMB == 2 || kMB == 4, "4-, 8- or 16-byte stores");
+    using Store = std::conditional_t<kMB == 4, uint4, std::conditional_t<kMB == 2, uint2, uint32_t>>;
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int h0 = t.m0 + row0;
     if (h0 >= p.m) return;

@@ -59,6 +59,7 @@ struct Tiling {
 // tiles (one per 64-wide K half) in the 128-byte swizzle wgmma reads: 128 rows x 128 B, 8-row atoms.
 // Past the ring: each warp's per-row MXFP8 amax partials for the GEMM1 epilogue.
 struct Sm90PrefillTiling : Tiling<128, 4, 1, 4> {
+  using LoaderTiling = Sm90PrefillTiling;  // every thread issues copies
   static constexpr int kWarpGroups = 2;
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kBTileBytes = kBN * 128;  // one K half of a stage's token rows
@@ -71,6 +72,17 @@ struct Sm90PrefillTiling : Tiling<128, 4, 1, 4> {
   static_assert(kBM == 64 * 2 * kWarpGroups, "a warpgroup owns two 64-row prepared groups");
   static_assert(kBM * (kWRowBytes + kSfRowBytes) % 1024 == 0 && kStageBytes % 1024 == 0,
                 "every B tile starts on a 1024-byte swizzle atom");
+};
+
+// sm_90a prefill on four warpgroups (the same kernel): the wg128 item and stages, each warp
+// dequantizing one m16 block (16 warps, 64 accumulators per thread) instead of two, so each
+// scheduler has four warps to hide the conversion's latencies instead of two; the first two
+// warpgroups issue the copies.
+struct Sm90Prefill4WgTiling : Sm90PrefillTiling {
+  static constexpr int kWarpGroups = 4;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kSmemBytes = kAmaxOffset + kThreads / 32 * kBN * 4;
+  static_assert(kSmemBytes <= 232448, "fits the sm_90 shared memory of one CTA");
 };
 
 // The shipped tilings (forms.py instantiates them; the decision table in Python picks one per

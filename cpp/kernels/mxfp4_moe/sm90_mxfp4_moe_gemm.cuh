@@ -3,11 +3,16 @@
 // into the 128-byte-swizzled K-major tiles wgmma reads from shared memory.
 //
 // A work item (token tile t, m-block mb) is weight rows [mb * 256, +256) x the tile's 128 sorted
-// rows; the grid is persistent (one CTA per SM walks the items). Warpgroup g owns prepared
-// 64-row groups 2g and 2g + 1; warp w of it owns half w % 2 (two m16 blocks, 32 rows) of group
-// 2g + w / 2, so one k16 step is two m64n128k16 wgmmas (wgmma i takes m16 block i of every
-// warp's half). N = 128 halves the dequantization per multiply-add against N = 64; the price is
-// the GEMM1 epilogue: an MXFP8 block (32 intermediate columns = one group) spans two warps, whose
+// rows; the grid is persistent (one CTA per SM walks the items). Two tilings (params.hpp):
+// - `wg128`, two warpgroups: warpgroup g owns prepared 64-row groups 2g and 2g + 1; warp w of it
+//   owns half w % 2 (two m16 blocks, 32 rows) of group 2g + w / 2, so one k16 step is two
+//   m64n128k16 wgmmas (wgmma i takes m16 block i of every warp's half);
+// - `wg128x4`, four warpgroups: warpgroup g owns group g, warp w of it m16 block w; one wgmma per
+//   k16 step and 64 accumulators per thread. Four warps per scheduler instead of two hide more of
+//   the conversion's latencies (Nsight on wg128: issue slots 34% busy, stalls spread over
+//   fixed-latency waits, dispatch, instruction fetch and shared-memory loads); 7-10% faster.
+// N = 128 halves the dequantization per multiply-add against N = 64; the price is the GEMM1
+// epilogue: an MXFP8 block (32 intermediate columns = one group) spans two or four warps, whose
 // per-row amax partials meet in shared memory.
 //
 // Ring: kStages slots filled kStages - 2 stages ahead. Each k16 step's wgmmas are one commit
@@ -18,6 +23,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/ptx/mbarrier.cuh"
 #include "common/ptx/sm80.cuh"
@@ -28,53 +34,62 @@ namespace cake_moe::mxfp4_moe {
 
 template <GemmStage kStage, typename Cfg>
 struct Sm90Mxfp4MoeGemm {
-  using Base = Mxfp4MoeGemm<kStage, Cfg>;  // pointer stage loader, weight reads, SiTU, requantization, GEMM2 epilogue
+  // Stage loader, weight reads, SiTU, requantization, GEMM2 epilogue. The loader's tiling names
+  // the threads that issue a stage's copies (all of them, or the first warpgroups).
+  using Base = Mxfp4MoeGemm<kStage, typename Cfg::LoaderTiling>;
   using Wgmma = ptx::WgmmaBf16RS<Cfg::kBN, 0>;  // B K-major
   static constexpr int kBN = Cfg::kBN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
+  static constexpr int kCopyThreads = Cfg::LoaderTiling::kThreads;
+  // m16 blocks per warp: the 256 weight rows over 4 (two warpgroups) or 16 warps (four).
+  static constexpr int kMB = Cfg::kBM / 16 / (kThreads / 32);
+  static constexpr int kGroupWarps = 4 / kMB;  // warps sharing a prepared 64-row group
+  static_assert(kMB == 1 || kMB == 2, "a warp owns one or two m16 blocks of its 64-row group");
   static constexpr int kSmemBytes = Cfg::kSmemBytes;
   // Stages in flight ahead of the one computed. kStages - 1 would refill the slot stage ks - 1
   // read, so its last k16 step would have to retire before each barrier: measured 3-7% slower.
   static constexpr int kAhead = kStages - 2;
   static constexpr int kNBlocks = kBN / 8;
   static_assert(kAhead >= 1, "the ring needs a slot for the stage whose wgmmas are still running");
-  static_assert(Cfg::kWarpsK == 1 && kThreads == 128 * Cfg::kWarpGroups, "whole warpgroups, no K split");
+  static_assert(Cfg::kWarpsK == 1, "no K split: a warp owns whole k16 steps");
+  // The GEMM1 epilogue's amax exchange: a named barrier over the MMA warpgroups (the whole CTA).
+  static constexpr uint32_t kEpilogueBarrier = 1, kMmaThreads = kThreads;
   static_assert(Wgmma::kAccRegs == 4 * kNBlocks, "the wgmma N is the token tile");
 
-  using Acc = float[2][kNBlocks][4];  // [m16 block of the warp's half][n8 block][mma.sync C order]
+  using Acc = float[kMB][kNBlocks][4];  // [m16 block of the warp's rows][n8 block][mma.sync C order]
 
-  // k16 step s of unit u: the four A registers of each of the warp's two m16 blocks. Always the
+  // k16 step s of unit u: the four A registers of each of the warp's m16 blocks. Always the
   // two-multiply conversion (exact for every scale code): a branch to the one-multiply form for
   // codes <= 128, as in the portable kernels, measured 3.5-6% slower here (a second copy of the
   // unrolled mainloop, the warp vote and the branch cost more than one HMUL2 per bf16x2).
   template <int kS>
-  __device__ static __forceinline__ void fragments(uint32_t (&a)[2][4], const uint2 (&wrow)[2][2],
-                                                   const uint32_t (&codes)[2][2]) {
+  __device__ static __forceinline__ void fragments(uint32_t (&a)[kMB][4], const uint2 (&wrow)[kMB][2],
+                                                   const uint32_t (&codes)[kMB][2]) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kMB; ++i) {
       const uint32_t cg = (codes[i][0] >> (8 * (kS / 2))) & 0xFFu, cg8 = (codes[i][1] >> (8 * (kS / 2))) & 0xFFu;
       a_fragment<kS, true>(a[i], wrow[i][0], wrow[i][1], cg, cg8);
     }
   }
 
   template <int kS>
-  __device__ static __forceinline__ void step(Acc& acc, const uint2 (&wrow)[2][2], const uint32_t (&codes)[2][2],
+  __device__ static __forceinline__ void step(Acc& acc, const uint2 (&wrow)[kMB][2], const uint32_t (&codes)[kMB][2],
                                               uint32_t b_tile) {
-    uint32_t a[2][4];
+    uint32_t a[kMB][4];
     fragments<kS>(a, wrow, codes);
     ptx::wgmma_fence();  // the A registers were just written by ordinary instructions
     const uint64_t desc = ptx::make_desc_kmajor_sw128(b_tile + 32 * kS);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) Wgmma::mma(reinterpret_cast<float(&)[4 * kNBlocks]>(acc[i]), a[i], desc, 1u);
+    for (int i = 0; i < kMB; ++i) Wgmma::mma(reinterpret_cast<float(&)[4 * kNBlocks]>(acc[i]), a[i], desc, 1u);
     ptx::wgmma_commit();
     ptx::wgmma_wait<1>();  // step s - 1 retired: its A registers may be reused by step s + 1
   }
 
-  // One stage (two 64-element units, four k16 steps each) for the warp's 32 rows from row0.
+  // One stage (two 64-element units, four k16 steps each) for the warp's 16 kMB rows from row0.
   __device__ static __forceinline__ void compute_stage(const typename Base::Smem& sm, int slot, int row0, Acc& acc) {
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      uint2 wrow[2][2];
-      uint32_t codes[2][2];
+      uint2 wrow[kMB][2];
+      uint32_t codes[kMB][2];
       Base::load_unit_weights(sm, slot, row0, 0, u, wrow, codes);
       const uint32_t b_tile = ptx::smem_addr(sm.b(slot)) + u * Cfg::kBTileBytes;
       step<0>(acc, wrow, codes, b_tile);
@@ -84,14 +99,15 @@ struct Sm90Mxfp4MoeGemm {
     }
   }
 
-  // GEMM1 epilogue. Thread (g, q) holds, for m16 block b = 2 half + i of its group, up (c0, c1)
-  // and gate (c2, c3) of intermediate column j0 + 4g + b for token rows 2q, 2q + 1 of each n8
-  // block. The MXFP8 block of a row is the group's 32 columns: amax over i, the 8 lanes g, and
-  // the partner warp (the group's other half) through shared memory, combined in warp order.
+  // GEMM1 epilogue. Thread (g, q) of the group's warp w holds, for m16 block b = kMB w + i of the
+  // group, up (c0, c1) and gate (c2, c3) of intermediate column j0 + 4g + b for token rows 2q,
+  // 2q + 1 of each n8 block. The MXFP8 block of a row is the group's 32 columns: amax over i, the
+  // 8 lanes g, and the group's other warps through shared memory, combined in warp order.
+  // `warp`: the warp's index among the MMA warps.
   __device__ static void epilogue_gemm1(const GemmParams& p, const typename Base::Tile& t, uint8_t* smem, int group,
-                                        Acc& acc) {
+                                        int warp, Acc& acc) {
     using namespace numerics;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, half = warp & 1;
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, w = warp % kGroupWarps;
     const float beta = p.beta[t.expert], lbeta = p.linear_beta[t.expert];
     float* amax_rows = reinterpret_cast<float*>(smem + Cfg::kAmaxOffset);  // [warp][token row]
 #pragma unroll
@@ -100,7 +116,7 @@ struct Sm90Mxfp4MoeGemm {
       for (int c = 0; c < 2; ++c) {
         float amax = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < kMB; ++i) {
           acc[i][nb][c] = Base::situ(acc[i][nb][2 + c], acc[i][nb][c], beta, lbeta);
           amax = max_abs_nan(amax, acc[i][nb][c]);
         }
@@ -109,11 +125,10 @@ struct Sm90Mxfp4MoeGemm {
         if (g == 0) amax_rows[warp * kBN + nb * 8 + 2 * q + c] = amax;
       }
     }
-    __syncthreads();
+    ptx::named_barrier_sync(kEpilogueBarrier, kMmaThreads);
     const int inter = p.m / 2;
-    const int j = (t.m0 + group * 64) / 2 + 4 * g + 2 * half;
-    const float* even = amax_rows + (warp & ~1) * kBN;
-    const float* odd = even + kBN;
+    const int j = (t.m0 + group * 64) / 2 + 4 * g + kMB * w;
+    const float* partials = amax_rows + (warp - w) * kBN;  // the group's first warp
 #pragma unroll
     for (int nb = 0; nb < kNBlocks; ++nb) {
 #pragma unroll
@@ -121,14 +136,24 @@ struct Sm90Mxfp4MoeGemm {
         const int row = nb * 8 + 2 * q + c;
         uint32_t code;
         float to_elem;
-        formats::detail::block_scale<formats::Fmt::kMxfp8>(max_abs_nan(even[row], odd[row]),
-                                                           int32_t(formats::ScaleRule::kRoundUp), 0.0f, code, to_elem);
+        float amax = partials[row];
+#pragma unroll
+        for (int v = 1; v < kGroupWarps; ++v) amax = max_abs_nan(amax, partials[v * kBN + row]);
+        formats::detail::block_scale<formats::Fmt::kMxfp8>(amax, int32_t(formats::ScaleRule::kRoundUp), 0.0f, code,
+                                                           to_elem);
         const float from_elem = ue8m0_value(code);
-        const float lo = Base::requant_value(acc[0][nb][c], code, to_elem, from_elem);
-        const float hi = Base::requant_value(acc[1][nb][c], code, to_elem, from_elem);
-        const uint32_t out = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
-                             (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
-        if (row < t.rows && j < inter) *reinterpret_cast<uint32_t*>(p.out + int64_t(t.row0 + row) * inter + j) = out;
+        uint16_t out[kMB];  // columns j, j + 1
+#pragma unroll
+        for (int i = 0; i < kMB; ++i)
+          out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(Base::requant_value(acc[i][nb][c], code, to_elem, from_elem)));
+        if (row < t.rows && j < inter) {
+          uint16_t* dst = p.out + int64_t(t.row0 + row) * inter + j;
+          if constexpr (kMB == 2) {
+            *reinterpret_cast<uint32_t*>(dst) = uint32_t(out[0]) | (uint32_t(out[1]) << 16);
+          } else {
+            *dst = out[0];
+          }
+        }
       }
     }
   }
@@ -144,23 +169,36 @@ struct Sm90Mxfp4MoeGemm {
     return t;
   }
 
+  // Two warpgroups: every thread copies, with the lean pointer loader (sources resolved once per
+  // item). Four: the first two warpgroups copy, with the row loader (its 128-register budget has
+  // no room for a pointer per copy).
+  static constexpr bool kAllCopy = kCopyThreads == kThreads;
+  using StageLoader = std::conditional_t<kAllCopy, typename Base::PointerLoader, typename Base::Loader>;
+  __device__ static __forceinline__ bool copies() { return kAllCopy || int(threadIdx.x) < kCopyThreads; }
+  __device__ static StageLoader make_stage_loader(const GemmParams& p, const typename Base::Tile& t) {
+    if constexpr (kAllCopy) {
+      return Base::make_pointer_loader(p, t);
+    } else {
+      return copies() ? Base::make_loader(p, t) : StageLoader{};
+    }
+  }
+
   // The first kAhead stages of an item into ring slots 0..kAhead-1 (the ring must be free).
-  __device__ static void prologue(const GemmParams& p, const typename Base::Smem& sm,
-                                  const typename Base::PointerLoader& loader) {
+  __device__ static void prologue(const GemmParams& p, const typename Base::Smem& sm, const StageLoader& loader) {
     const int num_k = p.k / Cfg::kKStage;  // K is a multiple of 128
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
-      if (s < num_k) Base::load_stage(p, loader, sm, s, s);
+      if (s < num_k && copies()) Base::load_stage(p, loader, sm, s, s);
       ptx::cp_async_commit();
     }
   }
 
   // The mainloop over K of an item whose prologue is issued; returns with every wgmma retired,
   // every copy landed and the ring free for the next item's prologue.
-  __device__ static void mainloop(const GemmParams& p, const typename Base::Smem& sm,
-                                  const typename Base::PointerLoader& loader, int row0, Acc& acc) {
+  __device__ static void mainloop(const GemmParams& p, const typename Base::Smem& sm, const StageLoader& loader,
+                                  int row0, Acc& acc) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < kMB; ++i)
 #pragma unroll
       for (int nb = 0; nb < kNBlocks; ++nb)
 #pragma unroll
@@ -171,12 +209,12 @@ struct Sm90Mxfp4MoeGemm {
       ptx::fence_proxy_async_smem();  // cp.async wrote B through the generic proxy; wgmma reads it
       __syncthreads();  // stage ks landed; the stage that last used slot (ks + kAhead) % kStages retired
       const int next = ks + kAhead;
-      if (next < num_k) Base::load_stage(p, loader, sm, next % kStages, next);
+      if (next < num_k && copies()) Base::load_stage(p, loader, sm, next % kStages, next);
       ptx::cp_async_commit();
       compute_stage(sm, ks % kStages, row0, acc);
     }
     ptx::wgmma_wait<0>();
-    ptx::reg_fence(reinterpret_cast<float(&)[2 * kNBlocks * 4]>(acc));
+    ptx::reg_fence(reinterpret_cast<float(&)[kMB * kNBlocks * 4]>(acc));
     ptx::cp_async_wait<0>();
     __syncthreads();  // every warp is done with the ring
   }
@@ -189,12 +227,13 @@ struct Sm90Mxfp4MoeGemm {
     const int items = *p.tile_count * p.m_blocks;
     int work = blockIdx.x;
     if (work >= items) return;
+    static_assert(kThreads == 128 * Cfg::kWarpGroups, "MMA warpgroups, nothing else");
     const typename Base::Smem sm{smem_raw};
     const int warp = threadIdx.x >> 5;
-    const int group = 2 * (warp / 4) + (warp % 4) / 2;  // prepared 64-row group of the warp in the CTA
-    const int row0 = group * 64 + (warp & 1) * 32;
+    const int group = warp / kGroupWarps;  // prepared 64-row group of the warp in the CTA
+    const int row0 = group * 64 + (warp % kGroupWarps) * 16 * kMB;
     typename Base::Tile t = tile_of(p, work);
-    typename Base::PointerLoader loader = Base::make_pointer_loader(p, t);
+    StageLoader loader = make_stage_loader(p, t);
     prologue(p, sm, loader);
     while (true) {
       Acc acc;
@@ -203,15 +242,15 @@ struct Sm90Mxfp4MoeGemm {
       typename Base::Tile next_t{};
       if (next < items) {
         next_t = tile_of(p, next);
-        loader = Base::make_pointer_loader(p, next_t);
+        loader = make_stage_loader(p, next_t);
         prologue(p, sm, loader);
       } else {
         ptx::allow_dependent_launch();  // the next GEMM / finalize may start; it waits for us
       }
       if constexpr (kStage == GemmStage::kGemm1) {
-        epilogue_gemm1(p, t, smem_raw, group, acc);
+        epilogue_gemm1(p, t, smem_raw, group, warp, acc);
       } else {
-        Base::epilogue_gemm2(p, t, group * 64, 4 * (warp & 1), acc);  // the warp's half: blocks 2 half + i
+        Base::epilogue_gemm2(p, t, group * 64, 2 * kMB * (warp % kGroupWarps), acc);  // blocks kMB w + i
       }
       if (next >= items) break;
       t = next_t;
