@@ -244,7 +244,7 @@ def test_every_token_count_is_supported():
 
 
 @pytest.mark.parametrize("tile,bn", [("n8", 8), ("n8_narrow", 8), ("n32", 32), ("n64", 64), ("wg128", 128),
-                                     ("wg128x4", 128)])
+                                     ("wg128x4", 128), ("wg64x4", 64)])
 def test_decide_forced_tile(tile, bn):
     d = _decide.decide(20000, *_TP8, sm90=True, tile=tile)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "forced", bn, tile)

@@ -147,7 +147,8 @@ MXFP4_MOE_TILINGS = (("n8", 8, "DecodeTiling", 256), ("n8_narrow", 8, "DecodeNar
                      ("n8_shortk", 8, "DecodeShortKTiling", 128),
                      ("n32", 32, "MidTiling", 128), ("n64", 64, "PrefillTiling", 128))
 # One kernel (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh) on two or four MMA warpgroups.
-MXFP4_MOE_SM90_TILINGS = (("wg128", 128, "Sm90PrefillTiling", 256), ("wg128x4", 128, "Sm90Prefill4WgTiling", 512))
+MXFP4_MOE_SM90_TILINGS = (("wg128", 128, "Sm90PrefillTiling", 256), ("wg128x4", 128, "Sm90Prefill4WgTiling", 512),
+                          ("wg64x4", 64, "Sm90Mid4WgTiling", 512))
 
 
 def _mxfp4_moe_forms() -> list[Form]:

@@ -53,37 +53,35 @@ struct Tiling {
   static constexpr int b_offset(int row, int chunk) { return row * kBRowBytes + 16 * (chunk ^ (row & 7)); }
 };
 
-// sm_90a prefill (sm90_mxfp4_moe_gemm.cuh): a CTA computes 256 weight rows x 128 token rows with
-// two warpgroups of 128 weight rows each, by RS wgmma m64n128k16 (dequantized weights from
-// registers as A, the token rows from shared memory as B). A stage's token rows are two K-major
-// tiles (one per 64-wide K half) in the 128-byte swizzle wgmma reads: 128 rows x 128 B, 8-row atoms.
-// Past the ring: each warp's per-row MXFP8 amax partials for the GEMM1 epilogue.
-struct Sm90PrefillTiling : Tiling<128, 4, 1, 4> {
-  using LoaderTiling = Sm90PrefillTiling;  // every thread issues copies
-  static constexpr int kWarpGroups = 2;
+// sm_90a wgmma forms (sm90_mxfp4_moe_gemm.cuh): a CTA computes 256 weight rows x kBN token rows
+// by RS wgmma m64nNk16 (dequantized weights from registers as A, the token rows from shared
+// memory as B), on two warpgroups (two m16 blocks per warp) or four (one per warp: four warps per
+// scheduler hide more of the conversion's latencies). A stage's token rows are two K-major tiles
+// (one per 64-wide K half) in the 128-byte swizzle wgmma reads: kBN rows x 128 B, 8-row atoms.
+// Past the ring: each warp's per-row MXFP8 amax partials for the GEMM1 epilogue. The first two
+// warpgroups issue the copies (LoaderTiling: the stage loader's view).
+template <int kBN_, int kWarpGroups_>
+struct Sm90Tiling : Tiling<kBN_, 4, 1, 4> {
+  using Base = Tiling<kBN_, 4, 1, 4>;
+  using LoaderTiling = Sm90Tiling<kBN_, 2>;
+  static constexpr int kWarpGroups = kWarpGroups_;
   static constexpr int kThreads = 128 * kWarpGroups;
-  static constexpr int kBTileBytes = kBN * 128;  // one K half of a stage's token rows
-  static constexpr int kAmaxOffset = kStages * kStageBytes;
-  static constexpr int kSmemBytes = kAmaxOffset + kThreads / 32 * kBN * 4;
+  static constexpr int kBTileBytes = kBN_ * 128;  // one K half of a stage's token rows
+  static constexpr int kAmaxOffset = Base::kStages * Base::kStageBytes;
+  static constexpr int kSmemBytes = kAmaxOffset + kThreads / 32 * kBN_ * 4;
   static constexpr int b_offset(int row, int chunk) {
     return (chunk / 8) * kBTileBytes + row * 128 + 16 * ((chunk % 8) ^ (row & 7));
   }
-  static_assert(kKStage == 128, "a stage is two 64-wide K halves");
-  static_assert(kBM == 64 * 2 * kWarpGroups, "a warpgroup owns two 64-row prepared groups");
-  static_assert(kBM * (kWRowBytes + kSfRowBytes) % 1024 == 0 && kStageBytes % 1024 == 0,
+  static_assert(Base::kKStage == 128, "a stage is two 64-wide K halves");
+  static_assert(kWarpGroups == 2 || kWarpGroups == 4, "a warp owns two or one m16 blocks of 16 * 16 rows");
+  static_assert(Base::kBM * (Base::kWRowBytes + Base::kSfRowBytes) % 1024 == 0 && Base::kStageBytes % 1024 == 0 &&
+                    kBTileBytes % 1024 == 0,
                 "every B tile starts on a 1024-byte swizzle atom");
-};
-
-// sm_90a prefill on four warpgroups (the same kernel): the wg128 item and stages, each warp
-// dequantizing one m16 block (16 warps, 64 accumulators per thread) instead of two, so each
-// scheduler has four warps to hide the conversion's latencies instead of two; the first two
-// warpgroups issue the copies.
-struct Sm90Prefill4WgTiling : Sm90PrefillTiling {
-  static constexpr int kWarpGroups = 4;
-  static constexpr int kThreads = 128 * kWarpGroups;
-  static constexpr int kSmemBytes = kAmaxOffset + kThreads / 32 * kBN * 4;
   static_assert(kSmemBytes <= 232448, "fits the sm_90 shared memory of one CTA");
 };
+using Sm90PrefillTiling = Sm90Tiling<128, 2>;     // wg128
+using Sm90Prefill4WgTiling = Sm90Tiling<128, 4>;  // wg128x4
+using Sm90Mid4WgTiling = Sm90Tiling<64, 4>;       // wg64x4
 
 // The shipped tilings (forms.py instantiates them; the decision table in Python picks one per
 // GEMM by expected rows per expert and K). Decode streams each expert's weights once with 8-row token tiles,

@@ -32,9 +32,10 @@ NARROW_ROUTES = 16
 # The table runs wg128x4 (the same kernel on four warpgroups): 7-10% faster than wg128 at 73 and
 # 292 routes per expert (T = 4096, 16384) in both layouts.
 PREFILL_WG_MIN_LOAD = 48
-SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4")
+SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4")
 # Token rows per tile of every form the table (or a caller's `tile=`) can name.
-BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128}
+BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
+                               "wg64x4": 64}
 SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg128x4"], "wg128x4")
 TILES: tuple[str, ...] = tuple(BLOCK_N_OF)
 # At BN 8 a GEMM whose reduction length K is at most this uses the short-K tiling (256 weight
