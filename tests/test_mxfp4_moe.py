@@ -222,11 +222,14 @@ _TP8 = (CONTRACT["top_k"], CONTRACT["num_experts"], CONTRACT["hidden_size"], TP8
                                        (1345, "prefill", 64), (2688, "prefill", 64), (2689, "prefill", 128)])
 def test_decide_thresholds(t, path, bn, sm90):
     """E=896, k=16: T*k/E = T/56, so the limits 6, 24 and 48 fall at T = 336, 1344 and 2688;
-    above 48 an sm_90 device takes the wgmma form (BN 128), other arches stay on BN 64."""
+    above 24 an sm_90 device takes the wgmma forms (BN 64 up to 48, then BN 128), other arches
+    stay on BN 64."""
     d = _decide.decide(t, *_TP8, sm90=sm90)
     if bn == 128 and not sm90:
         bn = 64
-    tile = "wg128x4" if bn == 128 else f"n{bn}"
+    tile = f"n{bn}"
+    if sm90 and bn >= 64:
+        tile = "wg128x4" if bn == 128 else "wg64x4"
     assert (d.path, d.block_n, d.forms[2]) == (path, bn, f"mxfp4_moe_gemm1_{tile}")
 
 

@@ -30,13 +30,18 @@ NARROW_ROUTES = 16
 # (docs/mxfp4_moe.md): n64 wins at 36.6 routes per expert (T = 2048) in both contract layouts,
 # wg128 at 73 (T = 4096); at 54.9 (T = 3072) wg128 wins ep8 by 1.38x and loses tp8 by 1.25x.
 # The table runs wg128x4 (the same kernel on four warpgroups): 7-10% faster than wg128 at 73 and
-# 292 routes per expert (T = 4096, 16384) in both layouts.
+# 292 routes per expert (T = 4096, 16384) in both layouts. Between the mid rows' limit (24) and
+# 48 an sm_90 device runs wg64x4 (64-token tiles, four warpgroups) instead of n64: 1.36x (tp8)
+# and 1.50x (ep8) faster at 36.6 (T = 2048); n32 stays below 24 (it beat wg64x4 by 3-8% at 18.3,
+# T = 1024), and at 54.9 (T = 3072) wg128x4 won ep8 by 1.24x, wg64x4 tp8 by 1.31x.
 PREFILL_WG_MIN_LOAD = 48
+SM90_MID_WG_MIN_LOAD = 24
 SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4")
 # Token rows per tile of every form the table (or a caller's `tile=`) can name.
 BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
                                "wg64x4": 64}
 SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg128x4"], "wg128x4")
+SM90_MID_PREFILL = (SM90_MID_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg64x4"], "wg64x4")
 TILES: tuple[str, ...] = tuple(BLOCK_N_OF)
 # At BN 8 a GEMM whose reduction length K is at most this uses the short-K tiling (256 weight
 # rows per CTA instead of eight warps splitting K). The host binds the two GEMM forms it is given.
@@ -92,6 +97,8 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
         chosen = "n8_narrow"
     if sm90 and load > PREFILL_WG_MIN_LOAD:
         _, path, block_n, chosen = SM90_PREFILL
+    elif sm90 and load > SM90_MID_WG_MIN_LOAD:
+        _, path, block_n, chosen = SM90_MID_PREFILL
     if tile is not None:
         if tile not in TILES:
             raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
