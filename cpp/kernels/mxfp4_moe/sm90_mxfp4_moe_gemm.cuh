@@ -51,8 +51,8 @@ struct Sm90Mxfp4MoeGemm {
   static constexpr int kNBlocks = kBN / 8;
   static_assert(kAhead >= 1, "the ring needs a slot for the stage whose wgmmas are still running");
   static_assert(Cfg::kWarpsK == 1, "no K split: a warp owns whole k16 steps");
-  // The GEMM1 epilogue's amax exchange: a named barrier over the MMA warpgroups (the whole CTA).
-  static constexpr uint32_t kEpilogueBarrier = 1, kMmaThreads = kThreads;
+  // The GEMM1 epilogue's amax exchange: a named barrier over all threads (id 0 is the ring's).
+  static constexpr uint32_t kEpilogueBarrier = 1;
   static_assert(Wgmma::kAccRegs == 4 * kNBlocks, "the wgmma N is the token tile");
 
   using Acc = float[kMB][kNBlocks][4];  // [m16 block of the warp's rows][n8 block][mma.sync C order]
@@ -125,7 +125,7 @@ struct Sm90Mxfp4MoeGemm {
         if (g == 0) amax_rows[warp * kBN + nb * 8 + 2 * q + c] = amax;
       }
     }
-    ptx::named_barrier_sync(kEpilogueBarrier, kMmaThreads);
+    ptx::named_barrier_sync(kEpilogueBarrier, kThreads);
     const int inter = p.m / 2;
     const int j = (t.m0 + group * 64) / 2 + 4 * g + kMB * w;
     const float* partials = amax_rows + (warp - w) * kBN;  // the group's first warp
