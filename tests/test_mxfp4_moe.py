@@ -222,14 +222,14 @@ _TP8 = (CONTRACT["top_k"], CONTRACT["num_experts"], CONTRACT["hidden_size"], TP8
                                        (1345, "prefill", 64), (2688, "prefill", 64), (2689, "prefill", 128)])
 def test_decide_thresholds(t, path, bn, sm90):
     """E=896, k=16: T*k/E = T/56, so the limits 6, 24 and 48 fall at T = 336, 1344 and 2688;
-    above 24 an sm_90 device takes the wgmma forms (BN 64 up to 48, then BN 128), other arches
-    stay on BN 64."""
+    above 6 an sm_90 device takes the wgmma forms (BN 32 up to 24, BN 64 up to 48, then BN 128),
+    other arches stay on n32 / n64."""
     d = _decide.decide(t, *_TP8, sm90=sm90)
     if bn == 128 and not sm90:
         bn = 64
     tile = f"n{bn}"
-    if sm90 and bn >= 64:
-        tile = "wg128x4" if bn == 128 else "wg64x4"
+    if sm90 and bn >= 32:
+        tile = {128: "wg128x4", 64: "wg64x4", 32: "wg32x4"}[bn]
     assert (d.path, d.block_n, d.forms[2]) == (path, bn, f"mxfp4_moe_gemm1_{tile}")
 
 
@@ -247,7 +247,7 @@ def test_every_token_count_is_supported():
 
 
 @pytest.mark.parametrize("tile,bn", [("n8", 8), ("n8_narrow", 8), ("n32", 32), ("n64", 64), ("wg128", 128),
-                                     ("wg128x4", 128), ("wg64x4", 64)])
+                                     ("wg128x4", 128), ("wg64x4", 64), ("wg32x4", 32)])
 def test_decide_forced_tile(tile, bn):
     d = _decide.decide(20000, *_TP8, sm90=True, tile=tile)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "forced", bn, tile)

@@ -118,7 +118,7 @@ def test_general_shapes(layers, name, t):
 
 @pytest.mark.parametrize("name,t", [("h256_e8_k2", 1), ("h256_e8_k2", 17), ("h384_ep_k8", 129),
                                     ("h128_e1024_k32", 17), ("h256_tp_k4", 300), ("tp8", 129)])
-@pytest.mark.parametrize("tile", ["n8", "n8_narrow", "n32", "n64", "wg128", "wg128x4", "wg64x4"])
+@pytest.mark.parametrize("tile", ["n8", "n8_narrow", "n32", "n64", "wg128", "wg128x4", "wg64x4", "wg32x4"])
 def test_every_tile_form(layers, name, t, tile):
     """Every tile form on shapes and token counts the decision table would not give it: tiles
     with one row, a second warpgroup with no rows, half m-blocks (H = 128, 384), one K stage."""

@@ -148,15 +148,15 @@ MXFP4_MOE_TILINGS = (("n8", 8, "DecodeTiling", 256), ("n8_narrow", 8, "DecodeNar
                      ("n32", 32, "MidTiling", 128), ("n64", 64, "PrefillTiling", 128))
 # One kernel (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh) on two or four MMA warpgroups.
 MXFP4_MOE_SM90_TILINGS = (("wg128", 128, "Sm90PrefillTiling", 256), ("wg128x4", 128, "Sm90Prefill4WgTiling", 512),
-                          ("wg64x4", 64, "Sm90Mid4WgTiling", 512))
+                          ("wg64x4", 64, "Sm90Mid4WgTiling", 512), ("wg32x4", 32, "Sm90Mid32Tiling", 512))
 
 
 def _mxfp4_moe_forms() -> list[Form]:
     """MXFP4-weight GEMMs dequantizing in the mainloop: GEMM1 and GEMM2 per tiling."""
-    kinds = (  # (tilings, kernel template, header, arch fields, min blocks per SM)
-        (MXFP4_MOE_TILINGS, "Mxfp4MoeGemm", "mxfp4_moe/mxfp4_moe_gemm.cuh", {"native": ()}, 2),
+    kinds = (  # (tilings, kernel template, header, arch and validation fields, min blocks per SM)
+        (MXFP4_MOE_TILINGS, "Mxfp4MoeGemm", "mxfp4_moe/mxfp4_moe_gemm.cuh", {"native": (), "validated": ("90a",)}, 2),
         (MXFP4_MOE_SM90_TILINGS, "Sm90Mxfp4MoeGemm", "mxfp4_moe/sm90_mxfp4_moe_gemm.cuh",
-         {"arches": ("90a",), "native": ("90a",)}, 1),
+         {"arches": ("90a",), "native": ("90a",), "validated": ("90a",)}, 1),
     )
     forms = []
     for tilings, template, header, arch_fields, min_blocks in kinds:
@@ -172,8 +172,7 @@ def _mxfp4_moe_forms() -> list[Form]:
                     f"mxfp4_moe_gemm{stage}_{suffix}", "mxfp4_moe", header, "cake_moe::mxfp4_moe::GemmParams",
                     (Kernel(f"cake_mxfp4_moe_gemm{stage}_{suffix}", "Form::run", threads=threads,
                             min_blocks=min_blocks),),
-                    {"stage": stage, "bn": bn, "tiling": tiling}, prelude=prelude, validated=("90a",),
-                    **arch_fields))
+                    {"stage": stage, "bn": bn, "tiling": tiling}, prelude=prelude, **arch_fields))
     return forms
 
 

@@ -37,7 +37,9 @@ TilingInfo tiling_for(const std::string& tile) {
   if (tile == "wg128") return info<Sm90PrefillTiling>("wg128", true);  // sm_90a only: Python checks the device
   if (tile == "wg128x4") return info<Sm90Prefill4WgTiling>("wg128x4", true);
   if (tile == "wg64x4") return info<Sm90Mid4WgTiling>("wg64x4", true);
-  throw ValueError("tile must be n8, n8_narrow, n8_shortk, n32, n64, wg128, wg128x4 or wg64x4, got " + tile);
+  if (tile == "wg32x4") return info<Sm90Mid32Tiling>("wg32x4", true);
+  throw ValueError("tile must be n8, n8_narrow, n8_shortk, n32, n64, wg128, wg128x4, wg64x4 or wg32x4, got " +
+                   tile);
 }
 
 class Mxfp4MoePlan final : public Plan {

@@ -82,6 +82,7 @@ struct Sm90Tiling : Tiling<kBN_, 4, 1, 4> {
 using Sm90PrefillTiling = Sm90Tiling<128, 2>;     // wg128
 using Sm90Prefill4WgTiling = Sm90Tiling<128, 4>;  // wg128x4
 using Sm90Mid4WgTiling = Sm90Tiling<64, 4>;       // wg64x4
+using Sm90Mid32Tiling = Sm90Tiling<32, 4>;        // wg32x4
 
 // The shipped tilings (forms.py instantiates them; the decision table in Python picks one per
 // GEMM by expected rows per expert and K). Decode streams each expert's weights once with 8-row token tiles,

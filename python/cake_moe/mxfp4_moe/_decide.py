@@ -34,14 +34,18 @@ NARROW_ROUTES = 16
 # 48 an sm_90 device runs wg64x4 (64-token tiles, four warpgroups) instead of n64: 1.36x (tp8)
 # and 1.50x (ep8) faster at 36.6 (T = 2048); n32 stays below 24 (it beat wg64x4 by 3-8% at 18.3,
 # T = 1024), and at 54.9 (T = 3072) wg128x4 won ep8 by 1.24x, wg64x4 tp8 by 1.31x.
+# In the mid rows (6-24) an sm_90 device runs wg32x4 (32-token tiles, four warpgroups) instead of
+# n32 (bench/results/2026-11-30_h200_mxfp4_moe_mid.md, T = 512-1344): 7-8% faster on tp8, within
+# 1% on ep8 (2521 vs 2516 us at T = 1024, 2187 vs 2204 at 512).
 PREFILL_WG_MIN_LOAD = 48
 SM90_MID_WG_MIN_LOAD = 24
-SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4")
+SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4")
 # Token rows per tile of every form the table (or a caller's `tile=`) can name.
 BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
-                               "wg64x4": 64}
+                               "wg64x4": 64, "wg32x4": 32}
 SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg128x4"], "wg128x4")
 SM90_MID_PREFILL = (SM90_MID_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg64x4"], "wg64x4")
+SM90_MID = "wg32x4"  # the mid rows' form on sm_90 (BN 32, like n32)
 TILES: tuple[str, ...] = tuple(BLOCK_N_OF)
 # At BN 8 a GEMM whose reduction length K is at most this uses the short-K tiling (256 weight
 # rows per CTA instead of eight warps splitting K). The host binds the two GEMM forms it is given.
@@ -99,6 +103,8 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
         _, path, block_n, chosen = SM90_PREFILL
     elif sm90 and load > SM90_MID_WG_MIN_LOAD:
         _, path, block_n, chosen = SM90_MID_PREFILL
+    elif sm90 and path == "mid":
+        chosen = SM90_MID
     if tile is not None:
         if tile not in TILES:
             raise ValueError(f"tile must be one of {TILES}, got {tile!r}")

@@ -76,11 +76,12 @@ __device__ __forceinline__ uint64_t make_desc_mnmajor_sw128(uint32_t smem_byte_a
 #define CAKE_WGMMA_ACC8(b)                                                                            \
   "+f"(d[(b) + 0]), "+f"(d[(b) + 1]), "+f"(d[(b) + 2]), "+f"(d[(b) + 3]), "+f"(d[(b) + 4]), "+f"(d[(b) + 5]), \
       "+f"(d[(b) + 6]), "+f"(d[(b) + 7])
-#define CAKE_WGMMA_ACC32(b) \
-  CAKE_WGMMA_ACC8(b), CAKE_WGMMA_ACC8((b) + 8), CAKE_WGMMA_ACC8((b) + 16), CAKE_WGMMA_ACC8((b) + 24)
+#define CAKE_WGMMA_ACC16(b) CAKE_WGMMA_ACC8(b), CAKE_WGMMA_ACC8((b) + 8)
+#define CAKE_WGMMA_ACC32(b) CAKE_WGMMA_ACC16(b), CAKE_WGMMA_ACC16((b) + 16)
 #define CAKE_WGMMA_ACC64 CAKE_WGMMA_ACC32(0), CAKE_WGMMA_ACC32(32)
 #define CAKE_WGMMA_ACC128 CAKE_WGMMA_ACC64, CAKE_WGMMA_ACC32(64), CAKE_WGMMA_ACC32(96)
-#define CAKE_WGMMA_D32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+#define CAKE_WGMMA_D16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define CAKE_WGMMA_D32 CAKE_WGMMA_D16 ", " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define CAKE_WGMMA_D64                                                                          \
   CAKE_WGMMA_D32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
@@ -151,6 +152,20 @@ template <int N, int TransB>
 struct WgmmaBf16RS;
 
 template <int TransB>
+struct WgmmaBf16RS<32, TransB> {
+  static constexpr int kAccRegs = 16;
+  __device__ __forceinline__ static void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b,
+                                             uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" CAKE_WGMMA_D16
+        "}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+        : CAKE_WGMMA_ACC16(0)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TransB));
+  }
+};
+
+template <int TransB>
 struct WgmmaBf16RS<64, TransB> {
   static constexpr int kAccRegs = 32;
   __device__ __forceinline__ static void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
@@ -186,9 +201,11 @@ using WgmmaBf16SS = WgmmaBf16SSAB<N, 0, TransB>;
 }  // namespace cake_moe
 
 #undef CAKE_WGMMA_ACC8
+#undef CAKE_WGMMA_ACC16
 #undef CAKE_WGMMA_ACC32
 #undef CAKE_WGMMA_ACC64
 #undef CAKE_WGMMA_ACC128
+#undef CAKE_WGMMA_D16
 #undef CAKE_WGMMA_D32
 #undef CAKE_WGMMA_D64
 #undef CAKE_WGMMA_D128
