@@ -12,6 +12,7 @@
 #include "runtime/errors.hpp"
 #include "runtime/images.hpp"
 #include "runtime/launch.hpp"
+#include "runtime/tensor_map.hpp"
 
 namespace cake_moe::mxfp4_moe {
 namespace {
@@ -20,11 +21,26 @@ struct TilingInfo {
   int bn, bm, threads, smem;
   const char* suffix;  // form name suffix (forms.py MXFP4_MOE_TILINGS)
   bool persistent;     // one CTA per SM walks the work items (else one CTA per item)
+  int w_box_bytes;     // > 0: the weight tiles arrive by TMA in boxes this wide (x bm rows)
 };
 
 template <typename Cfg>
 constexpr TilingInfo info(const char* suffix, bool persistent = false) {
-  return {Cfg::kBN, Cfg::kBM, Cfg::kThreads, Cfg::kSmemBytes, suffix, persistent};
+  return {Cfg::kBN, Cfg::kBM, Cfg::kThreads, Cfg::kSmemBytes, suffix, persistent,
+          Cfg::kTmaWeights ? Cfg::kWBoxBytes : 0};
+}
+
+// The weights [L * m rows, k / 2 bytes] as a TMA tensor read in boxes of `box_bytes` x `rows`
+// with the swizzle of the box width (the kernel's w_offset reads them back).
+CUtensorMap weight_map(const uint8_t* w, int64_t num_local, int32_t m, int32_t k, int box_bytes, int rows) {
+  runtime::TensorMapSpec s;
+  s.dtype = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  s.base = const_cast<uint8_t*>(w);
+  s.dims = {uint64_t(k / 2), uint64_t(num_local) * uint64_t(m)};
+  s.strides = {uint64_t(k / 2)};
+  s.box = {uint32_t(box_bytes), uint32_t(rows)};
+  s.swizzle = box_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  return runtime::encode_tiled(s);
 }
 
 // The tiling of a GEMM form suffix (forms.py MXFP4_MOE_TILINGS, MXFP4_MOE_SM90_TILINGS).
@@ -78,10 +94,10 @@ class Mxfp4MoePlan final : public Plan {
                                         p.device);
     // 3, 4. the GEMMs: grid = worst-case token tiles x m-blocks (idle CTAs exit at once)
     const int64_t max_tiles = routes / t1.bn + std::min<int64_t>(p.num_local, routes);
-    bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles,
+    bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local,
               GemmParams{p.w1, p.w1_sf, x_bf16, row_token, offsets, tile_count, tiles, act, p.beta, p.linear_beta,
                          2 * p.inter, p.hidden, 0, 0});
-    bind_gemm(gemm2_, "mxfp4_moe_gemm2_", t2, max_tiles,
+    bind_gemm(gemm2_, "mxfp4_moe_gemm2_", t2, max_tiles, p.num_local,
               GemmParams{p.w2, p.w2_sf, act, nullptr, offsets, tile_count, tiles, rows, nullptr, nullptr, p.hidden,
                          p.inter, 0, 0});
     // 5. finalize
@@ -117,9 +133,10 @@ class Mxfp4MoePlan final : public Plan {
 
  private:
   void bind_gemm(runtime::BoundKernel<GemmParams>& b, const std::string& prefix, const TilingInfo& tl, int64_t max_tiles,
-                 GemmParams params) {
+                 int64_t num_local, GemmParams params) {
     const std::string form = prefix + tl.suffix;
     params.m_blocks = (params.m + tl.bm - 1) / tl.bm;
+    if (tl.w_box_bytes > 0) params.tmap_w = weight_map(params.w, num_local, params.m, params.k, tl.w_box_bytes, tl.bm);
     const int64_t ctas = max_tiles * params.m_blocks;
     if (ctas > int64_t(0x7FFFFFFF)) throw ValueError("too many tiles for one launch");
     b.form = form;

@@ -1,13 +1,15 @@
 // Family B grouped GEMMs with MXFP4 weights dequantized in the mainloop (portable: mma.sync,
-// ldmatrix and cp.async only, so every sm_90+ arch runs it; docs/mxfp4_moe.md has the design).
+// ldmatrix, cp.async and 2D TMA loads, which every sm_90+ arch runs; docs/mxfp4_moe.md has the
+// design).
 //
 // Swap-AB: the weight rows of one expert are the MMA's M side (64 per warp, four m16 blocks),
 // the expert's routed token rows the N side (a token tile of kBN sorted rows from the routing
 // kernel). CTA (tile t, m-block mb) computes weight rows [mb * kBM, +kBM) x the tile's rows:
 //   GEMM1: acc = W1[e] . x[token]        -> SiTU(gate, up) -> MXFP8 (round-up) -> BF16 act row
 //   GEMM2: acc = W2[e] . act[row]        -> BF16 route row
-// Mainloop: a kStages cp.async ring; each stage holds kKStage of K for the CTA's weight rows
-// (raw prepared FP4 + UE8M0 bytes) and token rows (BF16). Warp (wm, wk) owns rows wm*64.. and
+// Mainloop: a kStages ring; each stage holds kKStage of K for the CTA's weight rows (raw
+// prepared FP4 by TMA, completing on the stage's mbarrier, in the shipped tilings; + UE8M0
+// bytes by cp.async) and token rows (BF16, gathered by cp.async). Warp (wm, wk) owns rows wm*64.. and
 // K slice wk*128.. of every stage; the kWarpsK partial sums are added in warp order through
 // shared memory at the end (a fixed order: results do not depend on timing).
 #pragma once
@@ -17,7 +19,9 @@
 #include <type_traits>
 
 #include "common/numerics.cuh"
+#include "common/ptx/mbarrier.cuh"
 #include "common/ptx/sm80.cuh"
+#include "common/ptx/tma.cuh"
 #include "formats/quantize.cuh"
 #include "mxfp4_moe/params.hpp"
 #include "mxfp4_moe/weight_fragments.cuh"
@@ -39,6 +43,21 @@ struct Mxfp4MoeGemm {
     return chunk ^ (2 * ((row / kRowsPerLine) & kMask));
   }
   __device__ static __forceinline__ int b_chunk(int row, int chunk) { return chunk ^ (row & 7); }
+
+  // Byte offset of 16-byte chunk `chunk` of weight row `row` in a stage's weight tile. TMA
+  // weights: kWBoxes boxes of kBM rows x kWBoxBytes, each in the TMA swizzle of its width (the
+  // 128-byte swizzle XORs the chunk with row % 8, the 64-byte one with (row / 2) % 4). Both put
+  // the 8 rows x 32 bytes a warp's fragment load reads into the minimum of two wavefronts.
+  __device__ static __forceinline__ int w_offset(int row, int chunk) {
+    if constexpr (Cfg::kTmaWeights) {
+      constexpr int kBoxChunks = Cfg::kWBoxBytes / 16;
+      const int box = chunk / kBoxChunks, c = chunk % kBoxChunks;
+      const int swz = Cfg::kWBoxBytes == 128 ? (row & 7) : ((row >> 1) & 3);
+      return box * (kBM * Cfg::kWBoxBytes) + row * Cfg::kWBoxBytes + 16 * (c ^ swz);
+    } else {
+      return row * Cfg::kWRowBytes + 16 * w_chunk(row, chunk);
+    }
+  }
 
   struct Smem {
     uint8_t* base;
@@ -111,13 +130,15 @@ struct Mxfp4MoeGemm {
   // matrix, the token tile or K are zero-filled and not read.
   __device__ static void load_stage(const GemmParams& p, const Loader& l, const Smem& sm, int slot, int ks) {
     const int k0 = ks * Cfg::kKStage;
-    const uint32_t w_base = ptx::smem_addr(sm.w(slot)) + l.w_dst;
-    const bool w_k_ok = k0 + l.w_k < p.k;
-    const uint8_t* w_src = l.w_src + k0 / 2;
+    if constexpr (!Cfg::kTmaWeights) {
+      const uint32_t w_base = ptx::smem_addr(sm.w(slot)) + l.w_dst;
+      const bool w_k_ok = k0 + l.w_k < p.k;
+      const uint8_t* w_src = l.w_src + k0 / 2;
 #pragma unroll
-    for (int j = 0; j < kWIters; ++j) {
-      const bool ok = w_k_ok && j < l.w_rows;
-      ptx::cp_async_16(w_base + j * kWRowStep * Cfg::kWRowBytes, ok ? w_src + j * l.w_step : l.w_src, ok);
+      for (int j = 0; j < kWIters; ++j) {
+        const bool ok = w_k_ok && j < l.w_rows;
+        ptx::cp_async_16(w_base + j * kWRowStep * Cfg::kWRowBytes, ok ? w_src + j * l.w_step : l.w_src, ok);
+      }
     }
     const uint32_t sf_base = ptx::smem_addr(sm.sf(slot)) + l.sf_dst;
     const bool sf_k_ok = k0 + l.sf_k < p.k;
@@ -137,6 +158,20 @@ struct Mxfp4MoeGemm {
       ptx::cp_async_16(b_base + Cfg::b_offset(r, c),
                        ok ? p.b + int64_t(l.b_row[j]) * p.k + k0 + l.b_k : p.b, ok);
     }
+  }
+
+  // TMA weights (one thread): stage `ks`'s boxes of the tile's kBM weight rows into ring slot
+  // `slot`, completing on bar. Boxes wholly past K are not issued (they would only feed K the
+  // fragments never read); rows past the tensor arrive as zeros and count like the rest.
+  __device__ static void load_weights_tma(const GemmParams& p, const Tile& t, const Smem& sm, uint64_t* bar, int slot,
+                                          int ks) {
+    static_assert(Cfg::kTmaWeights, "the tiling takes its weights by TMA");
+    const int c0 = ks * Cfg::kWRowBytes;  // byte column of the stage in each weight row
+    const int boxes = min(Cfg::kWBoxes, (p.k / 2 - c0 + Cfg::kWBoxBytes - 1) / Cfg::kWBoxBytes);
+    ptx::mbar_arrive_expect_tx(bar, uint32_t(boxes * kBM * Cfg::kWBoxBytes));
+    for (int j = 0; j < boxes; ++j)
+      ptx::tma_load_2d(&p.tmap_w, bar, sm.w(slot) + j * (kBM * Cfg::kWBoxBytes), c0 + j * Cfg::kWBoxBytes,
+                       t.expert * p.m + t.m0);
   }
 
   // The sm_90a prefill form's loader: each copy's source at K = 0 is resolved once per item (a
@@ -236,7 +271,7 @@ struct Mxfp4MoeGemm {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = row0 + mb * 16 + g + 8 * h;
-        wrow[mb][h] = *reinterpret_cast<const uint2*>(ws + r * Cfg::kWRowBytes + 16 * w_chunk(r, chunk + (q >> 1)) +
+        wrow[mb][h] = *reinterpret_cast<const uint2*>(ws + w_offset(r, chunk + (q >> 1)) +
                                                       8 * (q & 1));
         codes[mb][h] = *reinterpret_cast<const uint16_t*>(sfs + r * Cfg::kSfRowBytes + wk * 4 + u * 2);
       }
@@ -420,7 +455,19 @@ struct Mxfp4MoeGemm {
   }
 
   __device__ static void run(const GemmParams& p) {
-    extern __shared__ __align__(128) uint8_t smem_raw[];
+    extern __shared__ __align__(128) uint8_t smem_dyn[];
+    // TMA weights: the ring starts on a 1024-byte swizzle atom (kSmemBytes has the slack)
+    uint8_t* smem_raw = smem_dyn;
+    if constexpr (Cfg::kTmaWeights) smem_raw += (1024u - (ptx::smem_addr(smem_dyn) & 1023u)) & 1023u;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem_raw + Cfg::kBarOffset);
+    if constexpr (Cfg::kTmaWeights) {
+      if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages; ++s) ptx::mbar_init(&bars[s], 1);
+        ptx::mbar_fence_init();
+        ptx::tma_prefetch_desc(&p.tmap_w);
+      }
+      __syncthreads();  // the barriers exist before any thread waits on them
+    }
     ptx::grid_dependency_wait();  // the tile list and B rows come from the previous launches
     const int tile_index = blockIdx.x / p.m_blocks;
     if (tile_index >= *p.tile_count) return;  // the grid covers the worst case of the routing
@@ -449,14 +496,23 @@ struct Mxfp4MoeGemm {
     const Loader loader = make_loader(p, t);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < num_k) load_stage(p, loader, sm, s, s);
+      if (s < num_k) {
+        load_stage(p, loader, sm, s, s);
+        if constexpr (Cfg::kTmaWeights)
+          if (threadIdx.x == 0) load_weights_tma(p, t, sm, &bars[s], s, s);
+      }
       ptx::cp_async_commit();
     }
     for (int ks = 0; ks < num_k; ++ks) {
       ptx::cp_async_wait<kStages - 2>();
+      if constexpr (Cfg::kTmaWeights) ptx::mbar_wait_parity(&bars[ks % kStages], uint32_t(ks / kStages) & 1u);
       __syncthreads();  // stage ks landed for every thread; slot (ks - 1) % kStages is free
       const int next = ks + kStages - 1;
-      if (next < num_k) load_stage(p, loader, sm, next % kStages, next);
+      if (next < num_k) {
+        load_stage(p, loader, sm, next % kStages, next);
+        if constexpr (Cfg::kTmaWeights)
+          if (threadIdx.x == 0) load_weights_tma(p, t, sm, &bars[next % kStages], next % kStages, next);
+      }
       ptx::cp_async_commit();
       if (warp_rows && ks * Cfg::kKStage + wk * Cfg::kKWarp < p.k) compute_stage(sm, ks % kStages, wm, wk, acc);
     }

@@ -1,6 +1,8 @@
 // Parameters and tilings of the MXFP4-weight grouped GEMMs of family B (kernels:
 // mxfp4_moe_gemm.cuh). Plain data shared by the device code and its host launcher.
 #pragma once
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "moe/params.hpp"
@@ -27,13 +29,18 @@ struct GemmParams {
   int32_t k;                    // reduction: H (GEMM1) or I (GEMM2); multiple of 128
   int32_t m_blocks;             // ceil(m / Tiling::kBM): the grid is tiles x m_blocks CTAs
   int32_t reserved_;
+  CUtensorMap tmap_w;           // w as a 2D uint8 tensor [L * m rows, k / 2 bytes] (mma.sync forms: the
+                                //   weight tiles arrive by TMA in Tiling::kWBoxBytes wide boxes)
 };
 
 // A CTA computes kBM weight rows x kBN sorted rows. Warps: kWarpsM along M (64 rows each, four
 // m16 blocks) x kWarpsK splitting each pipeline stage's K (128 each, reduced in warp order).
-template <int kBN_, int kWarpsM_, int kWarpsK_, int kStages_>
+// kTmaWeights: a stage's weight tile arrives by TMA (boxes of kWBoxBytes x kBM rows with the
+// matching 128- or 64-byte swizzle, completion on an mbarrier) instead of 16-byte cp.async.
+template <int kBN_, int kWarpsM_, int kWarpsK_, int kStages_, bool kTmaWeights_ = false>
 struct Tiling {
   static constexpr int kBN = kBN_, kWarpsM = kWarpsM_, kWarpsK = kWarpsK_, kStages = kStages_;
+  static constexpr bool kTmaWeights = kTmaWeights_;
   static constexpr int kBM = 64 * kWarpsM;
   static constexpr int kKWarp = 128;                  // K per warp per stage: 4 UE8M0 blocks
   static constexpr int kKStage = kKWarp * kWarpsK;
@@ -44,7 +51,15 @@ struct Tiling {
   static constexpr int kStageBytes = kBM * (kWRowBytes + kSfRowBytes) + kBN * kBRowBytes;
   static constexpr int kAccPerLane = 4 * (kBN / 8) * 4;  // 4 m16 blocks x n8 blocks x 4
   static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsM * 32 * kAccPerLane * 4;
-  static constexpr int kSmemBytes = kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
+  static constexpr int kWBoxBytes = kWRowBytes >= 128 ? 128 : kWRowBytes;  // one swizzle span
+  static constexpr int kWBoxes = kWRowBytes / kWBoxBytes;
+  // The ring (or the K-split reduction that reuses it), then one mbarrier per stage; with TMA
+  // weights the dynamic shared memory is rounded up to the 1024-byte swizzle atom in the kernel.
+  static constexpr int kBarOffset = kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
+  static constexpr int kSmemBytes = kTmaWeights ? kBarOffset + 8 * kStages + 1024 : kBarOffset;
+  static_assert(!kTmaWeights || kWBoxBytes == 128 || kWBoxBytes == 64, "a weight box is one 64- or 128-byte swizzle row");
+  static_assert(!kTmaWeights || (kBM * kWRowBytes % 1024 == 0 && kStageBytes % 1024 == 0),
+                "every stage's weight tile starts on a 1024-byte swizzle atom");
   static_assert(kBN % 8 == 0 && kBN >= moe::kMinBlockN, "token tiles are whole n8 blocks");
   static_assert(kWRowBytes % 64 == 0, "weight rows are whole 64-byte units per stage");
 
@@ -90,10 +105,10 @@ using Sm90Mid32Tiling = Sm90Tiling<32, 4>;        // wg32x4
 // launch has only a few hundred CTAs, and 64 rows x 8-way K split keeps more SMs streaming.
 // With a short K (GEMM2 of a TP shard) one CTA covers 256 weight rows so each CTA still has a
 // few stages to pipeline. Prefill reuses a 256-row weight tile over 64 tokens.
-using DecodeTiling = Tiling<8, 2, 4, 2>;
-using DecodeNarrowTiling = Tiling<8, 1, 8, 2>;
-using DecodeShortKTiling = Tiling<8, 4, 1, 3>;
-using MidTiling = Tiling<32, 2, 2, 3>;
-using PrefillTiling = Tiling<64, 4, 1, 3>;
+using DecodeTiling = Tiling<8, 2, 4, 2, true>;
+using DecodeNarrowTiling = Tiling<8, 1, 8, 2, true>;
+using DecodeShortKTiling = Tiling<8, 4, 1, 3, true>;
+using MidTiling = Tiling<32, 2, 2, 3, true>;
+using PrefillTiling = Tiling<64, 4, 1, 3, true>;
 
 }  // namespace cake_moe::mxfp4_moe
