@@ -9,23 +9,11 @@
 // is exactly the MN-major SW128 layout (wgmma transpose bits set for A and B).
 // FP32 accumulation, one rounding at the end.
 //
-// Work units. Output tiles are BM (=128, along N) x BN (128 or 256, along K). A
-// group whose token count is large is cut into `num_chunks` chunks of whole
-// 64-row k-blocks; a unit is (group, chunk, tile). The chunk length is chosen on
-// the device from offs (no host sync): at most kb_chunk_max k-blocks, where
-//   kb_chunk_max = max(kMinChunkKB, ceil(tiles * R / (W * kSplitQ * 64)),
-//                      ceil(tiles * R / (ws_slots * 64)))
-// (tiles = ceil(N/BM) * ceil(K/BN), R = total rows, W = params.num_workers), so
-// that there are about kSplitQ units per worker or more, and the number of split
-// tiles never exceeds the workspace's ws_slots (each split group has more than
-// 64 * kb_chunk_max rows, so fewer than R / (64 * kb_chunk_max) groups split).
-// Units are ordered group-major, then chunk, then tile (n-major): the CTAs that
-// run together read the same token rows of the same group (L2 reuse).
-//
-// Scheduling. Persistent CTAs (one per SM) take units from an atomic counter in
-// the workspace (dynamic: the load is balanced whatever the group sizes), or,
-// without a workspace, stride over them statically (then nothing is split).
-// The decomposition never depends on the grid or on timing.
+// Work units (group, chunk of token rows, output tile) and their order:
+// wgrad_scheduler.cuh. Persistent CTAs (one per SM) take units from an atomic
+// counter in the workspace (dynamic: the load is balanced whatever the group
+// sizes), or, without a workspace, stride over them statically (then nothing is
+// split). The decomposition never depends on the grid or on timing.
 //
 // Split tiles (num_chunks > 1) are reduced through an FP32 tile in the
 // workspace, per consumer warpgroup (each owns 64 output rows):
@@ -69,15 +57,15 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-
-#include "common/block_scan.cuh"
-#include "grouped_gemm/group_rows.cuh"
 #include <type_traits>
 
+#include "common/ptx/global_mem.cuh"
 #include "common/ptx/mbarrier.cuh"
+#include "common/ptx/smem.cuh"
 #include "common/ptx/tma.cuh"
 #include "common/ptx/wgmma.cuh"
 #include "grouped_gemm/wgrad_params.cuh"
+#include "grouped_gemm/wgrad_scheduler.cuh"
 
 namespace cake_moe {
 namespace sm90 {
@@ -85,37 +73,6 @@ namespace sm90 {
 enum class WgradReduce : int { kDet = 0, kFast = 1 };
 
 namespace wgrad_detail {
-
-__device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed_gpu(uint32_t* p, uint32_t v) {
-  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-__device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {
-  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
-               : "memory");
-}
-__device__ __forceinline__ float4 ld_cg_f4(const float* p) {
-  float4 v;
-  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_cg_f4(float* p, float a, float b, float c, float d) {
-  asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-}
-__device__ __forceinline__ void st_v4_u32(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-__device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0u) : "memory");
-}
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -152,168 +109,6 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
 }
 
 }  // namespace wgrad_detail
-
-// One work unit: a chunk of a group's token rows for one output tile.
-struct WgradUnit {
-  int32_t e;           // group
-  int32_t row0;        // first token row of the chunk
-  int32_t kb;          // 64-row k-blocks in the chunk (0: empty group -> zeros)
-  int32_t tail;        // valid rows of the last k-block (1..64)
-  int32_t n0, k0;      // output tile origin in dW[e]
-  int32_t chunk;       // chunk index inside the group
-  int32_t num_chunks;  // chunks of the group (> 1: split tile)
-  int32_t slot;        // workspace slot of the split tile (num_chunks > 1)
-};
-
-// Ragged unit scheduler: per-CTA shared-memory prefix over groups of the packed
-// (units | split tiles << 32) counts, built from offs on the device; a unit id
-// maps to (group, chunk, tile) by binary search. More groups than kTableSize:
-// each table slot covers `span` consecutive groups (short linear walk).
-template <int kBM, int kBN, int kSplitQ, int kMinChunkKB, int kTableSize>
-struct WgradScheduler {
-  static_assert(kTableSize % 32 == 0 && kTableSize / 32 <= 32, "two-level scan: at most 32 chunks of 32 slots");
-  static constexpr int kScratch = 16;  // int64 words for the row-count reduction (<= 16 warps)
-  static constexpr uint32_t kSmemBytes = (kTableSize + 32 + kScratch) * sizeof(uint64_t);
-
-  const uint64_t* table;
-  const int32_t* offs;
-  int32_t num_groups, capacity, leading_zero;
-  int32_t tiles_k, tiles_nk;
-  int32_t span, num_slots;
-  int32_t kb_chunk_max;
-  int32_t total_units;
-
-  __device__ __forceinline__ void group_rows(int32_t e, int32_t& begin, int32_t& end) const { ragged_group_rows(offs, e, leading_zero, capacity, begin, end); }
-
-  // chunking of a group of m rows: num_chunks chunks of chunk_kb k-blocks (last shorter)
-  __device__ __forceinline__ void split(int32_t m, int32_t& num_chunks, int32_t& chunk_kb) const {
-    const int32_t kb = (m + 63) / 64;
-    if (kb <= kb_chunk_max) {
-      num_chunks = 1;
-      chunk_kb = kb;
-      return;
-    }
-    const int32_t s = (kb + kb_chunk_max - 1) / kb_chunk_max;
-    chunk_kb = (kb + s - 1) / s;
-    num_chunks = (kb + chunk_kb - 1) / chunk_kb;
-  }
-
-  __device__ __forceinline__ uint64_t packed_count(int32_t e) const {
-    int32_t b, en, s, ckb;
-    group_rows(e, b, en);
-    split(en - b, s, ckb);
-    return static_cast<uint64_t>(static_cast<uint32_t>(s * tiles_nk)) |
-           (static_cast<uint64_t>(s > 1 ? tiles_nk : 0) << 32);
-  }
-
-  // Collective (all threads of the CTA; contains __syncthreads).
-  __device__ __forceinline__ void init(uint64_t* smem_table, const GroupedGemmWgradParams& p, int32_t workers,
-                                       int32_t slots) {
-    uint64_t* chunk_total = smem_table + kTableSize;
-    int64_t* scratch = reinterpret_cast<int64_t*>(chunk_total + 32);
-    table = smem_table;
-    offs = p.offs;
-    num_groups = max(p.num_groups, 0);
-    capacity = max(p.sum_m_capacity, 0);
-    leading_zero = p.offs_has_leading_zero;
-    const int32_t tiles_n = (max(p.n, 0) + kBM - 1) / kBM;
-    tiles_k = (max(p.k, 0) + kBN - 1) / kBN;
-    tiles_nk = tiles_n * tiles_k;
-    span = num_groups > 0 ? (num_groups + kTableSize - 1) / kTableSize : 1;
-    num_slots = (num_groups + span - 1) / span;
-
-    const int32_t lane = threadIdx.x & 31;
-    const int32_t warp = threadIdx.x >> 5;
-    const int32_t num_warps = blockDim.x >> 5;
-
-    // 1) total rows R (exact sum of the clamped group sizes)
-    int64_t part = 0;
-    for (int32_t e = threadIdx.x; e < num_groups; e += blockDim.x) {
-      int32_t b, en;
-      group_rows(e, b, en);
-      part += en - b;
-    }
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) part += __shfl_xor_sync(0xffffffffu, part, d);
-    if (lane == 0 && warp < kScratch) scratch[warp] = part;
-    __syncthreads();
-    int64_t rows = 0;
-    for (int32_t w = 0; w < num_warps && w < kScratch; ++w) rows += scratch[w];
-
-    // 2) chunk length (k-blocks)
-    if (slots <= 0 || tiles_nk == 0) {
-      kb_chunk_max = 0x7fffffff;
-    } else {
-      const int64_t work = static_cast<int64_t>(tiles_nk) * rows;  // row-tiles
-      const int64_t w = static_cast<int64_t>(max(workers, 1)) * kSplitQ * 64;
-      const int64_t a = (work + w - 1) / w;
-      const int64_t s = static_cast<int64_t>(slots) * 64;
-      const int64_t b = (work + s - 1) / s;
-      int64_t kb = a > b ? a : b;
-      if (kb < kMinChunkKB) kb = kMinChunkKB;
-      kb_chunk_max = kb > 0x7fffffff ? 0x7fffffff : static_cast<int32_t>(kb);
-    }
-
-    // 3) packed counts per table slot
-    for (int32_t j = threadIdx.x; j < num_slots; j += blockDim.x) {
-      const int32_t e_end = min(num_groups, (j + 1) * span);
-      uint64_t c = 0;
-      for (int32_t e = j * span; e < e_end; ++e) c += packed_count(e);
-      smem_table[j] = c;
-    }
-    __syncthreads();
-
-    // 4) inclusive scan of the packed counts
-    block_inclusive_scan(smem_table, num_slots, chunk_total);
-    total_units = num_slots > 0 ? static_cast<int32_t>(static_cast<uint32_t>(smem_table[num_slots - 1])) : 0;
-  }
-
-  __device__ __forceinline__ WgradUnit decode(int32_t u) const {
-    const uint32_t uu = static_cast<uint32_t>(u);
-    int32_t lo = 0, hi = num_slots - 1;
-    while (lo < hi) {
-      const int32_t mid = (lo + hi) >> 1;
-      if (static_cast<uint32_t>(table[mid]) > uu) {
-        hi = mid;
-      } else {
-        lo = mid + 1;
-      }
-    }
-    const uint64_t prev = lo > 0 ? table[lo - 1] : 0;
-    int32_t local = static_cast<int32_t>(uu - static_cast<uint32_t>(prev));
-    int32_t split_base = static_cast<int32_t>(prev >> 32);
-    int32_t e = lo * span;
-    int32_t b, en, s, ckb;
-    for (;;) {  // at most `span` steps; ends because u < total_units
-      group_rows(e, b, en);
-      split(en - b, s, ckb);
-      const int32_t units = s * tiles_nk;
-      if (local < units) break;
-      local -= units;
-      if (s > 1) split_base += tiles_nk;
-      ++e;
-    }
-    const int32_t m = en - b;
-    const int32_t c = local / tiles_nk;
-    const int32_t t = local - c * tiles_nk;
-    const int32_t n_idx = t / tiles_k;
-    const int32_t k_idx = t - n_idx * tiles_k;
-    const int32_t kb_total = (m + 63) / 64;
-    const int32_t kb_begin = c * ckb;
-    WgradUnit w;
-    w.e = e;
-    w.row0 = b + kb_begin * 64;
-    w.kb = min(ckb, kb_total - kb_begin);
-    const int32_t rows_in_chunk = min(w.kb * 64, m - kb_begin * 64);
-    w.tail = w.kb > 0 ? rows_in_chunk - (w.kb - 1) * 64 : 64;
-    w.n0 = n_idx * kBM;
-    w.k0 = k_idx * kBN;
-    w.chunk = c;
-    w.num_chunks = s;
-    w.slot = s > 1 ? split_base + t : -1;
-    return w;
-  }
-};
 
 // kBN: output tile width along K (128 or 256); BM is 128 (two m64 consumer
 // warpgroups). OutT: __nv_bfloat16 or float. kSplitQ / kMinChunkKB: chunking
@@ -402,7 +197,7 @@ struct GroupedGemmWgradKernel {
         const uint32_t chunk_addr = j == 0 ? base + cw * kChunkBytes
                                            : base + kABytes + (cw * (kBChunks / 2) + (j - 1)) * kChunkBytes;
         // whole 128-B rows: the swizzle only permutes 16-B units inside a row
-        wgrad_detail::st_shared_zero16(chunk_addr + (tail + r / 8) * 128 + (r % 8) * 16);
+        ptx::st_shared_zero16(chunk_addr + (tail + r / 8) * 128 + (r % 8) * 16);
       }
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(3, 256);
@@ -467,8 +262,8 @@ struct GroupedGemmWgradKernel {
             wgrad_detail::quad_transpose(x, q);
             wgrad_detail::quad_transpose(y, q);
             if (ok) {
-              wgrad_detail::st_v4_u32(out_row + col, x[0], y[0], x[1], y[1]);
-              wgrad_detail::st_v4_u32(out_row + col + 4, x[2], y[2], x[3], y[3]);
+              ptx::st_v4_u32(out_row + col, x[0], y[0], x[1], y[1]);
+              ptx::st_v4_u32(out_row + col + 4, x[2], y[2], x[3], y[3]);
             }
           } else {
             uint32_t v[4];
@@ -476,7 +271,7 @@ struct GroupedGemmWgradKernel {
             for (int b = 0; b < 4; ++b)
               v[b] = wgrad_detail::pack_bf16x2(acc[4 * (4 * j + b) + 2 * h], acc[4 * (4 * j + b) + 2 * h + 1]);
             wgrad_detail::quad_transpose(v, q);
-            if (ok) wgrad_detail::st_v4_u32(out_row + col, v[0], v[1], v[2], v[3]);
+            if (ok) ptx::st_v4_u32(out_row + col, v[0], v[1], v[2], v[3]);
           }
         }
       }
@@ -493,12 +288,12 @@ struct GroupedGemmWgradKernel {
         if constexpr (kDet) {
           if (w.chunk > 0) {
             if (tid_wg == 0) {
-              while (wgrad_detail::ld_acquire_gpu(flag) != static_cast<uint32_t>(w.chunk)) __nanosleep(64);
+              while (ptx::ld_acquire_gpu(flag) != static_cast<uint32_t>(w.chunk)) __nanosleep(64);
             }
             ptx::named_barrier_sync(1 + cw, 128);
 #pragma unroll
             for (int i = 0; i < kAccRegs / 4; ++i) {
-              const float4 v = wgrad_detail::ld_cg_f4(buf + i * 512);
+              const float4 v = ptx::ld_cg_f4(buf + i * 512);
               // running sum in chunk order: (((p0 + p1) + p2) + ...)
               acc[4 * i + 0] = v.x + acc[4 * i + 0];
               acc[4 * i + 1] = v.y + acc[4 * i + 1];
@@ -509,27 +304,27 @@ struct GroupedGemmWgradKernel {
           if (!last) {
 #pragma unroll
             for (int i = 0; i < kAccRegs / 4; ++i)
-              wgrad_detail::st_cg_f4(buf + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+              ptx::st_cg_f4(buf + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
             ptx::named_barrier_sync(1 + cw, 128);
             if (tid_wg == 0) {
-              wgrad_detail::fence_acq_rel_gpu();
-              wgrad_detail::st_relaxed_gpu(flag, static_cast<uint32_t>(w.chunk + 1));
+              ptx::fence_acq_rel_gpu();
+              ptx::st_relaxed_gpu(flag, static_cast<uint32_t>(w.chunk + 1));
             }
             return;
           }
           // last chunk: leave the slot clean for the next launch
 #pragma unroll
-          for (int i = 0; i < kAccRegs / 4; ++i) wgrad_detail::st_cg_f4(buf + i * 512, 0.f, 0.f, 0.f, 0.f);
-          if (tid_wg == 0) wgrad_detail::st_relaxed_gpu(flag, 0u);
+          for (int i = 0; i < kAccRegs / 4; ++i) ptx::st_cg_f4(buf + i * 512, 0.f, 0.f, 0.f, 0.f);
+          if (tid_wg == 0) ptx::st_relaxed_gpu(flag, 0u);
         } else {
 #pragma unroll
           for (int i = 0; i < kAccRegs / 4; ++i)
-            wgrad_detail::red_add_v4(buf + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+            ptx::red_add_v4(buf + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
           ptx::named_barrier_sync(1 + cw, 128);
           if (tid_wg == 0) {
-            wgrad_detail::fence_acq_rel_gpu();
+            ptx::fence_acq_rel_gpu();
             const uint32_t old = atomicAdd(flag, 1u);
-            wgrad_detail::fence_acq_rel_gpu();
+            ptx::fence_acq_rel_gpu();
             bcast[cw] = static_cast<int32_t>(old);
           }
           ptx::named_barrier_sync(1 + cw, 128);
@@ -537,15 +332,15 @@ struct GroupedGemmWgradKernel {
           // last to arrive: buf holds every chunk's partial
 #pragma unroll
           for (int i = 0; i < kAccRegs / 4; ++i) {
-            const float4 v = wgrad_detail::ld_cg_f4(buf + i * 512);
+            const float4 v = ptx::ld_cg_f4(buf + i * 512);
             acc[4 * i + 0] = v.x;
             acc[4 * i + 1] = v.y;
             acc[4 * i + 2] = v.z;
             acc[4 * i + 3] = v.w;
           }
 #pragma unroll
-          for (int i = 0; i < kAccRegs / 4; ++i) wgrad_detail::st_cg_f4(buf + i * 512, 0.f, 0.f, 0.f, 0.f);
-          if (tid_wg == 0) wgrad_detail::st_relaxed_gpu(flag, 0u);
+          for (int i = 0; i < kAccRegs / 4; ++i) ptx::st_cg_f4(buf + i * 512, 0.f, 0.f, 0.f, 0.f);
+          if (tid_wg == 0) ptx::st_relaxed_gpu(flag, 0u);
         }
       }
       store_out(acc, w, p);
