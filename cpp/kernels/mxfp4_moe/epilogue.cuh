@@ -1,0 +1,109 @@
+// Family B GEMM epilogues, shared by the mma.sync and the sm_90a wgmma forms (both hold the
+// accumulators in mma.sync C order): GEMM1 -> SiTU -> MXFP8 requantization (round-up UE8M0
+// per 32 intermediate columns) -> BF16 act row; GEMM2 -> BF16 route row.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/numerics.cuh"
+#include "formats/quantize.cuh"
+#include "mxfp4_moe/params.hpp"
+
+namespace cake_moe::mxfp4_moe {
+
+struct Mxfp4MoeEpilogue {
+  // A CTA's work item: `rows` sorted rows from `row0` of local expert `expert`, weight rows m0..
+  struct Tile {
+    int32_t expert, row0, rows, m0;
+  };
+
+  // GEMM1 epilogue. Thread (g, q) of m16 block mb holds up (c0, c1) and gate (c2, c3) of
+  // intermediate column j = j0 + 4g + mb for sorted rows 2q, 2q + 1 of each n8 block; the warp's
+  // 32 columns j0.. are one MXFP8 block per row: amax over the 4 blocks and the 8 lanes g.
+  template <int kNB>
+  __device__ static void epilogue_gemm1(const GemmParams& p, const Tile& t, int wm, float (&acc)[4][kNB][4]) {
+    using namespace numerics;
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const float beta = p.beta[t.expert], lbeta = p.linear_beta[t.expert];
+    const int inter = p.m / 2;
+    const int j0 = (t.m0 + wm * 64) / 2;
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float v[4];
+        float amax = 0.0f;
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb) {
+          v[mb] = situ(acc[mb][nb][2 + c], acc[mb][nb][c], beta, lbeta);
+          amax = max_abs_nan(amax, v[mb]);
+        }
+#pragma unroll
+        for (int d = 4; d < 32; d <<= 1) amax = max_abs_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
+        uint32_t code;
+        float to_elem;
+        formats::detail::block_scale<formats::Fmt::kMxfp8>(amax, int32_t(formats::ScaleRule::kRoundUp), 0.0f, code,
+                                                           to_elem);
+        const float from_elem = ue8m0_value(code);
+        uint32_t out[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float lo = requant_value(v[2 * i], code, to_elem, from_elem);
+          const float hi = requant_value(v[2 * i + 1], code, to_elem, from_elem);
+          out[i] = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+                   (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+        }
+        const int row = nb * 8 + 2 * q + c;
+        if (row < t.rows && j0 < inter)
+          *reinterpret_cast<uint2*>(p.out + int64_t(t.row0 + row) * inter + j0 + 4 * g) = make_uint2(out[0], out[1]);
+      }
+    }
+  }
+
+  // SiTU(g, u) = (beta tanh(g / beta) sigmoid(g)) (lbeta tanh(u / lbeta)), FP32, accurate tanh/exp.
+  __device__ static __forceinline__ float situ(float gate, float up, float beta, float lbeta) {
+    const float sig = 1.0f / (1.0f + expf(-gate));
+    return (beta * tanhf(gate / beta) * sig) * (lbeta * tanhf(up / lbeta));
+  }
+
+  // The MXFP8 element of v in its block, decoded again: exactly what GEMM2 multiplies.
+  __device__ static __forceinline__ float requant_value(float v, uint32_t code, float to_elem, float from_elem) {
+    using namespace numerics;
+    if (code == 0u) return 0.0f;
+    if (code == kUe8m0Nan) return __uint_as_float(0x7FC00000u);
+    return e4m3_decode(e4m3_encode(__fmul_rn(v, to_elem))) * from_elem;
+  }
+
+  // GEMM2 epilogue. Thread (g, q) of the warp's m16 block i (prepared block b = col0 / 2 + i of
+  // the 64-row group at weight row row0) holds output columns h0 + 8g + 2b (c0, c1) and + 1
+  // (c2, c3) for rows 2q, 2q + 1: 2 kMB consecutive columns per row, one store. The portable
+  // warps hold all four blocks (col0 0), an sm_90a warp half of them (col0 0 or 4).
+  template <int kMB, int kNB>
+  __device__ static void epilogue_gemm2(const GemmParams& p, const Tile& t, int row0, int col0,
+                                        float (&acc)[kMB][kNB][4]) {
+    static_assert(kMB == 1 || kMB == 2 || kMB == 4, "4-, 8- or 16-byte stores");
+    using Store = std::conditional_t<kMB == 4, uint4, std::conditional_t<kMB == 2, uint2, uint32_t>>;
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int h0 = t.m0 + row0;
+    if (h0 >= p.m) return;
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        uint32_t out[kMB];
+#pragma unroll
+        for (int mb = 0; mb < kMB; ++mb)
+          out[mb] = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(acc[mb][nb][c]))) |
+                    (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(acc[mb][nb][2 + c]))) << 16);
+        const int row = nb * 8 + 2 * q + c;
+        if (row < t.rows)
+          *reinterpret_cast<Store*>(p.out + int64_t(t.row0 + row) * p.m + h0 + 8 * g + col0) =
+              *reinterpret_cast<const Store*>(out);
+      }
+    }
+  }
+};
+
+}  // namespace cake_moe::mxfp4_moe
