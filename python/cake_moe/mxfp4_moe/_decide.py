@@ -32,8 +32,8 @@ NARROW_ROUTES = 16
 # The table runs wg128x4 (the same kernel on four warpgroups): 7-10% faster than wg128 at 73 and
 # 292 routes per expert (T = 4096, 16384) in both layouts. Between the mid rows' limit (24) and
 # 48 an sm_90 device runs wg64x4 (64-token tiles, four warpgroups) instead of n64: 1.36x (tp8)
-# and 1.50x (ep8) faster at 36.6 (T = 2048); n32 stays below 24 (it beat wg64x4 by 3-8% at 18.3,
-# T = 1024), and at 54.9 (T = 3072) wg128x4 won ep8 by 1.24x, wg64x4 tp8 by 1.31x.
+# and 1.50x (ep8) faster at 36.6 (T = 2048); below 24 the tiles stay 32 rows (n32 beat wg64x4 by
+# 3-8% at 18.3, T = 1024), and at 54.9 (T = 3072) wg128x4 won ep8 by 1.24x, wg64x4 tp8 by 1.31x.
 # In the mid rows (6-24) an sm_90 device runs wg32x4 (32-token tiles, four warpgroups) instead of
 # n32 (bench/results/2026-11-30_h200_mxfp4_moe_mid.md, T = 512-1344): 7-8% faster on tp8, within
 # 1% on ep8 (2521 vs 2516 us at T = 1024, 2187 vs 2204 at 512).
