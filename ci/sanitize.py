@@ -58,25 +58,30 @@ def run_grouped_gemm() -> None:
 
 def run_mxfp4_moe() -> None:
     """Family B on small shapes (H=256, I=128, E=8, top_k=2; an EP rank with remote experts),
-    with ids outside [0, E) (never dereferenced), both route-weight dtypes, the packed form and
-    the prefill tile form (wgmma on sm_90a: its cp.async -> wgmma ring and amax exchange);
+    with ids outside [0, E) (never dereferenced), both route-weight dtypes, the packed form, the
+    per-tile GEMM1 -> GEMM2 sync (the table's at T = 1, forced over several tiles) and the prefill
+    tile form (wgmma on sm_90a: its cp.async -> wgmma ring and amax exchange);
     the FP64 reference runs on the CPU (fast under the sanitizer)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from mxfp4_moe_cases import make_case, named_layer, reference
     sm90 = torch.cuda.get_device_capability() == (9, 0)
-    for name, runs in (("h256_e8_k2", (("balanced", 17, torch.float32, None), ("oob", 17, torch.bfloat16, None),
-                                        ("oob", 17, None, None), ("dup", 1, torch.float32, None),
-                                        ("zipf", 129, torch.float32, "wg128" if sm90 else "n64"))),
-                       ("h384_ep_k8", (("balanced", 17, torch.bfloat16, None), ("remote", 17, torch.float32, None),
-                                       ("balanced", 200, torch.float32, "wg128x4" if sm90 else "n64")))):
+    wg_prefill, wg_mid = ("wg128", "wg128x4") if sm90 else ("n64", "n64")
+    for name, runs in (("h256_e8_k2", (("balanced", 17, torch.float32, None, None),
+                                        ("oob", 17, torch.bfloat16, None, None), ("oob", 17, None, None, None),
+                                        ("dup", 1, torch.float32, None, None),   # T = 1: the table's tile sync
+                                        ("zipf", 17, torch.float32, "n8", True),
+                                        ("zipf", 129, torch.float32, wg_prefill, None))),
+                       ("h384_ep_k8", (("balanced", 17, torch.bfloat16, None, None),
+                                       ("remote", 17, torch.float32, None, None),
+                                       ("balanced", 200, torch.float32, wg_mid, None)))):
         layer = named_layer(name)
         bank = {k: v.cpu() for k, v in layer.bank.items()}
-        for regime, t, dtype, tile in runs:
+        for regime, t, dtype, tile, sync in runs:
             case = make_case(layer.geom, t, regime, seed=t, weights_dtype=dtype, extreme_ids=dtype is not None)
-            got = layer.run(case, tile=tile).cpu()
+            got = layer.run(case, tile=tile, tile_sync=sync).cpu()
             want = reference(case.to("cpu"), bank)
             ok = torch.equal(got, want) if regime == "remote" else gref.rel_rms(got, want) < 5e-3
-            check(ok, f"mxfp4_moe {name} {regime} T={t} {dtype} {tile or 'decided'}")
+            check(ok, f"mxfp4_moe {name} {regime} T={t} {dtype} {tile or 'decided'}{' +sync' if sync else ''}")
 
 
 FAMILIES = {"formats": run_formats, "grouped_gemm": run_grouped_gemm, "mxfp4_moe": run_mxfp4_moe}

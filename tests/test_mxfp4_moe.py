@@ -262,6 +262,26 @@ def test_decide_refuses_an_sm90_tile_elsewhere_and_unknown_tiles():
         _decide.decide(64, *_TP8, tile="n16")
 
 
+@pytest.mark.parametrize("sm90", [False, True])
+def test_decide_tile_sync_rows(sm90):
+    """E=896, k=16: the per-tile GEMM1 -> GEMM2 sync up to T*k/E = 0.3 (T = 16), then off."""
+    synced = [t for t in range(1, 400) if _decide.decide(t, *_TP8, sm90=sm90).tile_sync]
+    assert synced == list(range(1, 17))
+    assert "per token tile" in _decide.decide(1, *_TP8).reason
+    assert not _decide.decide(17, *_TP8).tile_sync and "per token tile" not in _decide.decide(17, *_TP8).reason
+
+
+def test_decide_forced_tile_sync():
+    assert _decide.decide(20000, *_TP8, tile="n64", tile_sync=True).tile_sync
+    assert not _decide.decide(1, *_TP8, tile_sync=False).tile_sync
+    assert _decide.decide(1, *_TP8, tile_sync=False).tile == "n8_narrow"
+    d = _decide.decide(20000, *_TP8, sm90=True, tile_sync=True)   # the table's wg128x4 is persistent
+    assert not d.supported and "tile_sync" in d.reason and d.forms == ()
+    assert not _decide.decide(1, *_TP8, sm90=True, tile="wg32x4").tile_sync   # default: off for wgmma forms
+    with pytest.raises(ValueError, match="tile_sync must be"):
+        _decide.decide(1, *_TP8, tile_sync=1)
+
+
 @pytest.mark.parametrize("t", [0, -1, 2.0, True])
 def test_decide_unsupported(t):
     d = CakeMxfp4MoEWrapper(**CONTRACT).decide(t)
@@ -278,11 +298,11 @@ def test_plan_decision_is_frozen():
 # --- workspace -------------------------------------------------------------------------------
 
 def test_workspace_formula_by_hand():
-    # T=1, H=I=128, L=1, k=1: every segment fits in one 256-byte unit -> 7 units
-    assert _wrapper._workspace_bytes(1, 128, 128, 1, 1) == 7 * 256
+    # T=1, H=I=128, L=1, k=1: every segment fits in one 256-byte unit -> 8 units
+    assert _wrapper._workspace_bytes(1, 128, 128, 1, 1) == 8 * 256
     # T=100, H=256, I=128, L=4, k=2: R=200
     t, h, i, l, k = 100, 256, 128, 4, 2
-    segs = [20, 800, 800, (25 + 4) * 8 + 16, t * h * 2, 200 * i * 2, 200 * h * 2]
+    segs = [20, 800, 800, (25 + 4) * 8 + 16, (25 + 4) * 4, t * h * 2, 200 * i * 2, 200 * h * 2]
     assert _wrapper._workspace_bytes(t, h, i, l, k) == sum(-(-s // 256) * 256 for s in segs)
 
 
@@ -521,7 +541,8 @@ def test_plan_binding_call(fake_ext, packed, kind):
     assert args[5:] == (a["w1"], a["w1_sf"], a["w2"], a["w2_sf"], a["beta"], a["linear_beta"], a["workspace"],
                         a["output"])
     assert kwargs == dict(num_tokens=5, hidden=H, inter=I, num_experts=E, num_local=E, local_offset=0, top_k=K,
-                          gemm1_tile="n8_shortk", gemm2_tile="n8_shortk")   # H = 256, I = 128: both K short
+                          gemm1_tile="n8_shortk", gemm2_tile="n8_shortk",   # H = 256, I = 128: both K short
+                          tile_sync=False)                                  # 5 * 2 / 8 = 1.25 routes per expert
     assert isinstance(plan, Mxfp4MoEPlan)
     assert plan._plan.streams == [1234], "plan() runs one warm-up on the current stream"
     assert plan.run() is a["output"] and plan._plan.streams == [1234, 1234]
@@ -536,6 +557,16 @@ def test_plan_binding_fp32_weights_and_tile(fake_ext):
     (args, kwargs), = fake_ext.calls
     assert args[4] == 1 and (kwargs["gemm1_tile"], kwargs["gemm2_tile"]) == ("wg128x4", "wg128x4")
     assert plan.decision.path == "prefill"
+
+
+def test_plan_tile_sync(fake_ext):
+    w, a = _cpu_wrapper_args(t=1)   # 1 * 2 / 8 = 0.25 routes per expert: the table syncs per tile
+    plan = _call(w, a)
+    assert fake_ext.calls[-1][1]["tile_sync"] is True and plan.decision.tile_sync
+    plan = _call(w, a, tile_sync=False)
+    assert fake_ext.calls[-1][1]["tile_sync"] is False and not plan.decision.tile_sync
+    with pytest.raises(ValueError, match="tile_sync needs an mma.sync"):
+        _call(w, a, tile="wg64x4", tile_sync=True)
 
 
 def test_plan_forced_tile(fake_ext):

@@ -129,6 +129,29 @@ def test_every_tile_form(layers, name, t, tile):
     assert torch.equal(layer.run(case, tile=tile), got), f"tile {tile}: a second plan changed the bits"
 
 
+@pytest.mark.parametrize("name,t,tile", [("tp8", 1, "n8_narrow"), ("ep8", 4, "n8"), ("tp8", 16, "n8"),
+                                         ("tp8", 129, "n8"), ("h256_e8_k2", 17, "n8_narrow"),
+                                         ("h384_ep_k8", 129, "n32"), ("h512_e40_k5", 1025, "n64"),
+                                         ("h128_e1024_k32", 1025, "n8")])
+def test_tile_sync_changes_no_bit(layers, name, t, tile):
+    """The per-token-tile GEMM1 -> GEMM2 sync, on and off, on the decode sizes the table gives it
+    and on multi-wave launches it would not (where GEMM2 CTAs wait on tiles GEMM1 has not
+    reached): the same bits, repeatably, within the budget."""
+    layer = layers(name)
+    case = make_case(layer.geom, t, "zipf", seed=t + 21)
+    plan, out = layer.plan(case, tile=tile, tile_sync=True)
+    assert plan.decision.tile_sync
+    synced = []
+    for _ in range(3):
+        poison_(out)
+        plan.run()
+        torch.cuda.synchronize()
+        synced.append(out.clone())
+    _check(case, synced[0], reference(case, layer.bank))
+    assert all(torch.equal(y, synced[0]) for y in synced), "a repeated tile-synced run changed the bits"
+    assert torch.equal(layer.run(case, tile=tile, tile_sync=False), synced[0]), "tile_sync changed the bits"
+
+
 _GENERAL_REGIMES = [(name, regime, FORMS[i % len(FORMS)]) for name in sorted(GENERAL)
                     for i, regime in enumerate(REGIMES) if regime_applies(GENERAL[name], regime)]
 

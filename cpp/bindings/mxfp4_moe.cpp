@@ -25,7 +25,8 @@ void bind_mxfp4_moe(nb::module_& m) {
       [](Tensor x, Tensor x_sf, Tensor topk_ids, std::optional<Tensor> topk_weights, int weights_kind, Tensor w1,
          Tensor w1_sf, Tensor w2, Tensor w2_sf, Tensor beta, Tensor linear_beta, Tensor workspace, Tensor output,
          int32_t num_tokens, int32_t hidden, int32_t inter, int32_t num_experts, int32_t num_local,
-         int32_t local_offset, int32_t top_k, const std::string& gemm1_tile, const std::string& gemm2_tile) {
+         int32_t local_offset, int32_t top_k, const std::string& gemm1_tile, const std::string& gemm2_tile,
+         bool tile_sync) {
         if (weights_kind < 0 || weights_kind > 2) throw ValueError("weights_kind must be 0 (bf16), 1 (f32) or 2 (packed)");
         if (weights_kind != 2 && !topk_weights) throw ValueError("topk_weights is required unless routes are packed");
         mxfp4_moe::Problem p;
@@ -62,13 +63,14 @@ void bind_mxfp4_moe(nb::module_& m) {
         p.top_k = top_k;
         p.gemm1_tile = gemm1_tile;
         p.gemm2_tile = gemm2_tile;
+        p.tile_sync = tile_sync;
         return mxfp4_moe::make_plan(p);
       },
       nb::arg("x"), nb::arg("x_sf"), nb::arg("topk_ids"), nb::arg("topk_weights").none(), nb::arg("weights_kind"),
       nb::arg("w1"), nb::arg("w1_sf"), nb::arg("w2"), nb::arg("w2_sf"), nb::arg("beta"), nb::arg("linear_beta"),
       nb::arg("workspace"), nb::arg("output"), nb::arg("num_tokens"), nb::arg("hidden"), nb::arg("inter"),
       nb::arg("num_experts"), nb::arg("num_local"), nb::arg("local_offset"), nb::arg("top_k"),
-      nb::arg("gemm1_tile"), nb::arg("gemm2_tile"));
+      nb::arg("gemm1_tile"), nb::arg("gemm2_tile"), nb::arg("tile_sync"));
 }
 
 }  // namespace cake_moe::bindings

@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--tokens", type=int, nargs="+", default=None,
                    help="mxfp4-moe: token counts (default 1 4 16 64 256 1024 4096 16384)")
     b.add_argument("--layouts", default="ep8,tp8", type=_layouts, help="mxfp4-moe: comma list of ep8,tp8")
-    b.add_argument("--tiles", default="", help="mxfp4-moe: also time these tile forms (comma list, e.g. n64,wg128)")
+    b.add_argument("--tiles", default="", help="mxfp4-moe: also time these tile forms (comma list, e.g. n64,wg128; "
+                   "sync / nosync or form+sync: the per-tile GEMM1 -> GEMM2 sync forced on / off)")
     b.set_defaults(fn=cmd_bench)
     args = p.parse_args(argv)
     return args.fn(args)

@@ -74,6 +74,7 @@ class Mxfp4MoePlan final : public Plan {
     auto* route_row = reinterpret_cast<int32_t*>(base + ws.route_row);
     auto* tile_count = reinterpret_cast<int32_t*>(base + ws.tiles);
     auto* tiles = reinterpret_cast<moe::TokenTile*>(base + ws.tiles + 16);
+    auto* tile_done = reinterpret_cast<int32_t*>(base + ws.tile_done);
     auto* x_bf16 = reinterpret_cast<uint16_t*>(base + ws.x_bf16);
     auto* act = reinterpret_cast<uint16_t*>(base + ws.act);
     auto* rows = reinterpret_cast<uint16_t*>(base + ws.rows);
@@ -85,7 +86,7 @@ class Mxfp4MoePlan final : public Plan {
     route_.device = p.device;
     route_.kernel = runtime::get_kernel(route_.form, "cake_moe_route", p.device);
     route_.cfg.block[0] = moe::kRouteThreads;
-    *route_.params = moe::RouteParams{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, int32_t(routes),
+    *route_.params = moe::RouteParams{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, tile_done, int32_t(routes),
                                      p.top_k, p.num_experts, p.num_local, p.local_offset,
                                      p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, t1.bn};
     // 2. activations to BF16 (exact: docs/mxfp4_moe.md)
@@ -94,12 +95,18 @@ class Mxfp4MoePlan final : public Plan {
                                         p.device);
     // 3, 4. the GEMMs: grid = worst-case token tiles x m-blocks (idle CTAs exit at once)
     const int64_t max_tiles = routes / t1.bn + std::min<int64_t>(p.num_local, routes);
+    // With tile_sync, two one-CTA-per-item forms (mma.sync) synchronize per token tile: GEMM2's
+    // CTAs wait for their tile's GEMM1 CTAs, not for all of GEMM1 (the persistent wgmma forms walk
+    // items in their own order and keep the launch-wide wait).
+    const bool tile_sync = p.tile_sync && !t1.persistent && !t2.persistent;
+    const int32_t gemm1_m_blocks = int32_t((2 * p.inter + t1.bm - 1) / t1.bm);
+    int32_t* done = tile_sync ? tile_done : nullptr;
     bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local,
-              GemmParams{p.w1, p.w1_sf, x_bf16, row_token, offsets, tile_count, tiles, act, p.beta, p.linear_beta,
-                         2 * p.inter, p.hidden, 0, 0});
+              GemmParams{p.w1, p.w1_sf, x_bf16, row_token, offsets, tile_count, tiles, done, act, p.beta,
+                         p.linear_beta, 2 * p.inter, p.hidden, 0, gemm1_m_blocks});
     bind_gemm(gemm2_, "mxfp4_moe_gemm2_", t2, max_tiles, p.num_local,
-              GemmParams{p.w2, p.w2_sf, act, nullptr, offsets, tile_count, tiles, rows, nullptr, nullptr, p.hidden,
-                         p.inter, 0, 0});
+              GemmParams{p.w2, p.w2_sf, act, nullptr, offsets, tile_count, tiles, done, rows, nullptr, nullptr,
+                         p.hidden, p.inter, 0, gemm1_m_blocks});
     // 5. finalize
     finalize_.form = "moe_finalize";
     finalize_.device = p.device;

@@ -71,6 +71,7 @@ __device__ __forceinline__ void route(const RouteParams& p) {
     const int32_t first_tile = e == 0 ? 0 : tiles_end[e - 1];
     const int32_t row0 = (e == 0 ? 0 : count[e - 1]) + (t - first_tile) * p.block_n;
     p.tiles[t] = TokenTile{e, row0};
+    p.tile_done[t] = 0;  // the previous call has completed: nothing reads it now
   }
   __syncthreads();
   // placement cursors start at each expert's first row; tiles_end is free again

@@ -29,7 +29,7 @@ CAKE_HD constexpr int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 // not depend on the tile form, so the size is monotonic in T. Python mirrors this function
 // (cake_moe.mxfp4_moe._wrapper._workspace_bytes); tests compare the two.
 struct WorkspaceLayout {
-  int64_t offsets, row_token, route_row, tiles, x_bf16, act, rows, total;
+  int64_t offsets, row_token, route_row, tiles, tile_done, x_bf16, act, rows, total;
 };
 
 CAKE_HD WorkspaceLayout workspace_layout(int64_t tokens, int64_t hidden, int64_t inter, int64_t num_local,
@@ -41,6 +41,7 @@ CAKE_HD WorkspaceLayout workspace_layout(int64_t tokens, int64_t hidden, int64_t
   w.row_token = at; at += align256(r * 4);
   w.route_row = at; at += align256(r * 4);
   w.tiles = at;     at += align256(max_token_tiles(r, num_local) * 8 + 16);  // 16: the tile count header
+  w.tile_done = at; at += align256(max_token_tiles(r, num_local) * 4);       // GEMM1 CTAs done per tile
   w.x_bf16 = at;    at += align256(tokens * hidden * 2);
   w.act = at;       at += align256(r * inter * 2);
   w.rows = at;      at += align256(r * hidden * 2);
@@ -57,6 +58,7 @@ struct RouteParams {
   int32_t* route_row;       // [T * k] sorted row of each route, -1: not local / out of range
   int32_t* tile_count;      // [1] number of token tiles (header of the tile list)
   TokenTile* tiles;         // [max_token_tiles]
+  int32_t* tile_done;       // [max_token_tiles] zeroed for the listed tiles (GEMM1 -> GEMM2 counters)
   int32_t num_routes;       // T * k
   int32_t top_k;
   int32_t num_experts;      // E: ids outside [0, E) contribute nothing

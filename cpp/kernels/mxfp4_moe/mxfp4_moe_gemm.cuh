@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "common/ptx/global_mem.cuh"
 #include "common/ptx/mbarrier.cuh"
 #include "common/ptx/sm80.cuh"
 #include "mxfp4_moe/epilogue.cuh"
@@ -173,15 +174,32 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
       }
       __syncthreads();  // the barriers exist before any thread waits on them
     }
-    ptx::grid_dependency_wait();  // the tile list and B rows come from the previous launches
+    // Tile sync (p.tile_done): GEMM1 lets GEMM2 launch once all its CTAs are resident and counts
+    // each finished CTA per token tile; a GEMM2 CTA streams its first weight stages, then waits
+    // only for its own tile's count, not for all of GEMM1 (docs/mxfp4_moe.md, decode overlap).
+    // The routing kernel completed before GEMM1 passed its wait, so GEMM2 reads its lists at L2.
+    constexpr bool kGemm2 = kStage == GemmStage::kGemm2;
+    const bool tile_sync = p.tile_done != nullptr;
+    const bool awaits_tile = kGemm2 && tile_sync;
+    if (!awaits_tile) ptx::grid_dependency_wait();  // the tile list and B rows come from earlier launches
+    if (!kGemm2 && tile_sync) ptx::allow_dependent_launch();
     const int tile_index = blockIdx.x / p.m_blocks;
-    if (tile_index >= *p.tile_count) return;  // the grid covers the worst case of the routing
-    const moe::TokenTile tt = p.tiles[tile_index];
+    const int tile_count = awaits_tile ? ptx::ld_cg_s32(p.tile_count) : *p.tile_count;
+    if (tile_index >= tile_count) return;  // the grid covers the worst case of the routing
     Tile t;
-    t.expert = tt.expert;
-    t.row0 = tt.row0;
-    const int end = p.offsets[tt.expert + 1];
-    t.rows = end - tt.row0 < kBN ? end - tt.row0 : kBN;
+    int end;
+    if (awaits_tile) {
+      const int2 tt = ptx::ld_cg_s32x2(p.tiles + tile_index);
+      t.expert = tt.x;
+      t.row0 = tt.y;
+      end = ptx::ld_cg_s32(p.offsets + t.expert + 1);
+    } else {
+      const moe::TokenTile tt = p.tiles[tile_index];
+      t.expert = tt.expert;
+      t.row0 = tt.row0;
+      end = p.offsets[tt.expert + 1];
+    }
+    t.rows = end - t.row0 < kBN ? end - t.row0 : kBN;
     t.m0 = (blockIdx.x % p.m_blocks) * kBM;
 
     const Smem sm{smem_raw};
@@ -199,13 +217,20 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
 
     const int num_k = (p.k + Cfg::kKStage - 1) / Cfg::kKStage;
     const Loader loader = make_loader(p, t);
+    if constexpr (Cfg::kTmaWeights) {  // the weights first: they depend on no launch
+      if (threadIdx.x == 0)
+        for (int s = 0; s < kStages - 1 && s < num_k; ++s) load_weights_tma(p, t, sm, &bars[s], s, s);
+    }
+    if (awaits_tile) {
+      if (threadIdx.x == 0)
+        while (ptx::ld_acquire_gpu(reinterpret_cast<const uint32_t*>(p.tile_done + tile_index)) <
+               uint32_t(p.done_target))
+          __nanosleep(128);
+      __syncthreads();  // the act rows of the tile are written before any thread copies them
+    }
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < num_k) {
-        load_stage(p, loader, sm, s, s);
-        if constexpr (Cfg::kTmaWeights)
-          if (threadIdx.x == 0) load_weights_tma(p, t, sm, &bars[s], s, s);
-      }
+      if (s < num_k) load_stage(p, loader, sm, s, s);
       ptx::cp_async_commit();
     }
     for (int ks = 0; ks < num_k; ++ks) {
@@ -222,13 +247,21 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
       if (warp_rows && ks * Cfg::kKStage + wk * Cfg::kKWarp < p.k) compute_stage(sm, ks % kStages, wm, wk, acc);
     }
     ptx::cp_async_wait<0>();
-    ptx::allow_dependent_launch();  // the next GEMM / finalize may start its CTAs; it waits for us
+    if (kGemm2 || !tile_sync) ptx::allow_dependent_launch();  // the next launch may start; it waits for us
     reduce_k_split(smem_raw, wm, wk, acc);
-    if (wk != 0 || !warp_rows) return;
-    if constexpr (kStage == GemmStage::kGemm1) {
-      epilogue_gemm1(p, t, wm, acc);
-    } else {
-      epilogue_gemm2(p, t, wm * 64, 0, acc);
+    if (wk == 0 && warp_rows) {
+      if constexpr (kStage == GemmStage::kGemm1) {
+        epilogue_gemm1(p, t, wm, acc);
+      } else {
+        epilogue_gemm2(p, t, wm * 64, 0, acc);
+      }
+    }
+    if (!kGemm2 && tile_sync) {  // count this CTA in once every thread's act rows are written
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(p.tile_done + tile_index, 1);
+      }
     }
   }
 };

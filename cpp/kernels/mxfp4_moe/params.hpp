@@ -22,13 +22,15 @@ struct GemmParams {
   const int32_t* offsets;       // [L + 1] sorted-row offsets per local expert
   const int32_t* tile_count;    // number of valid entries of `tiles`
   const moe::TokenTile* tiles;  // token tiles (block_n rows each) from the routing kernel
+  int32_t* tile_done;           // null, or GEMM1 CTAs finished per token tile: GEMM1 counts itself in,
+                                //   GEMM2 waits for done_target instead of for all of GEMM1
   uint16_t* out;                // GEMM1: act [R, m/2]; GEMM2: rows [R, m]; BF16
   const float* beta;            // GEMM1: SiTU beta per local expert
   const float* linear_beta;     // GEMM1: SiTU linear beta per local expert
   int32_t m;                    // weight rows per expert: 2I (GEMM1) or H (GEMM2); multiple of 64
   int32_t k;                    // reduction: H (GEMM1) or I (GEMM2); multiple of 128
   int32_t m_blocks;             // ceil(m / Tiling::kBM): the grid is tiles x m_blocks CTAs
-  int32_t reserved_;
+  int32_t done_target;          // GEMM1's m_blocks (with tile_done)
   CUtensorMap tmap_w;           // w as a 2D uint8 tensor [L * m rows, k / 2 bytes] (mma.sync forms: the
                                 //   weight tiles arrive by TMA in Tiling::kWBoxBytes wide boxes)
 };

@@ -16,6 +16,7 @@ larger ones with CUDA events around eager calls.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 
@@ -133,7 +134,8 @@ def _cycle(fns):
     return call
 
 
-def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: int, tile: str | None = None):
+def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: int, tile: str | None = None,
+          tile_sync: bool | None = None):
     """Plans (and naive calls on the same inputs) for T tokens: ROTATIONS routings for decode
     rows, one otherwise; with the mean routed-expert and local-route counts."""
     n = ROTATIONS if t <= ROTATE_MAX_T else 1
@@ -143,7 +145,8 @@ def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: in
         out = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
         ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")  # one per plan
         plans.append(runner.plan(x, x_sf, ids, w, prepared["w1"], prepared["w1_sf"], prepared["w2"], prepared["w2_sf"],
-                                 beta=beta, linear_beta=lbeta, workspace=ws, output=out, tile=tile).run)
+                                 beta=beta, linear_beta=lbeta, workspace=ws, output=out, tile=tile,
+                                 tile_sync=tile_sync).run)
         naive.append(lambda a=(x, x_sf, ids, w): naive_layer(*a, *bank16, beta, lbeta, num_experts=E, offset=offset))
         outs.append(out)
         local = ids.long() - offset
@@ -153,16 +156,37 @@ def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: in
     return plans, naive, outs, experts / n, routes / n
 
 
+def _variant(spec: str | None) -> tuple[str | None, bool | None]:
+    """A ``--tiles`` entry: a tile form, ``sync`` / ``nosync`` (the table's form with the per-tile
+    GEMM1 -> GEMM2 sync forced on / off), or ``form+sync`` / ``form+nosync``."""
+    if spec is None:
+        return None, None
+    form, _, sync = ("", "", spec) if spec in ("sync", "nosync") else spec.partition("+")
+    if sync not in ("", "sync", "nosync"):
+        raise ValueError(f"tile variant {spec!r}: the suffix must be +sync or +nosync")
+    return form or None, {"": None, "sync": True, "nosync": False}[sync]
+
+
+def _same_as_table(runner, t: int, variant: str) -> bool:
+    tile, tile_sync = _variant(variant)
+    d, table = runner.decide(t, tile=tile, tile_sync=tile_sync), runner.decide(t)
+    return (d.tile, d.tile_sync) == (table.tile, table.tile_sync)
+
+
 def _row(layout: str, t: int, runner, prepared, bank16, beta, lbeta, gen, copy_bw: float,
-         tile: str | None = None) -> dict:
+         variant: str | None = None) -> dict:
     l, offset, i_shard = layout_dims(layout)
-    d = runner.decide(t, tile=tile)
+    tile, tile_sync = _variant(variant)
+    d = runner.decide(t, tile=tile, tile_sync=tile_sync)
+    if variant is not None and d.supported:
+        d = dataclasses.replace(d, path="forced")
     row = {"op": "mxfp4_moe", "layout": layout, "shape": [H, I, E, TOP_K], "T": t, "path": getattr(d, "path", None),
-           "block_n": getattr(d, "block_n", None), "tile": d.tile, "gpu": timing.gpu_name(),
-           "date": datetime.date.today().isoformat()}
+           "block_n": getattr(d, "block_n", None), "tile": d.tile + ("+sync" if d.tile_sync else ""),
+           "gpu": timing.gpu_name(), "date": datetime.date.today().isoformat()}
     if not d.supported:
         return dict(row, skipped=str(d.reason))
-    plans, naive, outs, experts, routes = _bind(t, runner, prepared, bank16, beta, lbeta, gen, l, offset, tile)
+    plans, naive, outs, experts, routes = _bind(t, runner, prepared, bank16, beta, lbeta, gen, l, offset, tile,
+                                                tile_sync)
     calls = 48 if len(plans) > 1 else 20
     ours_ms = _time(_cycle(plans), t, calls)
     naive_ms, diff = float("nan"), None
@@ -183,7 +207,8 @@ def _row(layout: str, t: int, runner, prepared, bank16, beta, lbeta, gen, copy_b
 
 
 def run(tokens=TOKENS, layouts=tuple(LAYOUTS), tiles: tuple[str, ...] = ()) -> list[dict]:
-    """The grid; ``tiles``: forms also timed (forced) beside the decision table's own choice."""
+    """The grid; ``tiles``: variants also timed (forced) beside the decision table's own choice
+    (see ``_variant``)."""
     from ..mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
     copy_bw = timing.copy_bandwidth(1 << 30)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -197,7 +222,7 @@ def run(tokens=TOKENS, layouts=tuple(LAYOUTS), tiles: tuple[str, ...] = ()) -> l
         beta, lbeta = random_situ(l, gen)
         runner = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS[layout])
         for t in tokens:
-            for tile in (None, *(x for x in tiles if x != runner.decide(t).tile)):
+            for tile in (None, *(x for x in tiles if not _same_as_table(runner, t, x))):
                 rows.append(_row(layout, t, runner, prepared, bank16, beta, lbeta, gen, copy_bw, tile))
                 r = rows[-1]
                 if "skipped" in r:

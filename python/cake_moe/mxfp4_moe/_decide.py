@@ -50,6 +50,13 @@ TILES: tuple[str, ...] = tuple(BLOCK_N_OF)
 # At BN 8 a GEMM whose reduction length K is at most this uses the short-K tiling (256 weight
 # rows per CTA instead of eight warps splitting K). The host binds the two GEMM forms it is given.
 SHORT_K = 1024
+# Up to this many routes per expert a plan whose GEMMs are both mma.sync forms synchronizes GEMM1
+# -> GEMM2 per token tile (GEMM2's CTAs stream their first weight stages while GEMM1 finishes,
+# then wait only for their own tile). Measured on the H200, same run (bench/results/
+# 2026-11-30_h200_mxfp4_moe_tile_sync.md): 4-8% faster at T = 1 and 4 (0.018 and 0.071 routes per
+# expert), 2-3% at T = 16 (0.29), even at T = 28 (0.5), 1-2% slower at T = 64 (1.14), where
+# GEMM1 fills the GPU.
+TILE_SYNC_MAX_LOAD = 0.3
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,7 @@ class PlanDecision:
     block_n: int
     forms: tuple[str, ...]
     tile: str = ""  # form suffix of the GEMMs whose K exceeds SHORT_K
+    tile_sync: bool = False  # GEMM2 waits per token tile for GEMM1 (TILE_SYNC_MAX_LOAD)
 
 
 def gemm_tiles(tile: str, hidden: int, inter: int) -> tuple[str, str]:
@@ -89,10 +97,12 @@ def routes_per_expert(num_tokens: int, top_k: int, num_experts: int) -> float:
 
 
 def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, *, sm90: bool = False,
-           tile: str | None = None) -> PlanDecision:
+           tile: str | None = None, tile_sync: bool | None = None) -> PlanDecision:
     """The decision for ``num_tokens`` tokens of a layer with ``hidden`` and ``inter`` (the
     rank's intermediate shard); every T >= 1 is served. ``sm90``: the device runs the sm_90a
-    forms. ``tile`` forces a tile form (benchmarks and tests); an sm_90a form needs ``sm90``."""
+    forms. ``tile`` forces a tile form (benchmarks and tests); an sm_90a form needs ``sm90``.
+    ``tile_sync`` forces the per-tile GEMM1 -> GEMM2 sync on or off (it never changes a bit of
+    the result); True needs an mma.sync tile form (not one of SM90_TILES)."""
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
         return PlanDecision(False, f"num_tokens must be an int >= 1, got {num_tokens!r}", "none", 0, ())
     load = routes_per_expert(num_tokens, top_k, num_experts)
@@ -112,6 +122,15 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
             return PlanDecision(False, f"tile {tile!r} is an sm_90a form; this device is not sm_90", "none", 0, ())
         chosen, path = tile, "forced"
         block_n = BLOCK_N_OF[tile]
-    reason = f"T*k/E = {load:g} routes per expert: {path} tiles of BN={block_n} token rows ({chosen})"
+    sync_ok = chosen not in SM90_TILES
+    if tile_sync is None:
+        tile_sync = sync_ok and load <= TILE_SYNC_MAX_LOAD
+    elif not isinstance(tile_sync, bool):
+        raise ValueError(f"tile_sync must be None, True or False, got {tile_sync!r}")
+    elif tile_sync and not sync_ok:
+        return PlanDecision(False, f"tile_sync needs an mma.sync tile form; {chosen!r} is a persistent sm_90a "
+                            "form", "none", 0, ())
+    reason = (f"T*k/E = {load:g} routes per expert: {path} tiles of BN={block_n} token rows ({chosen})"
+              + (", GEMM2 waits per token tile" if tile_sync else ""))
     forms = (DEQUANT_FORM, ROUTE_FORM, *gemm_forms(chosen, hidden, inter), FINALIZE_FORM)
-    return PlanDecision(True, reason, path, block_n, forms, chosen)
+    return PlanDecision(True, reason, path, block_n, forms, chosen, tile_sync)

@@ -35,7 +35,8 @@ def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, t
 
     With R = T * top_k routes, every segment is padded to 256 bytes, in this order: expert
     offsets (L+1) int32; row_token R int32; route_row R int32; the token-tile list, at most
-    R // 8 + min(L, R) tiles of 8 bytes after a 16-byte count header; x_bf16 [T, H] bf16;
+    R // 8 + min(L, R) tiles of 8 bytes after a 16-byte count header; one int32 per tile (GEMM1
+    CTAs done); x_bf16 [T, H] bf16;
     act [R, I] bf16; rows [R, H] bf16. No segment depends on the tile form, so the total is
     monotonic in T.
     """
@@ -45,6 +46,7 @@ def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, t
         routes * 4,
         routes * 4,
         (routes // 8 + min(num_local, routes)) * 8 + 16,
+        (routes // 8 + min(num_local, routes)) * 4,
         num_tokens * hidden * 2,
         routes * inter * 2,
         routes * hidden * 2,
@@ -176,11 +178,12 @@ class CakeMxfp4MoEWrapper:
 
     # ------------------------------------------------------------------ host-only queries
 
-    def decide(self, num_tokens: int, *, tile: str | None = None) -> PlanDecision:
+    def decide(self, num_tokens: int, *, tile: str | None = None, tile_sync: bool | None = None) -> PlanDecision:
         """The tile form ``plan()`` uses for ``num_tokens`` tokens (host only); ``tile`` forces
-        one of ``_decide.TILES`` (the sm_90a forms only on a compute capability 9.0 device)."""
+        one of ``_decide.TILES`` (the sm_90a forms only on a compute capability 9.0 device),
+        ``tile_sync`` the per-token-tile GEMM1 -> GEMM2 sync (mma.sync forms only)."""
         return _decide.decide(num_tokens, self.top_k, self.num_experts, self.hidden_size, self.intermediate_shard,
-                              sm90=self.capability == (9, 0), tile=tile)
+                              sm90=self.capability == (9, 0), tile=tile, tile_sync=tile_sync)
 
     def get_workspace_size(self, num_tokens: int | None = None, *, max_tokens: int | None = None) -> int:
         """Workspace bytes for ``num_tokens`` tokens (host only). The size is monotonic in T, so
@@ -243,7 +246,8 @@ class CakeMxfp4MoEWrapper:
     def plan(self, x: torch.Tensor, x_sf: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor | None,
              w1, w1_sf: torch.Tensor | None = None, w2: torch.Tensor | None = None,
              w2_sf: torch.Tensor | None = None, *, beta: torch.Tensor, linear_beta: torch.Tensor,
-             workspace: torch.Tensor, output: torch.Tensor, tile: str | None = None) -> Mxfp4MoEPlan:
+             workspace: torch.Tensor, output: torch.Tensor, tile: str | None = None,
+             tile_sync: bool | None = None) -> Mxfp4MoEPlan:
         """Validate and bind caller-owned buffers for ``T = x.shape[0]`` tokens, load the kernels
         and run once (a warm-up that writes ``output``). Call it outside graph capture.
 
@@ -254,8 +258,9 @@ class CakeMxfp4MoEWrapper:
         fp32 [L]; workspace uint8 [>= get_workspace_size(T)], 256-byte aligned; output [T, H]
         bf16. Every tensor is contiguous and on the wrapper's device; output and workspace
         share no memory with each other or with any input. ``tile`` overrides the decision
-        table's tile form (see :meth:`decide`). Forms sum K in different orders: each is
-        repeatable to the bit, two forms agree to rounding.
+        table's tile form and ``tile_sync`` its GEMM1 -> GEMM2 sync (see :meth:`decide`). Forms
+        sum K in different orders: each is repeatable to the bit, two forms agree to rounding;
+        ``tile_sync`` changes no bit.
         """
         if _capturing():
             raise RuntimeError("CakeMxfp4MoEWrapper.plan() cannot run during CUDA graph capture: plan outside "
@@ -267,7 +272,7 @@ class CakeMxfp4MoEWrapper:
         num_tokens = x.shape[0]
         if x.shape[1] != self.hidden_size:
             raise ValueError(f"x must have hidden_size={self.hidden_size} columns, got shape {tuple(x.shape)}")
-        decision = self.decide(num_tokens, tile=tile)
+        decision = self.decide(num_tokens, tile=tile, tile_sync=tile_sync)
         if not decision.supported:
             raise ValueError(f"x: {decision.reason}")
         if num_tokens * self.top_k > _INT32_MAX:
@@ -301,7 +306,8 @@ class CakeMxfp4MoEWrapper:
             x.view(torch.uint8), x_sf, topk_ids, topk_weights, weights_kind, w1, w1_sf, w2, w2_sf, beta,
             linear_beta, workspace, output, num_tokens=num_tokens, hidden=self.hidden_size,
             inter=self.intermediate_shard, num_experts=self.num_experts, num_local=self.num_local_experts,
-            local_offset=self.local_expert_offset, top_k=self.top_k, gemm1_tile=gemm1_tile, gemm2_tile=gemm2_tile)
+            local_offset=self.local_expert_offset, top_k=self.top_k, gemm1_tile=gemm1_tile, gemm2_tile=gemm2_tile,
+            tile_sync=decision.tile_sync)
         plan = Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
                             num_experts=self.num_experts, output=output, topk_ids=topk_ids,
                             packed=topk_weights is None, keep=tuple(t for _, t in present))
