@@ -160,6 +160,54 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
     }
   }
 
+  // Tile sync (p.tile_done): GEMM1 lets GEMM2 launch once all its CTAs are resident and counts
+  // each finished CTA per token tile; a GEMM2 CTA streams its first weight stages, then waits
+  // only for its own tile's count, not for all of GEMM1 (docs/mxfp4_moe.md, "Tile sync"). Such a
+  // GEMM2 CTA skips griddepcontrol.wait, so it reads the routing kernel's lists at L2 (that
+  // kernel completed before GEMM1 passed its own wait).
+  __device__ static __forceinline__ int tile_count(const GemmParams& p, bool at_l2) {
+    return at_l2 ? ptx::ld_cg_s32(p.tile_count) : *p.tile_count;
+  }
+
+  // The work tile of this CTA (token tile tile_index < tile_count, m-block from blockIdx.x).
+  __device__ static __forceinline__ Tile read_tile(const GemmParams& p, int tile_index, bool at_l2) {
+    Tile t;
+    int end;
+    if (at_l2) {
+      const int2 tt = ptx::ld_cg_s32x2(p.tiles + tile_index);
+      t.expert = tt.x;
+      t.row0 = tt.y;
+      end = ptx::ld_cg_s32(p.offsets + t.expert + 1);
+    } else {
+      const moe::TokenTile tt = p.tiles[tile_index];
+      t.expert = tt.expert;
+      t.row0 = tt.row0;
+      end = p.offsets[tt.expert + 1];
+    }
+    t.rows = end - t.row0 < kBN ? end - t.row0 : kBN;
+    t.m0 = (blockIdx.x % p.m_blocks) * kBM;
+    return t;
+  }
+
+  // GEMM2 under tile sync: every GEMM1 CTA of the tile has counted itself in (acquire), so the
+  // act rows of the tile are written before any thread of this CTA copies them.
+  __device__ static __forceinline__ void await_tile(const GemmParams& p, int tile_index) {
+    if (threadIdx.x == 0)
+      while (ptx::ld_acquire_gpu(reinterpret_cast<const uint32_t*>(p.tile_done + tile_index)) <
+             uint32_t(p.done_target))
+        __nanosleep(128);
+    __syncthreads();
+  }
+
+  // GEMM1 under tile sync: count this CTA in once every thread's act rows are written (release).
+  __device__ static __forceinline__ void count_tile_done(const GemmParams& p, int tile_index) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(p.tile_done + tile_index, 1);
+    }
+  }
+
   __device__ static void run(const GemmParams& p) {
     extern __shared__ __align__(128) uint8_t smem_dyn[];
     // TMA weights: the ring starts on a 1024-byte swizzle atom (kSmemBytes has the slack)
@@ -174,33 +222,14 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
       }
       __syncthreads();  // the barriers exist before any thread waits on them
     }
-    // Tile sync (p.tile_done): GEMM1 lets GEMM2 launch once all its CTAs are resident and counts
-    // each finished CTA per token tile; a GEMM2 CTA streams its first weight stages, then waits
-    // only for its own tile's count, not for all of GEMM1 (docs/mxfp4_moe.md, decode overlap).
-    // The routing kernel completed before GEMM1 passed its wait, so GEMM2 reads its lists at L2.
     constexpr bool kGemm2 = kStage == GemmStage::kGemm2;
-    const bool tile_sync = p.tile_done != nullptr;
+    const bool tile_sync = p.tile_done != nullptr;  // see read_tile
     const bool awaits_tile = kGemm2 && tile_sync;
     if (!awaits_tile) ptx::grid_dependency_wait();  // the tile list and B rows come from earlier launches
     if (!kGemm2 && tile_sync) ptx::allow_dependent_launch();
     const int tile_index = blockIdx.x / p.m_blocks;
-    const int tile_count = awaits_tile ? ptx::ld_cg_s32(p.tile_count) : *p.tile_count;
-    if (tile_index >= tile_count) return;  // the grid covers the worst case of the routing
-    Tile t;
-    int end;
-    if (awaits_tile) {
-      const int2 tt = ptx::ld_cg_s32x2(p.tiles + tile_index);
-      t.expert = tt.x;
-      t.row0 = tt.y;
-      end = ptx::ld_cg_s32(p.offsets + t.expert + 1);
-    } else {
-      const moe::TokenTile tt = p.tiles[tile_index];
-      t.expert = tt.expert;
-      t.row0 = tt.row0;
-      end = p.offsets[tt.expert + 1];
-    }
-    t.rows = end - t.row0 < kBN ? end - t.row0 : kBN;
-    t.m0 = (blockIdx.x % p.m_blocks) * kBM;
+    if (tile_index >= tile_count(p, awaits_tile)) return;  // the grid covers the worst case of the routing
+    const Tile t = read_tile(p, tile_index, awaits_tile);
 
     const Smem sm{smem_raw};
     const int warp = threadIdx.x >> 5;
@@ -221,13 +250,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
       if (threadIdx.x == 0)
         for (int s = 0; s < kStages - 1 && s < num_k; ++s) load_weights_tma(p, t, sm, &bars[s], s, s);
     }
-    if (awaits_tile) {
-      if (threadIdx.x == 0)
-        while (ptx::ld_acquire_gpu(reinterpret_cast<const uint32_t*>(p.tile_done + tile_index)) <
-               uint32_t(p.done_target))
-          __nanosleep(128);
-      __syncthreads();  // the act rows of the tile are written before any thread copies them
-    }
+    if (awaits_tile) await_tile(p, tile_index);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < num_k) load_stage(p, loader, sm, s, s);
@@ -256,13 +279,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
         epilogue_gemm2(p, t, wm * 64, 0, acc);
       }
     }
-    if (!kGemm2 && tile_sync) {  // count this CTA in once every thread's act rows are written
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(p.tile_done + tile_index, 1);
-      }
-    }
+    if (!kGemm2 && tile_sync) count_tile_done(p, tile_index);
   }
 };
 
