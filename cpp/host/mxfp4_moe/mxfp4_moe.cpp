@@ -86,9 +86,9 @@ class Mxfp4MoePlan final : public Plan {
     route_.device = p.device;
     route_.kernel = runtime::get_kernel(route_.form, "cake_moe_route", p.device);
     route_.cfg.block[0] = moe::kRouteThreads;
-    *route_.params = moe::RouteParams{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, tile_done, int32_t(routes),
-                                     p.top_k, p.num_experts, p.num_local, p.local_offset,
-                                     p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, t1.bn};
+    *route_.params = moe::RouteParams{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, tile_done,
+                                      int32_t(routes), p.top_k, p.num_experts, p.num_local, p.local_offset,
+                                      p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, t1.bn};
     // 2. activations to BF16 (exact: docs/mxfp4_moe.md)
     dequant_ = formats::bind_dequantize(formats::Fmt::kMxfp8, true, false,
                                         formats::DequantizeArgs{p.x, p.x_sf, nullptr, x_bf16, p.tokens, p.hidden, {}},
