@@ -221,7 +221,8 @@ def test_bitwise_repeatable_across_processes(layers):
     assert out.stdout.strip().splitlines()[-1] == want, "another process computed other bits"
 
 
-@pytest.mark.parametrize("name,t", [("h512_e40_k5", 17), ("h384_ep_k8", 1025), ("tp8", 16)])
+@pytest.mark.parametrize("name,t", [("h512_e40_k5", 17), ("h384_ep_k8", 1025), ("tp8", 16),
+                                    ("h128_e1024_k32", 1025)])   # the last: routing over several CTAs
 def test_graph_replay_follows_new_values(layers, name, t):
     """Serving captures run() once and replays it every step after writing the step's
     activations and routes into the bound tensors: the replay must equal an eager run on the
@@ -256,7 +257,7 @@ def test_one_workspace_serves_every_smaller_t(layers):
         assert torch.equal(layer.run(case, workspace=ws), layer.run(case))
 
 
-@pytest.mark.parametrize("name,t", [("h512_e40_k5", 1025), ("tp8", 16)])
+@pytest.mark.parametrize("name,t", [("h512_e40_k5", 1025), ("tp8", 16), ("h128_e1024_k32", 1025)])
 def test_run_allocates_nothing(layers, name, t):
     layer = layers(name)
     plan, _ = layer.plan(make_case(layer.geom, t, seed=31))

@@ -129,7 +129,10 @@ def _moe_engine_forms() -> list[Form]:
     """Routing bookkeeping and the slot-order finalize, shared by the routed-MoE families."""
     return [
         Form("moe_route", "moe", "moe/moe_route.cuh", "cake_moe::moe::RouteParams",
-             (Kernel("cake_moe_route", "cake_moe::moe::route", threads=1024),),
+             (Kernel("cake_moe_route", "cake_moe::moe::route", threads=1024),
+              Kernel("cake_moe_route_count", "cake_moe::moe::route_count", threads=1024),
+              Kernel("cake_moe_route_scan", "cake_moe::moe::route_scan", threads=1024),
+              Kernel("cake_moe_route_place", "cake_moe::moe::route_place", threads=1024)),
              {"op": "route"}, native=(), prelude="static_assert(cake_moe::moe::kRouteThreads == 1024);",
              validated=("90a",)),
         Form("moe_finalize", "moe", "moe/moe_finalize.cuh", "cake_moe::moe::FinalizeParams",

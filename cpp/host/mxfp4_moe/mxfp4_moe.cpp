@@ -75,20 +75,28 @@ class Mxfp4MoePlan final : public Plan {
     auto* tile_count = reinterpret_cast<int32_t*>(base + ws.tiles);
     auto* tiles = reinterpret_cast<moe::TokenTile*>(base + ws.tiles + 16);
     auto* tile_done = reinterpret_cast<int32_t*>(base + ws.tile_done);
+    auto* chunk_rows = reinterpret_cast<int32_t*>(base + ws.route_chunks);
     auto* x_bf16 = reinterpret_cast<uint16_t*>(base + ws.x_bf16);
     auto* act = reinterpret_cast<uint16_t*>(base + ws.act);
     auto* rows = reinterpret_cast<uint16_t*>(base + ws.rows);
     const int64_t routes = int64_t(p.tokens) * p.top_k;
 
     runtime::ScopedDevice scope(p.device);
-    // 1. routing bookkeeping
-    route_.form = "moe_route";
-    route_.device = p.device;
-    route_.kernel = runtime::get_kernel(route_.form, "cake_moe_route", p.device);
-    route_.cfg.block[0] = moe::kRouteThreads;
-    *route_.params = moe::RouteParams{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, tile_done,
-                                      int32_t(routes), p.top_k, p.num_experts, p.num_local, p.local_offset,
-                                      p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, t1.bn};
+    // 1. routing bookkeeping: one CTA, or count / scan / place over chunks of the routes
+    const int32_t chunk_routes = moe::route_chunk_routes(routes);
+    const moe::RouteParams route_params{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, tile_done,
+                                        chunk_rows, chunk_routes, int32_t(routes), p.top_k, p.num_experts,
+                                        p.num_local, p.local_offset,
+                                        p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, t1.bn};
+    const unsigned chunks = chunk_routes > 0 ? unsigned((routes + chunk_routes - 1) / chunk_routes) : 1u;
+    if (chunk_routes == 0) {
+      bind_route(route_[0], "cake_moe_route", 1, route_params);
+    } else {
+      bind_route(route_[0], "cake_moe_route_count", chunks, route_params);
+      bind_route(route_[1], "cake_moe_route_scan", 1, route_params);
+      bind_route(route_[2], "cake_moe_route_place", chunks, route_params);
+    }
+    route_launches_ = chunk_routes == 0 ? 1 : 3;
     // 2. activations to BF16 (exact: docs/mxfp4_moe.md)
     dequant_ = formats::bind_dequantize(formats::Fmt::kMxfp8, true, false,
                                         formats::DequantizeArgs{p.x, p.x_sf, nullptr, x_bf16, p.tokens, p.hidden, {}},
@@ -118,19 +126,20 @@ class Mxfp4MoePlan final : public Plan {
     // a dependent launch that starts while its predecessor drains and waits (griddepcontrol.wait)
     // before reading its outputs. The routing kernel reads nothing the dequantize writes: it runs
     // alongside it and waits for it only before completing, so GEMM1's wait covers both.
-    route_.cfg.pdl = gemm1_.cfg.pdl = gemm2_.cfg.pdl = finalize_.cfg.pdl = true;
+    for (auto& r : route_) r.cfg.pdl = true;
+    gemm1_.cfg.pdl = gemm2_.cfg.pdl = finalize_.cfg.pdl = true;
     *finalize_.params = moe::FinalizeParams{rows, route_row,
                                            p.weight_kind == int32_t(moe::RouteWeights::kPacked)
                                                ? static_cast<const void*>(p.topk_ids)
                                                : p.topk_weights,
                                            p.out, p.tokens, p.hidden, p.top_k, p.weight_kind};
-    forms_ = dequant_.form + ", " + route_.form + ", " + gemm1_.form + ", " + gemm2_.form + ", " + finalize_.form;
+    forms_ = dequant_.form + ", " + route_[0].form + ", " + gemm1_.form + ", " + gemm2_.form + ", " + finalize_.form;
   }
 
   void run(std::uintptr_t stream) const override {
     if (tokens_ == 0) return;
     dequant_.launch(stream);
-    route_.launch(stream);
+    for (int i = 0; i < route_launches_; ++i) route_[i].launch(stream);
     gemm1_.launch(stream);
     gemm2_.launch(stream);
     finalize_.launch(stream);
@@ -139,6 +148,16 @@ class Mxfp4MoePlan final : public Plan {
   const std::string& forms() const override { return forms_; }
 
  private:
+  void bind_route(runtime::BoundKernel<moe::RouteParams>& b, const char* kernel, unsigned grid,
+                  const moe::RouteParams& params) {
+    b.form = "moe_route";
+    b.device = device_;
+    b.kernel = runtime::get_kernel(b.form, kernel, device_);
+    b.cfg.grid[0] = grid;
+    b.cfg.block[0] = moe::kRouteThreads;
+    *b.params = params;
+  }
+
   void bind_gemm(runtime::BoundKernel<GemmParams>& b, const std::string& prefix, const TilingInfo& tl, int64_t max_tiles,
                  int64_t num_local, GemmParams params) {
     const std::string form = prefix + tl.suffix;
@@ -159,7 +178,8 @@ class Mxfp4MoePlan final : public Plan {
 
   int device_;
   int32_t tokens_;
-  runtime::BoundKernel<moe::RouteParams> route_;
+  runtime::BoundKernel<moe::RouteParams> route_[3];  // one kernel, or count / scan / place
+  int route_launches_ = 1;
   runtime::BoundKernel<formats::DequantizeArgs> dequant_;
   runtime::BoundKernel<GemmParams> gemm1_, gemm2_;
   runtime::BoundKernel<moe::FinalizeParams> finalize_;

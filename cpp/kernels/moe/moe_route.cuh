@@ -2,9 +2,10 @@
 // offsets, the sorted route list (token of each row), its inverse (row of each route, -1 for a
 // route that contributes nothing) and the token-tile list the grouped GEMMs walk.
 //
-// One CTA of 1024 threads does everything (two passes over the T*k routes: count, then place),
-// so no global counters need clearing and no grid-wide synchronisation is needed; the routes of
-// the largest layer served (16384 x 32) are a few MB, a few tens of microseconds on one SM.
+// Up to 16383 routes one CTA of 1024 threads does everything (two passes over the T*k routes:
+// count, then place), so no global counters need clearing and no grid-wide synchronisation is
+// needed; more routes take three launches over several CTAs (route_count / route_scan /
+// route_place below), which need none either.
 // Same-expert lanes of a warp are aggregated with __match_any_sync before the shared-memory
 // atomics, so one hot expert does not serialise the warp. Row order inside an expert follows
 // the atomics (unspecified); nothing downstream depends on it (see docs/mxfp4_moe.md).
@@ -39,26 +40,36 @@ __device__ __forceinline__ int32_t warp_aggregated_add(int32_t* counter, int32_t
   return base + __popc(peers & ((1u << lane) - 1u));
 }
 
-// Launch order (a plan's run): activation dequantize, this kernel as its dependent launch, the
-// GEMMs. It reads nothing the dequantize writes, so it runs alongside it, and waits for it only
-// before completing: the GEMMs' dependency wait on this grid then covers both.
-__device__ __forceinline__ void route(const RouteParams& p) {
-  ptx::allow_dependent_launch();  // GEMM1 may be scheduled; it waits for this grid to complete
-  __shared__ int32_t count[kMaxLocalExperts];   // counts, then their inclusive prefix
-  __shared__ int32_t tiles_end[kMaxLocalExperts];  // tile ends, then placement cursors
-  __shared__ int32_t chunk_total[32];
-  const int32_t tid = threadIdx.x, L = p.num_local;
-  const int32_t rounds = (p.num_routes + kRouteThreads - 1) / kRouteThreads;
-
-  for (int32_t e = tid; e < L; e += kRouteThreads) count[e] = 0;
-  __syncthreads();
+// Counts the routes [begin, end) per local expert into count (shared, zeroed by the caller).
+__device__ __forceinline__ void count_routes(const RouteParams& p, int32_t begin, int32_t end, int32_t* count) {
+  const int32_t rounds = (end - begin + kRouteThreads - 1) / kRouteThreads;
   for (int32_t r = 0; r < rounds; ++r) {  // uniform trip count: every lane reaches the match
-    const int32_t route = r * kRouteThreads + tid;
-    const int32_t e = route < p.num_routes ? local_expert(p, route) : -1;
+    const int32_t route = begin + r * kRouteThreads + int32_t(threadIdx.x);
+    const int32_t e = route < end ? local_expert(p, route) : -1;
     warp_aggregated_add(count, e);
   }
-  __syncthreads();
+}
 
+// Places the routes [begin, end): each local route takes the next row of its expert's cursor
+// (shared) and writes its row and the row's token.
+__device__ __forceinline__ void place_routes(const RouteParams& p, int32_t begin, int32_t end, int32_t* cursor) {
+  const int32_t rounds = (end - begin + kRouteThreads - 1) / kRouteThreads;
+  for (int32_t r = 0; r < rounds; ++r) {
+    const int32_t route = begin + r * kRouteThreads + int32_t(threadIdx.x);
+    const bool in = route < end;
+    const int32_t e = in ? local_expert(p, route) : -1;
+    const int32_t row = warp_aggregated_add(cursor, e);
+    if (in) p.route_row[route] = e >= 0 ? row : -1;
+    if (e >= 0) p.row_token[row] = route / p.top_k;
+  }
+}
+
+// From the per-expert counts (shared): the offsets, the token-tile list and its done counters.
+// Leaves count as its inclusive prefix; tiles_end and chunk_total are scratch. Ends with a
+// CTA barrier.
+__device__ __forceinline__ void publish_offsets(const RouteParams& p, int32_t* count, int32_t* tiles_end,
+                                                int32_t* chunk_total) {
+  const int32_t tid = threadIdx.x, L = p.num_local;
   // offsets (exclusive prefix of the counts) and per-expert token-tile ends (inclusive prefix)
   for (int32_t e = tid; e < L; e += kRouteThreads) tiles_end[e] = (count[e] + p.block_n - 1) / p.block_n;
   block_inclusive_scan(count, L, chunk_total);
@@ -74,20 +85,95 @@ __device__ __forceinline__ void route(const RouteParams& p) {
     p.tile_done[t] = 0;  // the previous call has completed: nothing reads it now
   }
   __syncthreads();
+}
+
+// Launch order (a plan's run): activation dequantize, this kernel as its dependent launch, the
+// GEMMs. It reads nothing the dequantize writes, so it runs alongside it, and waits for it only
+// before completing: the GEMMs' dependency wait on this grid then covers both.
+__device__ __forceinline__ void route(const RouteParams& p) {
+  ptx::allow_dependent_launch();  // GEMM1 may be scheduled; it waits for this grid to complete
+  __shared__ int32_t count[kMaxLocalExperts];   // counts, then their inclusive prefix
+  __shared__ int32_t tiles_end[kMaxLocalExperts];  // tile ends, then placement cursors
+  __shared__ int32_t chunk_total[32];
+  const int32_t tid = threadIdx.x, L = p.num_local;
+
+  for (int32_t e = tid; e < L; e += kRouteThreads) count[e] = 0;
+  __syncthreads();
+  count_routes(p, 0, p.num_routes, count);
+  __syncthreads();
+  publish_offsets(p, count, tiles_end, chunk_total);
   // placement cursors start at each expert's first row; tiles_end is free again
   int32_t* cursor = tiles_end;
   for (int32_t e = tid; e < L; e += kRouteThreads) cursor[e] = e == 0 ? 0 : count[e - 1];
   __syncthreads();
-
-  for (int32_t r = 0; r < rounds; ++r) {
-    const int32_t route = r * kRouteThreads + tid;
-    const bool in = route < p.num_routes;
-    const int32_t e = in ? local_expert(p, route) : -1;
-    const int32_t row = warp_aggregated_add(cursor, e);
-    if (in) p.route_row[route] = e >= 0 ? row : -1;
-    if (e >= 0) p.row_token[row] = route / p.top_k;
-  }
+  place_routes(p, 0, p.num_routes, cursor);
   ptx::grid_dependency_wait();  // complete only after the activation dequantize has
+}
+
+// ---- several CTAs (p.chunk_routes > 0): count, scan, place ---------------------------------
+// The single CTA spends ~2 us per 1000 routes when they spread over many experts (the shared
+// atomics barely aggregate: 0.6 ms for tp8's 262144 routes over 896 experts), so large T cuts
+// the routes into chunks of p.chunk_routes, one CTA each. Three dependent launches replace the
+// one: route_count (per-chunk counts), route_scan (one CTA: offsets, tiles, and each chunk's
+// first row per expert), route_place (each chunk places its routes from its own first rows).
+// Same outputs, same meaning; the row order inside an expert is unspecified, as above.
+__device__ __forceinline__ int32_t chunk_end(const RouteParams& p, int32_t chunk) {
+  const int64_t end = int64_t(chunk + 1) * p.chunk_routes;
+  return end < p.num_routes ? int32_t(end) : p.num_routes;
+}
+
+__device__ __forceinline__ void route_count(const RouteParams& p) {
+  ptx::allow_dependent_launch();  // the scan may be scheduled; it waits for this grid
+  __shared__ int32_t count[kMaxLocalExperts];
+  const int32_t tid = threadIdx.x, L = p.num_local, c = blockIdx.x;
+  for (int32_t e = tid; e < L; e += kRouteThreads) count[e] = 0;
+  __syncthreads();
+  count_routes(p, c * p.chunk_routes, chunk_end(p, c), count);
+  __syncthreads();
+  for (int32_t e = tid; e < L; e += kRouteThreads) p.chunk_rows[c * L + e] = count[e];
+  ptx::grid_dependency_wait();  // complete only after the activation dequantize has
+}
+
+__device__ __forceinline__ void route_scan(const RouteParams& p) {
+  ptx::allow_dependent_launch();  // the placement may be scheduled; it waits for this grid
+  __shared__ int32_t count[kMaxLocalExperts];
+  __shared__ int32_t tiles_end[kMaxLocalExperts];
+  __shared__ int32_t chunk_total[32];
+  const int32_t tid = threadIdx.x, L = p.num_local;
+  const int32_t chunks = (p.num_routes + p.chunk_routes - 1) / p.chunk_routes;
+  ptx::grid_dependency_wait();  // the per-chunk counts
+  // each expert's chunk counts -> their exclusive prefix over the chunks (8 loads in flight)
+  constexpr int32_t kBatch = 8;
+  for (int32_t e = tid; e < L; e += kRouteThreads) {
+    int32_t running = 0;
+    for (int32_t c0 = 0; c0 < chunks; c0 += kBatch) {
+      int32_t v[kBatch];
+#pragma unroll
+      for (int32_t u = 0; u < kBatch; ++u) v[u] = c0 + u < chunks ? p.chunk_rows[(c0 + u) * L + e] : 0;
+#pragma unroll
+      for (int32_t u = 0; u < kBatch; ++u) {
+        if (c0 + u < chunks) p.chunk_rows[(c0 + u) * L + e] = running;
+        running += v[u];
+      }
+    }
+    count[e] = running;
+  }
+  __syncthreads();
+  publish_offsets(p, count, tiles_end, chunk_total);
+  for (int32_t e = tid; e < L; e += kRouteThreads) {  // + the expert's first row
+    const int32_t first = e == 0 ? 0 : count[e - 1];
+    for (int32_t c = 0; c < chunks; ++c) p.chunk_rows[c * L + e] += first;
+  }
+}
+
+__device__ __forceinline__ void route_place(const RouteParams& p) {
+  ptx::allow_dependent_launch();  // GEMM1 may be scheduled; it waits for this grid to complete
+  __shared__ int32_t cursor[kMaxLocalExperts];
+  const int32_t tid = threadIdx.x, L = p.num_local, c = blockIdx.x;
+  ptx::grid_dependency_wait();  // each chunk's first rows
+  for (int32_t e = tid; e < L; e += kRouteThreads) cursor[e] = p.chunk_rows[c * L + e];
+  __syncthreads();
+  place_routes(p, c * p.chunk_routes, chunk_end(p, c), cursor);
 }
 
 }  // namespace cake_moe::moe

@@ -25,11 +25,21 @@ CAKE_HD constexpr int64_t max_token_tiles(int64_t routes, int64_t num_local) {
 
 CAKE_HD constexpr int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 
+// Routing over several CTAs (moe_route.cuh): from kRouteChunkMin * 4 routes on, the routes are
+// cut into at most kMaxRouteChunks chunks of at least kRouteChunkMin routes, one CTA each.
+constexpr int32_t kMaxRouteChunks = 64;
+constexpr int32_t kRouteChunkMin = 4096;
+CAKE_HD constexpr int32_t route_chunk_routes(int64_t routes) {  // 0: one CTA routes everything
+  if (routes < int64_t(kRouteChunkMin) * 4) return 0;
+  const int64_t even = (routes + kMaxRouteChunks - 1) / kMaxRouteChunks;
+  return int32_t(even > kRouteChunkMin ? even : kRouteChunkMin);
+}
+
 // Byte offsets of the workspace segments for T tokens (capacity R = T * top_k). The layout does
 // not depend on the tile form, so the size is monotonic in T. Python mirrors this function
 // (cake_moe.mxfp4_moe._wrapper._workspace_bytes); tests compare the two.
 struct WorkspaceLayout {
-  int64_t offsets, row_token, route_row, tiles, tile_done, x_bf16, act, rows, total;
+  int64_t offsets, row_token, route_row, tiles, tile_done, route_chunks, x_bf16, act, rows, total;
 };
 
 CAKE_HD WorkspaceLayout workspace_layout(int64_t tokens, int64_t hidden, int64_t inter, int64_t num_local,
@@ -42,6 +52,7 @@ CAKE_HD WorkspaceLayout workspace_layout(int64_t tokens, int64_t hidden, int64_t
   w.route_row = at; at += align256(r * 4);
   w.tiles = at;     at += align256(max_token_tiles(r, num_local) * 8 + 16);  // 16: the tile count header
   w.tile_done = at; at += align256(max_token_tiles(r, num_local) * 4);       // GEMM1 CTAs done per tile
+  w.route_chunks = at; at += align256(int64_t(kMaxRouteChunks) * num_local * 4);  // per-chunk counts
   w.x_bf16 = at;    at += align256(tokens * hidden * 2);
   w.act = at;       at += align256(r * inter * 2);
   w.rows = at;      at += align256(r * hidden * 2);
@@ -59,6 +70,9 @@ struct RouteParams {
   int32_t* tile_count;      // [1] number of token tiles (header of the tile list)
   TokenTile* tiles;         // [max_token_tiles]
   int32_t* tile_done;       // [max_token_tiles] zeroed for the listed tiles (GEMM1 -> GEMM2 counters)
+  int32_t* chunk_rows;      // [kMaxRouteChunks, L] several-CTA routing: each chunk's count per expert,
+                            //   then the chunk's first sorted row per expert
+  int32_t chunk_routes;     // routes per chunk (route_chunk_routes), 0: the one-CTA kernel
   int32_t num_routes;       // T * k
   int32_t top_k;
   int32_t num_experts;      // E: ids outside [0, E) contribute nothing

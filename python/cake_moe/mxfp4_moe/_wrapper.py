@@ -25,6 +25,9 @@ _WEIGHT_KIND = {torch.bfloat16: 0, torch.float32: 1, None: 2}   # None: packed r
 _WEIGHT_NAMES = ("w1", "w1_sf", "w2", "w2_sf")
 
 
+_MAX_ROUTE_CHUNKS = 64  # moe::kMaxRouteChunks (cpp/kernels/moe/params.hpp)
+
+
 def _align256(n: int) -> int:
     return (n + 255) // 256 * 256
 
@@ -36,7 +39,7 @@ def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, t
     With R = T * top_k routes, every segment is padded to 256 bytes, in this order: expert
     offsets (L+1) int32; row_token R int32; route_row R int32; the token-tile list, at most
     R // 8 + min(L, R) tiles of 8 bytes after a 16-byte count header; one int32 per tile (GEMM1
-    CTAs done); x_bf16 [T, H] bf16;
+    CTAs done); 64 x L int32 (per-chunk expert counts of the several-CTA routing); x_bf16 [T, H] bf16;
     act [R, I] bf16; rows [R, H] bf16. No segment depends on the tile form, so the total is
     monotonic in T.
     """
@@ -47,6 +50,7 @@ def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, t
         routes * 4,
         (routes // 8 + min(num_local, routes)) * 8 + 16,
         (routes // 8 + min(num_local, routes)) * 4,
+        _MAX_ROUTE_CHUNKS * num_local * 4,
         num_tokens * hidden * 2,
         routes * inter * 2,
         routes * hidden * 2,
