@@ -114,8 +114,9 @@ __device__ __forceinline__ void route(const RouteParams& p) {
 // The single CTA spends ~2 us per 1000 routes when they spread over many experts (the shared
 // atomics barely aggregate: 0.6 ms for tp8's 262144 routes over 896 experts), so large T cuts
 // the routes into chunks of p.chunk_routes, one CTA each. Three dependent launches replace the
-// one: route_count (per-chunk counts), route_scan (one CTA: offsets, tiles, and each chunk's
-// first row per expert), route_place (each chunk places its routes from its own first rows).
+// one: route_count (per-chunk counts), route_scan (one CTA: offsets, tiles, and per expert the
+// rows of the chunks before each chunk), route_place (each chunk places its routes from
+// offsets[e] + its rows-before).
 // Same outputs, same meaning; the row order inside an expert is unspecified, as above.
 __device__ __forceinline__ int32_t chunk_end(const RouteParams& p, int32_t chunk) {
   const int64_t end = int64_t(chunk + 1) * p.chunk_routes;
@@ -159,19 +160,15 @@ __device__ __forceinline__ void route_scan(const RouteParams& p) {
     count[e] = running;
   }
   __syncthreads();
-  publish_offsets(p, count, tiles_end, chunk_total);
-  for (int32_t e = tid; e < L; e += kRouteThreads) {  // + the expert's first row
-    const int32_t first = e == 0 ? 0 : count[e - 1];
-    for (int32_t c = 0; c < chunks; ++c) p.chunk_rows[c * L + e] += first;
-  }
+  publish_offsets(p, count, tiles_end, chunk_total);  // the placement adds offsets[e]
 }
 
 __device__ __forceinline__ void route_place(const RouteParams& p) {
   ptx::allow_dependent_launch();  // GEMM1 may be scheduled; it waits for this grid to complete
   __shared__ int32_t cursor[kMaxLocalExperts];
   const int32_t tid = threadIdx.x, L = p.num_local, c = blockIdx.x;
-  ptx::grid_dependency_wait();  // each chunk's first rows
-  for (int32_t e = tid; e < L; e += kRouteThreads) cursor[e] = p.chunk_rows[c * L + e];
+  ptx::grid_dependency_wait();  // the offsets and each chunk's rows before it, per expert
+  for (int32_t e = tid; e < L; e += kRouteThreads) cursor[e] = p.offsets[e] + p.chunk_rows[c * L + e];
   __syncthreads();
   place_routes(p, c * p.chunk_routes, chunk_end(p, c), cursor);
 }

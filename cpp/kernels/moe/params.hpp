@@ -71,7 +71,7 @@ struct RouteParams {
   TokenTile* tiles;         // [max_token_tiles]
   int32_t* tile_done;       // [max_token_tiles] zeroed for the listed tiles (GEMM1 -> GEMM2 counters)
   int32_t* chunk_rows;      // [kMaxRouteChunks, L] several-CTA routing: each chunk's count per expert,
-                            //   then the chunk's first sorted row per expert
+                            //   then per expert the routes of the chunks before it
   int32_t chunk_routes;     // routes per chunk (route_chunk_routes), 0: the one-CTA kernel
   int32_t num_routes;       // T * k
   int32_t top_k;
