@@ -12,10 +12,12 @@
 // tiles never exceeds the workspace's ws_slots (each split group has more than
 // 64 * kb_chunk_max rows, so fewer than R / (64 * kb_chunk_max) groups split).
 // Units are ordered group-major, then chunk, then tile: the CTAs that run together
-// read the same token rows of the same group (L2 reuse). Tiles go in bands of
-// kBandN tile rows (along N), K-major inside a band, so a wave of ~132 units covers
-// ~16 x 8 tiles instead of a few full tile rows: with N = 4096, K = 7168 the n-major
-// order re-read X from DRAM ~13x (Nsight, H200: 3.1 TB/s, L2 hit rate 52%).
+// read the same token rows of the same group (L2 reuse). Units of at least
+// kBandMinKB k-blocks go in bands of kBandN tile rows (along N), K-major inside a
+// band, so a wave of ~132 units covers ~16 x 8 tiles instead of a few full tile
+// rows: with N = 4096, K = 7168, T = 65536 the n-major order re-read X from DRAM
+// ~13x (Nsight, H200: 3.1 TB/s, L2 hit rate 52%). Short units stay n-major: their
+// operands stay in L2 anyway, and consecutive tiles then write whole dW rows.
 // The order changes no result: each tile's sums do not depend on when it runs.
 #pragma once
 
@@ -50,6 +52,7 @@ struct WgradScheduler {
   // Tile rows per raster band: X tiles (BN = 256 wide) cost twice G tiles (BM = 128), so a
   // wave of 132 units is cheapest at ~sqrt(2 * 132) = 16 rows by 8 columns of tiles.
   static constexpr int32_t kBandN = 16;
+  static constexpr int32_t kBandMinKB = 32;  // 2048 token rows per unit
   static constexpr int kScratch = 16;  // int64 words for the row-count reduction (<= 16 warps)
   static constexpr uint32_t kSmemBytes = (kTableSize + 32 + kScratch) * sizeof(uint64_t);
 
@@ -174,8 +177,9 @@ struct WgradScheduler {
     const int32_t m = en - b;
     const int32_t c = local / tiles_nk;
     const int32_t t = local - c * tiles_nk;
-    const int32_t band_first = t / (kBandN * tiles_k) * kBandN;  // first tile row of t's band
-    const int32_t band_rows = min(kBandN, tiles_nk / tiles_k - band_first);
+    const int32_t band = ckb >= kBandMinKB ? kBandN : 1;            // tile rows per band
+    const int32_t band_first = t / (band * tiles_k) * band;        // first tile row of t's band
+    const int32_t band_rows = min(band, tiles_nk / tiles_k - band_first);
     const int32_t within = t - band_first * tiles_k;
     const int32_t n_idx = band_first + within % band_rows;
     const int32_t k_idx = within / band_rows;
