@@ -183,20 +183,35 @@ struct Sm90Mxfp4MoeGemm {
     }
   }
 
-  // The first kAhead stages of an item into ring slots 0..kAhead-1 (the ring must be free).
-  __device__ static void prologue(const GemmParams& p, const typename Base::Smem& sm, const StageLoader& loader) {
-    const int num_k = p.k / Cfg::kKStage;  // K is a multiple of 128
-#pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
-      if (s < num_k && copies()) Base::load_stage(p, loader, sm, s, s);
-      ptx::cp_async_commit();
+  // The copying threads' place in the CTA's stream of stages, which runs on across items: item
+  // `work` of the walk (blockIdx.x, + gridDim.x, ...), its stage `ks`, and that item's loader. The
+  // next item's first stages are copied during the current item's last ones, so a short K (GEMM2
+  // of a TP shard: 3 stages per item) keeps the ring full over item boundaries.
+  struct Producer {
+    int work, ks;
+    StageLoader loader;
+  };
+
+  // Stage g of the stream into ring slot g % kStages (nothing past the last item), one commit
+  // group either way; then the producer moves on.
+  __device__ static void produce(const GemmParams& p, const typename Base::Smem& sm, Producer& pr, int items,
+                                 uint32_t g) {
+    if (pr.work < items) {
+      if (copies()) Base::load_stage(p, pr.loader, sm, int(g % kStages), pr.ks);
+      if (++pr.ks == p.k / Cfg::kKStage) {  // K is a multiple of 128
+        pr.ks = 0;
+        pr.work += int(gridDim.x);
+        if (pr.work < items) pr.loader = make_stage_loader(p, tile_of(p, pr.work));
+      }
     }
+    ptx::cp_async_commit();
   }
 
-  // The mainloop over K of an item whose prologue is issued; returns with every wgmma retired,
-  // every copy landed and the ring free for the next item's prologue.
-  __device__ static void mainloop(const GemmParams& p, const typename Base::Smem& sm, const StageLoader& loader,
-                                  int row0, Acc& acc) {
+  // The mainloop over K of one item, whose first stage is stage g of the stream (its copies are
+  // issued kAhead stages ahead); returns with every wgmma retired. The ring needs no drain: each
+  // slot is refilled after the barrier that follows its last reader's stage.
+  __device__ static void mainloop(const GemmParams& p, const typename Base::Smem& sm, Producer& pr, int items,
+                                  uint32_t& g, int row0, Acc& acc) {
 #pragma unroll
     for (int i = 0; i < kMB; ++i)
 #pragma unroll
@@ -204,23 +219,20 @@ struct Sm90Mxfp4MoeGemm {
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][nb][j] = 0.0f;
     const int num_k = p.k / Cfg::kKStage;
-    for (int ks = 0; ks < num_k; ++ks) {
+    for (int ks = 0; ks < num_k; ++ks, ++g) {
       ptx::cp_async_wait<kAhead - 1>();
       ptx::fence_proxy_async_smem();  // cp.async wrote B through the generic proxy; wgmma reads it
-      __syncthreads();  // stage ks landed; the stage that last used slot (ks + kAhead) % kStages retired
-      const int next = ks + kAhead;
-      if (next < num_k && copies()) Base::load_stage(p, loader, sm, next % kStages, next);
-      ptx::cp_async_commit();
-      compute_stage(sm, ks % kStages, row0, acc);
+      __syncthreads();  // stage g landed; the stage that last used slot (g + kAhead) % kStages retired
+      produce(p, sm, pr, items, g + kAhead);
+      compute_stage(sm, int(g % kStages), row0, acc);
     }
     ptx::wgmma_wait<0>();
     ptx::reg_fence(reinterpret_cast<float(&)[kMB * kNBlocks * 4]>(acc));
-    ptx::cp_async_wait<0>();
-    __syncthreads();  // every warp is done with the ring
   }
 
   // Persistent: a CTA walks items blockIdx.x, + gridDim.x, ...; the next item's first stages
-  // are in flight while the current item's epilogue runs (it does not touch the ring).
+  // are in flight while the current item's epilogue runs (it does not touch the ring; the
+  // GEMM1 amax partials are rewritten only after the next item's first stage barrier).
   __device__ static void run(const GemmParams& p) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     ptx::grid_dependency_wait();  // the tile list and B rows come from the previous launches
@@ -233,27 +245,22 @@ struct Sm90Mxfp4MoeGemm {
     const int group = warp / kGroupWarps;  // prepared 64-row group of the warp in the CTA
     const int row0 = group * 64 + (warp % kGroupWarps) * 16 * kMB;
     typename Base::Tile t = tile_of(p, work);
-    StageLoader loader = make_stage_loader(p, t);
-    prologue(p, sm, loader);
+    Producer pr{work, 0, make_stage_loader(p, t)};
+    uint32_t g = 0;  // the stream's stage that the MMA warps compute next
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) produce(p, sm, pr, items, uint32_t(s));
     while (true) {
       Acc acc;
-      mainloop(p, sm, loader, row0, acc);
+      mainloop(p, sm, pr, items, g, row0, acc);
       const int next = work + int(gridDim.x);
-      typename Base::Tile next_t{};
-      if (next < items) {
-        next_t = tile_of(p, next);
-        loader = make_stage_loader(p, next_t);
-        prologue(p, sm, loader);
-      } else {
-        ptx::allow_dependent_launch();  // the next GEMM / finalize may start; it waits for us
-      }
+      if (next >= items) ptx::allow_dependent_launch();  // the next GEMM / finalize may start; it waits for us
       if constexpr (kStage == GemmStage::kGemm1) {
         epilogue_gemm1(p, t, smem_raw, group, warp, acc);
       } else {
         Base::epilogue_gemm2(p, t, group * 64, 2 * kMB * (warp % kGroupWarps), acc);  // blocks kMB w + i
       }
       if (next >= items) break;
-      t = next_t;
+      t = tile_of(p, next);
       work = next;
     }
   }
