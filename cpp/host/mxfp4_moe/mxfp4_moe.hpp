@@ -1,5 +1,6 @@
 // Host side of family B (MXFP4 x MXFP8 SiTU routed MoE): a plan binds the caller's buffers once,
-// resolves its five kernels, and run() only enqueues them (no allocation, no sync).
+// resolves its kernels (five forms; the routing is one launch or three), and run() only enqueues
+// them (no allocation, no sync).
 // Python (cake_moe.mxfp4_moe) has validated every shape, dtype, device and overlap.
 #pragma once
 #include <cstdint>

@@ -2,7 +2,8 @@
 
 Python checks every argument (dtype, shape, contiguity, alignment, overlap, device) and picks
 the tile form from the decision table; the compiled extension binds the buffers into a plan
-object whose ``run(stream)`` enqueues the five kernels. Nothing here launches a kernel by itself.
+object whose ``run(stream)`` enqueues the five kernel forms (five launches, seven when the routing
+runs over several CTAs). Nothing here launches a kernel by itself.
 """
 from __future__ import annotations
 
