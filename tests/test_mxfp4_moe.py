@@ -217,6 +217,16 @@ def test_decide_contract_rows():
 _TP8 = (CONTRACT["top_k"], CONTRACT["num_experts"], CONTRACT["hidden_size"], TP8["intermediate_shard"])
 
 
+def test_decide_resident_rows_for_a_short_gemm2():
+    """A wg128x4 GEMM2 with K = the intermediate shard <= 512 keeps the token rows resident
+    (tp8's 384); GEMM1 and longer shards keep wg128x4."""
+    d = CakeMxfp4MoEWrapper(**CONTRACT, **TP8).decide(16384)
+    assert d.forms[2:4] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm2_wg128x4_rb")
+    assert _decide.gemm_tiles("wg128x4", 7168, 512) == ("wg128x4", "wg128x4_rb")
+    assert _decide.gemm_tiles("wg128x4", 512, 640) == ("wg128x4", "wg128x4")
+    assert _decide.gemm_tiles("wg64x4", 7168, 384) == ("wg64x4", "wg64x4")
+
+
 @pytest.mark.parametrize("sm90", [False, True])
 @pytest.mark.parametrize("t,path,bn", [(3, "decode", 8), (336, "decode", 8), (337, "mid", 32), (1344, "mid", 32),
                                        (1345, "prefill", 64), (2688, "prefill", 64), (2689, "prefill", 128)])
@@ -252,6 +262,7 @@ def test_decide_forced_tile(tile, bn):
     d = _decide.decide(20000, *_TP8, sm90=True, tile=tile)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "forced", bn, tile)
     gemm2 = "n8_shortk" if tile.startswith("n8") else tile    # K = 384 <= SHORT_K
+    gemm2 = "wg128x4_rb" if tile == "wg128x4" else gemm2       # K = 384 <= RESIDENT_K
     assert d.forms[2:4] == (f"mxfp4_moe_gemm1_{tile}", f"mxfp4_moe_gemm2_{gemm2}")
 
 
@@ -555,7 +566,8 @@ def test_plan_binding_fp32_weights_and_tile(fake_ext):
     a["topk_weights"] = a["topk_weights"].float()
     plan = _call(w, a)
     (args, kwargs), = fake_ext.calls
-    assert args[4] == 1 and (kwargs["gemm1_tile"], kwargs["gemm2_tile"]) == ("wg128x4", "wg128x4")
+    # I = 128 <= RESIDENT_K: GEMM2 keeps its token rows resident
+    assert args[4] == 1 and (kwargs["gemm1_tile"], kwargs["gemm2_tile"]) == ("wg128x4", "wg128x4_rb")
     assert plan.decision.path == "prefill"
 
 

@@ -142,7 +142,8 @@ def _moe_engine_forms() -> list[Form]:
     ]
 
 
-# Family B GEMM tilings: (form suffix, BN, tiling alias in mxfp4_moe/params.hpp, threads). The
+# Family B GEMM tilings: (form suffix, BN, tiling alias in mxfp4_moe/params.hpp, threads[, the
+# GEMMs it serves: both unless named; `wg128x4_rb` keeps GEMM2's token rows resident]). The
 # decision table (python/cake_moe/mxfp4_moe/_decide.py) picks a suffix per GEMM. The portable
 # forms (mma.sync) serve every arch; the sm_90a prefill form runs RS wgmma with the weights
 # dequantized in registers (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh), one CTA per SM.
@@ -151,7 +152,8 @@ MXFP4_MOE_TILINGS = (("n8", 8, "DecodeTiling", 256), ("n8_narrow", 8, "DecodeNar
                      ("n32", 32, "MidTiling", 128), ("n64", 64, "PrefillTiling", 128))
 # One kernel (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh) on two or four MMA warpgroups.
 MXFP4_MOE_SM90_TILINGS = (("wg128", 128, "Sm90PrefillTiling", 256), ("wg128x4", 128, "Sm90Prefill4WgTiling", 512),
-                          ("wg64x4", 64, "Sm90Mid4WgTiling", 512), ("wg32x4", 32, "Sm90Mid32Tiling", 512))
+                          ("wg64x4", 64, "Sm90Mid4WgTiling", 512), ("wg32x4", 32, "Sm90Mid32Tiling", 512),
+                          ("wg128x4_rb", 128, "Sm90Prefill4WgResidentBTiling", 512, (2,)))
 
 
 def _mxfp4_moe_forms() -> list[Form]:
@@ -163,8 +165,8 @@ def _mxfp4_moe_forms() -> list[Form]:
     )
     forms = []
     for tilings, template, header, arch_fields, min_blocks in kinds:
-        for suffix, bn, tiling, threads in tilings:
-            for stage in (1, 2):
+        for suffix, bn, tiling, threads, *stages in tilings:
+            for stage in (stages[0] if stages else (1, 2)):  # a tiling may serve one GEMM only
                 alias = (f"cake_moe::mxfp4_moe::{template}<cake_moe::mxfp4_moe::GemmStage::kGemm{stage}, "
                          f"cake_moe::mxfp4_moe::{tiling}>")
                 prelude = "\n".join([

@@ -77,11 +77,16 @@ struct Tiling {
 // (one per 64-wide K half) in the 128-byte swizzle wgmma reads: kBN rows x 128 B, 8-row atoms.
 // Past the ring: each warp's per-row MXFP8 amax partials for the GEMM1 epilogue. The first two
 // warpgroups issue the copies (LoaderTiling: the stage loader's view).
-template <int kBN_, int kWarpGroups_>
+// kResidentB (GEMM2 of a short shard, K <= kStages * 128): a CTA walks a contiguous range of
+// items, so consecutive items share a token tile; the tile's rows for every stage stay in the
+// slots' token-row areas (stage ks in slot ks) while only the weights stream through the ring.
+template <int kBN_, int kWarpGroups_, bool kResidentB_ = false>
 struct Sm90Tiling : Tiling<kBN_, 4, 1, 4> {
   using Base = Tiling<kBN_, 4, 1, 4>;
   using LoaderTiling = Sm90Tiling<kBN_, 2>;
   static constexpr int kWarpGroups = kWarpGroups_;
+  static constexpr bool kResidentB = kResidentB_;
+  static constexpr int kMaxResidentK = Base::kStages * Base::kKStage;
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kBTileBytes = kBN_ * 128;  // one K half of a stage's token rows
   static constexpr int kAmaxOffset = Base::kStages * Base::kStageBytes;
@@ -100,6 +105,7 @@ using Sm90PrefillTiling = Sm90Tiling<128, 2>;     // wg128
 using Sm90Prefill4WgTiling = Sm90Tiling<128, 4>;  // wg128x4
 using Sm90Mid4WgTiling = Sm90Tiling<64, 4>;       // wg64x4
 using Sm90Mid32Tiling = Sm90Tiling<32, 4>;        // wg32x4
+using Sm90Prefill4WgResidentBTiling = Sm90Tiling<128, 4, true>;  // wg128x4_rb (GEMM2, K <= 512)
 
 // The shipped tilings (forms.py instantiates them; the decision table in Python picks one per
 // GEMM by expected rows per expert and K). Decode streams each expert's weights once with 8-row token tiles,

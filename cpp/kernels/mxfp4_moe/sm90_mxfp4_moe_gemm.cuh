@@ -84,14 +84,17 @@ struct Sm90Mxfp4MoeGemm {
     ptx::wgmma_wait<1>();  // step s - 1 retired: its A registers may be reused by step s + 1
   }
 
-  // One stage (two 64-element units, four k16 steps each) for the warp's 16 kMB rows from row0.
-  __device__ static __forceinline__ void compute_stage(const typename Base::Smem& sm, int slot, int row0, Acc& acc) {
+  // One stage (two 64-element units, four k16 steps each) for the warp's 16 kMB rows from row0:
+  // the weights of ring slot `slot`, the token rows of slot `b_slot` (the same slot, or the
+  // stage's resident slot).
+  __device__ static __forceinline__ void compute_stage(const typename Base::Smem& sm, int slot, int b_slot, int row0,
+                                                       Acc& acc) {
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       uint2 wrow[kMB][2];
       uint32_t codes[kMB][2];
       Base::load_unit_weights(sm, slot, row0, 0, u, wrow, codes);
-      const uint32_t b_tile = ptx::smem_addr(sm.b(slot)) + u * Cfg::kBTileBytes;
+      const uint32_t b_tile = ptx::smem_addr(sm.b(b_slot)) + u * Cfg::kBTileBytes;
       step<0>(acc, wrow, codes, b_tile);
       step<1>(acc, wrow, codes, b_tile);
       step<2>(acc, wrow, codes, b_tile);
@@ -183,26 +186,64 @@ struct Sm90Mxfp4MoeGemm {
     }
   }
 
+  // The items a CTA walks: first, first + step, ... below end. Interleaved (blockIdx.x, +
+  // gridDim.x, ...: the CTAs that run together share token tiles, whose rows then come from L2),
+  // or with resident token rows a contiguous range (consecutive items share a tile).
+  struct Walk {
+    int first, end, step;
+  };
+  __device__ static Walk walk_of(int items) {
+    if constexpr (kResidentB) {
+      const int per = (items + int(gridDim.x) - 1) / int(gridDim.x);
+      const int first = int(blockIdx.x) * per;
+      return {first, first + per < items ? first + per : items, 1};
+    } else {
+      return {int(blockIdx.x), items, int(gridDim.x)};
+    }
+  }
+
   // The copying threads' place in the CTA's stream of stages, which runs on across items: item
-  // `work` of the walk (blockIdx.x, + gridDim.x, ...), its stage `ks`, and that item's loader. The
-  // next item's first stages are copied during the current item's last ones, so a short K (GEMM2
-  // of a TP shard: 3 stages per item) keeps the ring full over item boundaries.
+  // `work` of the walk, its stage `ks`, and that item's loader. The next item's first stages are
+  // copied during the current item's last ones, so a short K (GEMM2 of a TP shard: 3 stages per
+  // item) keeps the ring full over item boundaries.
   struct Producer {
+    Walk walk;
     int work, ks;
     StageLoader loader;
   };
 
   // Stage g of the stream into ring slot g % kStages (nothing past the last item), one commit
-  // group either way; then the producer moves on.
-  __device__ static void produce(const GemmParams& p, const typename Base::Smem& sm, Producer& pr, int items,
-                                 uint32_t g) {
-    if (pr.work < items) {
-      if (copies()) Base::load_stage(p, pr.loader, sm, int(g % kStages), pr.ks);
+  // group either way; then the producer moves on. With resident token rows only the weights.
+  __device__ static void produce(const GemmParams& p, const typename Base::Smem& sm, Producer& pr, uint32_t g) {
+    if (pr.work < pr.walk.end) {
+      if constexpr (kResidentB) {
+        if (copies()) Base::template load_stage<false>(p, pr.loader, sm, int(g % kStages), pr.ks);
+      } else {
+        if (copies()) Base::load_stage(p, pr.loader, sm, int(g % kStages), pr.ks);
+      }
       if (++pr.ks == p.k / Cfg::kKStage) {  // K is a multiple of 128
         pr.ks = 0;
-        pr.work += int(gridDim.x);
-        if (pr.work < items) pr.loader = make_stage_loader(p, tile_of(p, pr.work));
+        pr.work += pr.walk.step;
+        if (pr.work < pr.walk.end) pr.loader = make_stage_loader(p, tile_of(p, pr.work));
       }
+    }
+    ptx::cp_async_commit();
+  }
+
+  // Resident token rows: every stage of tile t's rows (GEMM2: sorted rows t.row0.., K <=
+  // kMaxResidentK) into the token-row area of slot ks, rows past the tile zero-filled; all threads.
+  static constexpr bool kResidentB = Cfg::kResidentB;
+  static_assert(!kResidentB || (kStage == GemmStage::kGemm2 && Cfg::kMaxResidentK == kStages * Cfg::kKStage),
+                "resident token rows: GEMM2 (its B rows are the tile's own sorted rows), one slot per stage");
+  __device__ static void load_resident_b(const GemmParams& p, const typename Base::Tile& t,
+                                         const typename Base::Smem& sm) {
+    constexpr int kChunks = Cfg::kBRowBytes / 16;  // 16-byte chunks per row and stage
+    const int num_k = p.k / Cfg::kKStage;
+    for (int i = threadIdx.x; i < num_k * kBN * kChunks; i += kThreads) {
+      const int ks = i / (kBN * kChunks), r = i / kChunks % kBN, c = i % kChunks;
+      const bool ok = r < t.rows;
+      ptx::cp_async_16(ptx::smem_addr(sm.b(ks)) + Cfg::b_offset(r, c),
+                       ok ? p.b + int64_t(t.row0 + r) * p.k + ks * Cfg::kKStage + c * 8 : p.b, ok);
     }
     ptx::cp_async_commit();
   }
@@ -210,8 +251,8 @@ struct Sm90Mxfp4MoeGemm {
   // The mainloop over K of one item, whose first stage is stage g of the stream (its copies are
   // issued kAhead stages ahead); returns with every wgmma retired. The ring needs no drain: each
   // slot is refilled after the barrier that follows its last reader's stage.
-  __device__ static void mainloop(const GemmParams& p, const typename Base::Smem& sm, Producer& pr, int items,
-                                  uint32_t& g, int row0, Acc& acc) {
+  __device__ static void mainloop(const GemmParams& p, const typename Base::Smem& sm, Producer& pr, uint32_t& g,
+                                  int row0, Acc& acc) {
 #pragma unroll
     for (int i = 0; i < kMB; ++i)
 #pragma unroll
@@ -223,43 +264,55 @@ struct Sm90Mxfp4MoeGemm {
       ptx::cp_async_wait<kAhead - 1>();
       ptx::fence_proxy_async_smem();  // cp.async wrote B through the generic proxy; wgmma reads it
       __syncthreads();  // stage g landed; the stage that last used slot (g + kAhead) % kStages retired
-      produce(p, sm, pr, items, g + kAhead);
-      compute_stage(sm, int(g % kStages), row0, acc);
+      produce(p, sm, pr, g + kAhead);
+      compute_stage(sm, int(g % kStages), kResidentB ? ks : int(g % kStages), row0, acc);
     }
     ptx::wgmma_wait<0>();
     ptx::reg_fence(reinterpret_cast<float(&)[kMB * kNBlocks * 4]>(acc));
   }
 
-  // Persistent: a CTA walks items blockIdx.x, + gridDim.x, ...; the next item's first stages
-  // are in flight while the current item's epilogue runs (it does not touch the ring; the
-  // GEMM1 amax partials are rewritten only after the next item's first stage barrier).
+  // Persistent: a CTA walks its items (Walk); the next item's first stages are in flight while
+  // the current item's epilogue runs (it does not touch the ring; the GEMM1 amax partials are
+  // rewritten only after the next item's first stage barrier).
   __device__ static void run(const GemmParams& p) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     ptx::grid_dependency_wait();  // the tile list and B rows come from the previous launches
-    const int items = *p.tile_count * p.m_blocks;
-    int work = blockIdx.x;
-    if (work >= items) return;
+    const Walk walk = walk_of(*p.tile_count * p.m_blocks);
+    int work = walk.first;
+    if (work >= walk.end) return;
+    if constexpr (kResidentB) {
+      if (p.k > Cfg::kMaxResidentK) __trap();  // the host binds this form only for such K
+    }
     static_assert(kThreads == 128 * Cfg::kWarpGroups, "MMA warpgroups, nothing else");
     const typename Base::Smem sm{smem_raw};
     const int warp = threadIdx.x >> 5;
     const int group = warp / kGroupWarps;  // prepared 64-row group of the warp in the CTA
     const int row0 = group * 64 + (warp % kGroupWarps) * 16 * kMB;
     typename Base::Tile t = tile_of(p, work);
-    Producer pr{work, 0, make_stage_loader(p, t)};
+    Producer pr{walk, work, 0, make_stage_loader(p, t)};
     uint32_t g = 0;  // the stream's stage that the MMA warps compute next
 #pragma unroll
-    for (int s = 0; s < kAhead; ++s) produce(p, sm, pr, items, uint32_t(s));
+    for (int s = 0; s < kAhead; ++s) produce(p, sm, pr, uint32_t(s));
+    int resident = -1;  // the token tile whose rows are resident (kResidentB)
     while (true) {
+      if constexpr (kResidentB) {
+        if (work / p.m_blocks != resident) {  // CTA-uniform
+          __syncthreads();  // every warp retired its wgmmas on the previous tile's rows
+          load_resident_b(p, t, sm);
+          ptx::cp_async_wait<0>();  // (the ring's prefetched stages too: once per tile)
+          resident = work / p.m_blocks;  // the mainloop's first barrier publishes the rows
+        }
+      }
       Acc acc;
-      mainloop(p, sm, pr, items, g, row0, acc);
-      const int next = work + int(gridDim.x);
-      if (next >= items) ptx::allow_dependent_launch();  // the next GEMM / finalize may start; it waits for us
+      mainloop(p, sm, pr, g, row0, acc);
+      const int next = work + walk.step;
+      if (next >= walk.end) ptx::allow_dependent_launch();  // the next GEMM / finalize may start; it waits for us
       if constexpr (kStage == GemmStage::kGemm1) {
         epilogue_gemm1(p, t, smem_raw, group, warp, acc);
       } else {
         Base::epilogue_gemm2(p, t, group * 64, 2 * kMB * (warp % kGroupWarps), acc);  // blocks kMB w + i
       }
-      if (next >= items) break;
+      if (next >= walk.end) break;
       t = tile_of(p, next);
       work = next;
     }

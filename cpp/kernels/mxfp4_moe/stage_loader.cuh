@@ -105,7 +105,9 @@ struct Mxfp4MoeStageLoader {
   }
 
   // Loads stage `ks` (K offset ks * kKStage) into ring slot `slot`; rows outside the weight
-  // matrix, the token tile or K are zero-filled and not read.
+  // matrix, the token tile or K are zero-filled and not read. kWithB false: the weights and
+  // scales only (a form that keeps the token rows resident loads them itself).
+  template <bool kWithB = true>
   __device__ static void load_stage(const GemmParams& p, const Loader& l, const Smem& sm, int slot, int ks) {
     const int k0 = ks * Cfg::kKStage;
     if constexpr (!Cfg::kTmaWeights) {
@@ -126,6 +128,7 @@ struct Mxfp4MoeStageLoader {
       const bool ok = sf_k_ok && j < l.sf_rows;
       ptx::cp_async_4(sf_base + j * kSfRowStep * Cfg::kSfRowBytes, ok ? sf_src + j * l.sf_step : l.sf_src, ok);
     }
+    if constexpr (!kWithB) return;
     const uint32_t b_base = ptx::smem_addr(sm.b(slot));
     const bool b_k_ok = k0 + l.b_k < p.k;
     const int c = threadIdx.x % kBChunks;
