@@ -15,10 +15,12 @@
 // epilogue: an MXFP8 block (32 intermediate columns = one group) spans two or four warps, whose
 // per-row amax partials meet in shared memory.
 //
-// Ring: kStages slots filled kStages - 2 stages ahead. Each k16 step's wgmmas are one commit
-// group, and the previous group is retired right after a step is issued: at most two steps' A
-// registers are live (more starves the 128 accumulators and ptxas serializes the wgmmas), and a
-// slot is refilled only after every wgmma that read it has completed.
+// Ring: kStages slots filled kStages - 2 stages ahead, as one stream of stages over the CTA's
+// items (no drain between items). Each k16 step's wgmmas are one commit group, and the previous
+// group is retired right after a step is issued: at most two steps' A registers are live (more
+// starves the 128 accumulators and ptxas serializes the wgmmas), and a slot is refilled only
+// after every wgmma that read it has completed. `wg128x4_rb` (GEMM2, K <= 512) keeps each token
+// tile's rows resident and streams only the weights (Walk, load_resident_b).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -51,6 +53,11 @@ struct Sm90Mxfp4MoeGemm {
   static constexpr int kNBlocks = kBN / 8;
   static_assert(kAhead >= 1, "the ring needs a slot for the stage whose wgmmas are still running");
   static_assert(Cfg::kWarpsK == 1, "no K split: a warp owns whole k16 steps");
+  // Resident token rows (GEMM2 of a short shard, params.hpp): a contiguous walk, the rows of
+  // stage ks in slot ks, only the weights through the ring.
+  static constexpr bool kResidentB = Cfg::kResidentB;
+  static_assert(!kResidentB || (kStage == GemmStage::kGemm2 && Cfg::kMaxResidentK == kStages * Cfg::kKStage),
+                "resident token rows: GEMM2 (its B rows are the tile's own sorted rows), one slot per stage");
   // The GEMM1 epilogue's amax exchange: a named barrier over all threads (id 0 is the ring's).
   static constexpr uint32_t kEpilogueBarrier = 1;
   static_assert(Wgmma::kAccRegs == 4 * kNBlocks, "the wgmma N is the token tile");
@@ -232,9 +239,6 @@ struct Sm90Mxfp4MoeGemm {
 
   // Resident token rows: every stage of tile t's rows (GEMM2: sorted rows t.row0.., K <=
   // kMaxResidentK) into the token-row area of slot ks, rows past the tile zero-filled; all threads.
-  static constexpr bool kResidentB = Cfg::kResidentB;
-  static_assert(!kResidentB || (kStage == GemmStage::kGemm2 && Cfg::kMaxResidentK == kStages * Cfg::kKStage),
-                "resident token rows: GEMM2 (its B rows are the tile's own sorted rows), one slot per stage");
   __device__ static void load_resident_b(const GemmParams& p, const typename Base::Tile& t,
                                          const typename Base::Smem& sm) {
     constexpr int kChunks = Cfg::kBRowBytes / 16;  // 16-byte chunks per row and stage
