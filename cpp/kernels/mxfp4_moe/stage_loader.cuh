@@ -159,7 +159,7 @@ struct Mxfp4MoeStageLoader {
   // missing row: the operand's first row, copied as zero bytes), so a stage only adds its K
   // offset. In that form it saves ~100 instructions per stage and thread (H200: prefill 2-3.6%
   // faster); the mma.sync forms keep the loader above, as its pointer per copy costs them
-  // registers (n8 reaches its cap: decode 2-5% slower, docs/mxfp4_moe.md).
+  // registers (n8 reaches its cap: decode 2-5% slower, docs/mxfp4_moe_experiments.md).
   struct PointerLoader {
     const uint8_t* w_src[kWIters];    // weight chunk of each copy at K = 0
     const uint8_t* sf_src[kSfIters];  // scale word of each copy at K = 0
