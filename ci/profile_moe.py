@@ -42,8 +42,8 @@ def timeline(plan, runs: int) -> list[tuple[str, float, float]]:
         torch.cuda.synchronize()
     events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                     if e.device_type == torch.autograd.DeviceType.CUDA)
-    last = events[-(len(events) // runs):]  # the launches of the last run (five, or seven with the
-    # routing over several CTAs)
+    # the launches of the last run: five, or seven with the routing over several CTAs
+    last = events[-(len(events) // runs):]
     t0 = last[0][0]
     return [(name, start - t0, end - t0) for start, end, name in last]
 

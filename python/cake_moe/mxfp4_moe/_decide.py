@@ -66,8 +66,9 @@ TILE_SYNC_MAX_LOAD = 0.3
 @dataclass(frozen=True)
 class PlanDecision:
     """What ``plan()`` would run for a token count: ``forms`` are the five kernel forms of one
-    ``run()`` in launch order (the routing form is one launch, or three from 16384 routes) (``cake-moe info`` lists them); ``block_n`` the token rows per
-    GEMM tile. ``supported`` is False only for a request the layer cannot serve (``reason``)."""
+    ``run()`` in launch order, as ``cake-moe info`` lists them (the routing form is one launch,
+    or three from 16384 routes); ``block_n`` the token rows per GEMM tile. ``supported`` is
+    False only for a request the layer cannot serve (``reason``)."""
 
     supported: bool
     reason: str
