@@ -118,7 +118,7 @@ struct Sm90Mxfp4MoeGemm {
                                         int warp, Acc& acc) {
     using namespace numerics;
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, w = warp % kGroupWarps;
-    const float beta = p.beta[t.expert], lbeta = p.linear_beta[t.expert];
+    const typename Base::Situ s = Base::situ_of(p, t.expert);
     float* amax_rows = reinterpret_cast<float*>(smem + Cfg::kAmaxOffset);  // [warp][token row]
 #pragma unroll
     for (int nb = 0; nb < kNBlocks; ++nb) {
@@ -127,7 +127,7 @@ struct Sm90Mxfp4MoeGemm {
         float amax = 0.0f;
 #pragma unroll
         for (int i = 0; i < kMB; ++i) {
-          acc[i][nb][c] = Base::situ(acc[i][nb][2 + c], acc[i][nb][c], beta, lbeta);
+          acc[i][nb][c] = Base::situ(acc[i][nb][2 + c], acc[i][nb][c], s);
           amax = max_abs_nan(amax, acc[i][nb][c]);
         }
 #pragma unroll
