@@ -136,34 +136,65 @@ struct Sm90Mxfp4MoeGemm {
       }
     }
     ptx::named_barrier_sync(kEpilogueBarrier, kThreads);
-    const int inter = p.m / 2;
     const int j = (t.m0 + group * 64) / 2 + 4 * g + kMB * w;
     const float* partials = amax_rows + (warp - w) * kBN;  // the group's first warp
+    // The 8 lanes g of a column q share their rows' block scales: lane g computes the codes of
+    // n8 blocks g and g + 8 (a byte per row), the other lanes read them by shuffle.
+    constexpr int kOwn = (kNBlocks + 7) / 8;  // n8 blocks whose scales a lane computes
+    constexpr int kSources = kNBlocks < 8 ? kNBlocks : 8;
+    static_assert(kOwn <= 2, "a lane's codes fit one word");
+    uint32_t own = 0;
 #pragma unroll
-    for (int nb = 0; nb < kNBlocks; ++nb) {
+    for (int i = 0; i < kOwn; ++i) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const int row = nb * 8 + 2 * q + c;
-        uint32_t code;
-        float to_elem;
-        float amax = partials[row];
+        const int nb = g + 8 * i, row = nb * 8 + 2 * q + c;
+        if (nb < kNBlocks) {
+          float amax = partials[row];
 #pragma unroll
-        for (int v = 1; v < kGroupWarps; ++v) amax = max_abs_nan(amax, partials[v * kBN + row]);
-        formats::detail::block_scale<formats::Fmt::kMxfp8>(amax, int32_t(formats::ScaleRule::kRoundUp), 0.0f, code,
-                                                           to_elem);
-        const float from_elem = ue8m0_value(code);
-        uint16_t out[kMB];  // columns j, j + 1
-#pragma unroll
-        for (int i = 0; i < kMB; ++i)
-          out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(Base::requant_value(acc[i][nb][c], code, to_elem, from_elem)));
-        if (row < t.rows && j < inter) {
-          uint16_t* dst = p.out + int64_t(t.row0 + row) * inter + j;
-          if constexpr (kMB == 2) {
-            *reinterpret_cast<uint32_t*>(dst) = uint32_t(out[0]) | (uint32_t(out[1]) << 16);
-          } else {
-            *dst = out[0];
-          }
+          for (int v = 1; v < kGroupWarps; ++v) amax = max_abs_nan(amax, partials[v * kBN + row]);
+          uint32_t code;
+          float to_elem;
+          formats::detail::block_scale<formats::Fmt::kMxfp8>(amax, int32_t(formats::ScaleRule::kRoundUp), 0.0f, code,
+                                                             to_elem);
+          own |= code << (8 * (2 * i + c));
         }
+      }
+    }
+#pragma unroll
+    for (int src = 0; src < kSources; ++src) {
+      const uint32_t codes = __shfl_sync(0xFFFFFFFFu, own, src * 4 + q);
+#pragma unroll
+      for (int i = 0; i < kOwn; ++i) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int nb = src + 8 * i, row = nb * 8 + 2 * q + c;
+          const uint32_t code = (codes >> (8 * (2 * i + c))) & 0xFFu;
+          store_act(p, t, j, row, code, acc, nb, c);
+        }
+      }
+    }
+  }
+
+  // One token row's MXFP8 elements of the thread's columns j, j + 1 (kMB of them), requantized
+  // with the row's block code and written as BF16. The factor into the element range is
+  // block_scale's for that code (round-up never yields 0xFF: that code marks a NaN block).
+  __device__ static __forceinline__ void store_act(const GemmParams& p, const typename Base::Tile& t, int j, int row,
+                                                   uint32_t code, const Acc& acc, int nb, int c) {
+    using namespace numerics;
+    const float to_elem = (code == 0u || code == kUe8m0Nan) ? 0.0f : ue8m0_inverse(code);
+    const float from_elem = ue8m0_value(code);
+    uint16_t out[kMB];
+#pragma unroll
+    for (int i = 0; i < kMB; ++i)
+      out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(Base::requant_value(acc[i][nb][c], code, to_elem, from_elem)));
+    const int inter = p.m / 2;
+    if (row < t.rows && j < inter) {
+      uint16_t* dst = p.out + int64_t(t.row0 + row) * inter + j;
+      if constexpr (kMB == 2) {
+        *reinterpret_cast<uint32_t*>(dst) = uint32_t(out[0]) | (uint32_t(out[1]) << 16);
+      } else {
+        *dst = out[0];
       }
     }
   }
