@@ -218,13 +218,15 @@ _TP8 = (CONTRACT["top_k"], CONTRACT["num_experts"], CONTRACT["hidden_size"], TP8
 
 
 def test_decide_resident_rows_for_a_short_gemm2():
-    """A wg128x4 GEMM2 with K = the intermediate shard <= 512 keeps the token rows resident
-    (tp8's 384); GEMM1 and longer shards keep wg128x4."""
+    """A four-warpgroup GEMM2 with K = the intermediate shard <= 512 keeps the token rows
+    resident (tp8's 384); GEMM1, longer shards and the two-warpgroup wg128 keep their form."""
     d = CakeMxfp4MoEWrapper(**CONTRACT, **TP8).decide(16384)
     assert d.forms[2:4] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm2_wg128x4_rb")
     assert _decide.gemm_tiles("wg128x4", 7168, 512) == ("wg128x4", "wg128x4_rb")
     assert _decide.gemm_tiles("wg128x4", 512, 640) == ("wg128x4", "wg128x4")
-    assert _decide.gemm_tiles("wg64x4", 7168, 384) == ("wg64x4", "wg64x4")
+    assert _decide.gemm_tiles("wg64x4", 7168, 384) == ("wg64x4", "wg64x4_rb")
+    assert _decide.gemm_tiles("wg32x4", 7168, 384) == ("wg32x4", "wg32x4_rb")
+    assert _decide.gemm_tiles("wg128", 7168, 384) == ("wg128", "wg128")
 
 
 @pytest.mark.parametrize("sm90", [False, True])
@@ -262,7 +264,7 @@ def test_decide_forced_tile(tile, bn):
     d = _decide.decide(20000, *_TP8, sm90=True, tile=tile)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "forced", bn, tile)
     gemm2 = "n8_shortk" if tile.startswith("n8") else tile    # K = 384 <= SHORT_K
-    gemm2 = "wg128x4_rb" if tile == "wg128x4" else gemm2       # K = 384 <= RESIDENT_K
+    gemm2 = f"{tile}_rb" if tile in ("wg128x4", "wg64x4", "wg32x4") else gemm2   # K = 384 <= RESIDENT_K
     assert d.forms[2:4] == (f"mxfp4_moe_gemm1_{tile}", f"mxfp4_moe_gemm2_{gemm2}")
 
 

@@ -153,7 +153,9 @@ MXFP4_MOE_TILINGS = (("n8", 8, "DecodeTiling", 256), ("n8_narrow", 8, "DecodeNar
 # One kernel (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh) on two or four MMA warpgroups.
 MXFP4_MOE_SM90_TILINGS = (("wg128", 128, "Sm90PrefillTiling", 256), ("wg128x4", 128, "Sm90Prefill4WgTiling", 512),
                           ("wg64x4", 64, "Sm90Mid4WgTiling", 512), ("wg32x4", 32, "Sm90Mid32Tiling", 512),
-                          ("wg128x4_rb", 128, "Sm90Prefill4WgResidentBTiling", 512, (2,)))
+                          ("wg128x4_rb", 128, "Sm90Prefill4WgResidentBTiling", 512, (2,)),
+                          ("wg64x4_rb", 64, "Sm90Mid4WgResidentBTiling", 512, (2,)),
+                          ("wg32x4_rb", 32, "Sm90Mid32ResidentBTiling", 512, (2,)))
 
 
 def _mxfp4_moe_forms() -> list[Form]:

@@ -54,9 +54,12 @@ TilingInfo tiling_for(const std::string& tile) {
   if (tile == "wg128x4") return info<Sm90Prefill4WgTiling>("wg128x4", true);
   if (tile == "wg64x4") return info<Sm90Mid4WgTiling>("wg64x4", true);
   if (tile == "wg32x4") return info<Sm90Mid32Tiling>("wg32x4", true);
-  if (tile == "wg128x4_rb") return info<Sm90Prefill4WgResidentBTiling>("wg128x4_rb", true);  // GEMM2, K <= 512
-  throw ValueError("tile must be n8, n8_narrow, n8_shortk, n32, n64, wg128, wg128x4, wg64x4, wg32x4 or wg128x4_rb, "
-                   "got " + tile);
+  // GEMM2 forms for K <= 512 (resident token rows)
+  if (tile == "wg128x4_rb") return info<Sm90Prefill4WgResidentBTiling>("wg128x4_rb", true);
+  if (tile == "wg64x4_rb") return info<Sm90Mid4WgResidentBTiling>("wg64x4_rb", true);
+  if (tile == "wg32x4_rb") return info<Sm90Mid32ResidentBTiling>("wg32x4_rb", true);
+  throw ValueError("tile must be n8, n8_narrow, n8_shortk, n32, n64, wg128, wg128x4, wg64x4, wg32x4 or one of "
+                   "their GEMM2 forms wg128x4_rb, wg64x4_rb, wg32x4_rb, got " + tile);
 }
 
 class Mxfp4MoePlan final : public Plan {
@@ -69,9 +72,11 @@ class Mxfp4MoePlan final : public Plan {
     if (p.num_local > moe::kMaxLocalExperts) throw ValueError("at most 1024 local experts");
     const TilingInfo t1 = tiling_for(p.gemm1_tile), t2 = tiling_for(p.gemm2_tile);
     if (t1.bn != t2.bn) throw ValueError("GEMM1 and GEMM2 tiles must share one token-tile size (block_n)");
-    if (p.gemm1_tile == "wg128x4_rb") throw ValueError("wg128x4_rb is a GEMM2 form");
-    if (p.gemm2_tile == "wg128x4_rb" && p.inter > Sm90Prefill4WgResidentBTiling::kMaxResidentK)
-      throw ValueError("wg128x4_rb keeps every stage of K resident: intermediate shard <= 512");
+    const bool rb1 = p.gemm1_tile.size() > 3 && p.gemm1_tile.compare(p.gemm1_tile.size() - 3, 3, "_rb") == 0;
+    const bool rb2 = p.gemm2_tile.size() > 3 && p.gemm2_tile.compare(p.gemm2_tile.size() - 3, 3, "_rb") == 0;
+    if (rb1) throw ValueError(p.gemm1_tile + " is a GEMM2 form");
+    if (rb2 && p.inter > Sm90Prefill4WgResidentBTiling::kMaxResidentK)
+      throw ValueError(p.gemm2_tile + " keeps every stage of K resident: intermediate shard <= 512");
     uint8_t* base = p.workspace;
     auto* offsets = reinterpret_cast<int32_t*>(base + ws.offsets);
     auto* row_token = reinterpret_cast<int32_t*>(base + ws.row_token);

@@ -106,6 +106,8 @@ using Sm90Prefill4WgTiling = Sm90Tiling<128, 4>;  // wg128x4
 using Sm90Mid4WgTiling = Sm90Tiling<64, 4>;       // wg64x4
 using Sm90Mid32Tiling = Sm90Tiling<32, 4>;        // wg32x4
 using Sm90Prefill4WgResidentBTiling = Sm90Tiling<128, 4, true>;  // wg128x4_rb (GEMM2, K <= 512)
+using Sm90Mid4WgResidentBTiling = Sm90Tiling<64, 4, true>;       // wg64x4_rb
+using Sm90Mid32ResidentBTiling = Sm90Tiling<32, 4, true>;        // wg32x4_rb
 
 // The shipped tilings (forms.py instantiates them; the decision table in Python picks one per
 // GEMM by expected rows per expert and K). Decode streams each expert's weights once with 8-row token tiles,

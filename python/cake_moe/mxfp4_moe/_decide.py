@@ -50,10 +50,11 @@ TILES: tuple[str, ...] = tuple(BLOCK_N_OF)
 # At BN 8 a GEMM whose reduction length K is at most this uses the short-K tiling (256 weight
 # rows per CTA instead of eight warps splitting K). The host binds the two GEMM forms it is given.
 SHORT_K = 1024
-# A `wg128x4` GEMM2 whose K (the intermediate shard) is at most this keeps each token tile's rows
-# resident in shared memory (every stage of K in its own ring slot) and walks a contiguous range
-# of items, so consecutive items reuse the rows and only the weights stream: `wg128x4_rb`.
+# A four-warpgroup GEMM2 whose K (the intermediate shard) is at most this keeps each token tile's
+# rows resident in shared memory (every stage of K in its own ring slot) and walks a contiguous
+# range of items, so consecutive items reuse the rows and only the weights stream: `<tile>_rb`.
 RESIDENT_K = 512
+RESIDENT_TILES: tuple[str, ...] = ("wg128x4", "wg64x4", "wg32x4")
 # Up to this many routes per expert a plan whose GEMMs are both mma.sync forms synchronizes GEMM1
 # -> GEMM2 per token tile (GEMM2's CTAs stream their first weight stages while GEMM1 finishes,
 # then wait only for their own tile). Measured on the H200, same run (bench/results/
@@ -81,14 +82,14 @@ class PlanDecision:
 
 def gemm_tiles(tile: str, hidden: int, inter: int) -> tuple[str, str]:
     """The GEMM1 (K = hidden) and GEMM2 (K = inter) form suffixes of tile form ``tile``: the BN 8
-    forms take the short-K tiling for a K of at most SHORT_K, and a `wg128x4` GEMM2 the
+    forms take the short-K tiling for a K of at most SHORT_K, and a four-warpgroup GEMM2 its
     resident-rows form for a K of at most RESIDENT_K."""
     if tile not in TILES:
         raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
 
     def suffix(k: int) -> str:
         return "n8_shortk" if tile.startswith("n8") and k <= SHORT_K else tile
-    gemm2 = "wg128x4_rb" if tile == "wg128x4" and inter <= RESIDENT_K else suffix(inter)
+    gemm2 = f"{tile}_rb" if tile in RESIDENT_TILES and inter <= RESIDENT_K else suffix(inter)
     return suffix(hidden), gemm2
 
 
