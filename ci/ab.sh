@@ -20,6 +20,9 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 for tree in "${trees[@]}"; do
   label=$(basename "$tree")
+  # a clean build (~10 s there): a kept build directory can hold objects newer than the copied
+  # sources (mtimes travel with the copy), which ninja would take for up to date
+  rm -rf "$tree/build"
   if ! (cd "$tree" && "$PY" -m pip install --no-build-isolation --no-deps . >"$OUT/ab_${label}_build.log" 2>&1); then
     echo "== $label: BUILD FAILED (ab_${label}_build.log)"; tail -20 "$OUT/ab_${label}_build.log"; continue
   fi

@@ -17,6 +17,10 @@ record() { NAMES+=("$1"); RESULTS+=("$2"); }
 passed=0; failed=0
 
 t0=$(date +%s)
+# always a clean build (~10 s on the H200 machine): the machine may keep a build directory whose
+# objects are newer than the copied sources (a previous call built other sources), and ninja
+# would take them for up to date
+rm -rf build
 if CMAKE_BUILD_PARALLEL_LEVEL=16 "$PY" -m pip install --no-build-isolation --no-deps -v . >"$OUT/build.log" 2>&1; then
   record build "ok ($(( $(date +%s) - t0 )) s, arches $CAKE_MOE_CUDA_ARCHS)"
 else

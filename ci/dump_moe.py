@@ -1,0 +1,39 @@
+"""Outputs of fixed layers (seeded), saved for a bit comparison between builds.
+usage: python ci/dump_moe.py NAME  (writes /tmp/dump_NAME.pt);  python ci/dump_moe.py --compare A B
+For A/B of kernel changes: dump with each build, then compare (bit-identical or by how much)."""
+import sys
+import torch
+
+if sys.argv[1] == "--compare":
+    a, b_ = (torch.load(f"/tmp/dump_{n}.pt") for n in sys.argv[2:4])
+    for key in a:
+        x, y = a[key].float(), b_[key].float()
+        same = torch.equal(a[key], b_[key])
+        rel = ((x - y).norm() / x.norm()).item()
+        ndiff = (a[key] != b_[key]).sum().item()
+        print(f"{sys.argv[2]} vs {sys.argv[3]} {key}: equal={same} differing={ndiff}/{x.numel()} relnorm={rel:.3e}")
+    sys.exit(0)
+
+from cake_moe.bench import mxfp4_moe as b
+from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
+
+res = {}
+for layout, ts in (("ep8", (16, 1024, 4096)), ("tp8", (16, 1024, 2048, 4096))):
+    l, offset, i_shard = b.layout_dims(layout)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bank = b.random_bank(l, i_shard, gen)
+    prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+    del bank
+    beta, lbeta = b.random_situ(l, gen)
+    runner = CakeMxfp4MoEWrapper(b.E, b.TOP_K, b.H, b.I, **b.LAYOUTS[layout])
+    for t in ts:
+        x, x_sf, ids, w = b.random_inputs(t, l, offset, gen)
+        out = torch.full((t, b.H), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
+        plan = runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws, output=out)
+        plan.run()
+        torch.cuda.synchronize()
+        assert torch.isfinite(out.float()).all()
+        res[f"{layout} T={t} ({plan.decision.tile})"] = out.cpu()
+torch.save(res, f"/tmp/dump_{sys.argv[1]}.pt")
+print("dumped", sys.argv[1], list(res))
