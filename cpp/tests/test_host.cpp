@@ -7,6 +7,7 @@
 
 #include "common/fast_divmod.hpp"
 #include "formats/args.hpp"
+#include "host/grouped_gemm/heuristics_sm90.hpp"
 #include "runtime/sha256.hpp"
 
 using namespace cake_moe;
@@ -85,12 +86,35 @@ static void test_fast_divmod() {
   }
 }
 
+// The sm_90a grouped-GEMM tile choice on rows of the benchmark grid whose fastest tile was
+// measured (H200, 132 SMs, 2026-12-01 sweep: bench/results/2026-12-01_h200_grouped_gemm.json).
+static void test_grouped_gemm_tiles() {
+  using grouped_gemm::choose_sm90_tile;
+  const int sms = 132;
+  struct Row { int64_t rows; int32_t groups, n_out; bool dgrad; int bn; };
+  const Row rows[] = {
+      {4096, 8, 1536, true, 256},    // dgrad (2048,1536,8) w2: 51.9 vs 59.3 us
+      {4096, 8, 7168, true, 256},    // dgrad (7168,2048,8) w13: 424.7 vs 464.4 us
+      {4096, 8, 2048, true, 128},    // dgrad (7168,2048,8) w2: 238.4 vs 280.0 us
+      {4096, 9, 4096, true, 128},    // dgrad (4096,2048,9) w13: 251.9 vs 281.4 us
+      {16384, 16, 768, true, 128},   // dgrad (2048,768,16) w2: 95.7 vs 98.9 us
+      {16384, 9, 4096, true, 256},   // dgrad (4096,2048,9) w13: 921.4 vs 937.6 us
+      {65536, 8, 2048, true, 256},   // dgrad (7168,2048,8) w2: 2970 vs 3228 us
+      {4096, 8, 3072, false, 128},   // fwd (2048,1536,8) w13: 96.6 vs 107.6 us
+      {65536, 8, 4096, false, 256},  // fwd (7168,2048,8) w13: 5914 vs 6287 us
+  };
+  for (const Row& r : rows) EXPECT(choose_sm90_tile(r.rows, r.groups, r.n_out, r.dgrad, sms).bn == r.bn);
+  EXPECT(choose_sm90_tile(2048, 64, 4096, true, sms).bm == 64);  // 32 rows per group
+  EXPECT(choose_sm90_tile(2048, 64, 4096, false, sms).bm == 64);
+}
+
 int main(int argc, char** argv) {
   std::string which = argc > 1 ? argv[1] : "all";
   if (which == "sha256" || which == "all") test_sha256();
   if (which == "swizzle" || which == "all") test_swizzle();
   if (which == "geometry" || which == "all") test_geometry();
   if (which == "fastdiv" || which == "all") test_fast_divmod();
+  if (which == "gg_tiles" || which == "all") test_grouped_gemm_tiles();
   std::printf("%s: %s\n", which.c_str(), failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }

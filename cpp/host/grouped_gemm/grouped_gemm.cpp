@@ -69,7 +69,8 @@ std::unique_ptr<Launch> prepare(const Problem& p) {
   if (native_sm90(p.device)) {
     if (p.op == Op::kWgrad) return make_sm90_wgrad_launch(p);
     const int32_t n_out = p.op == Op::kDgrad ? p.k : p.n;
-    return make_sm90_launch(p, choose_sm90_tile(p.rows, p.num_groups, n_out));
+    return make_sm90_launch(p, choose_sm90_tile(p.rows, p.num_groups, n_out, p.op == Op::kDgrad,
+                                                runtime::device_sm_count(p.device)));
   }
   return make_portable_launch(p);
 }

@@ -1,6 +1,7 @@
 // Tile choice of the sm_90a grouped GEMM (fwd, dgrad). Only host-side facts are available (the
 // group sizes live on the device): the row capacity, the group count and the output width.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "grouped_gemm/sm90_geometry.hpp"
@@ -14,12 +15,27 @@ struct Sm90Tile {
 // The forms compiled for sm_90a (cpp/kernels/forms.py, SM90_GG_TILES).
 inline constexpr Sm90Tile kSm90Tiles[] = {{128, 128, 5}, {128, 256, 3}, {64, 128, 8}};
 
-// Measured on the H200 (2026-11-30, see docs/grouped_gemm.md): 128x256 leads once each group
-// has thousands of rows, 128x128 below; 64-row tiles pay off only when groups average a few
-// dozen rows, where a 128-row tile would be mostly padding.
-inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out) {
+// Expected cost of a tile width for the dgrad: whole waves of persistent CTAs over the tiles,
+// times each tile's work, with 128x256's better efficiency per FLOP (0.93). The host does not
+// know the group sizes: each group is taken to end in half a partial 128-row tile.
+inline double sm90_dgrad_cost(int64_t rows, int32_t num_groups, int32_t n_out, int bn, int sms) {
+  const double tiles = (double(rows) / 128.0 + 0.5 * num_groups) * double((n_out + bn - 1) / bn);
+  const double waves = std::ceil(tiles / double(sms > 0 ? sms : 1));
+  return waves * (bn / 128) * (bn == 256 ? 0.93 : 1.0);
+}
+
+// Measured on the H200 (see docs/grouped_gemm.md). 64-row tiles pay off only when groups average
+// a few dozen rows, where a 128-row tile would be mostly padding. fwd: 128x256 leads once each
+// group has thousands of rows, 128x128 below. dgrad: the wave count decides (the cost above
+// picked the faster of the two on all 26 rows of the 2026-12-01 grid sweep; the fwd rows follow
+// it less well, where 128x256 runs fewer stages).
+inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out, bool dgrad, int sms) {
   const int64_t per_group = num_groups > 0 ? rows / num_groups : rows;
   if (per_group < 96) return kSm90Tiles[2];
+  if (dgrad)
+    return sm90_dgrad_cost(rows, num_groups, n_out, 256, sms) < sm90_dgrad_cost(rows, num_groups, n_out, 128, sms)
+               ? kSm90Tiles[1]
+               : kSm90Tiles[0];
   if (per_group >= 2048 && n_out >= 512) return kSm90Tiles[1];
   return kSm90Tiles[0];
 }
