@@ -77,8 +77,10 @@ cake-moe info >>"$OUT/misc.log" 2>&1
 if cake-moe bench formats --out /tmp/bench_formats >>"$OUT/misc.log" 2>&1; then
   cp /tmp/bench_formats.json "$OUT/"; record bench-fmt "ok (bench_formats.json)"
 else record bench-fmt "FAILED (misc.log)"; fi
-if [ "${CAKE_BENCH_GG:-1}" = 1 ]; then
-  if cake-moe bench grouped-gemm --sweep --out "$OUT/bench_gg" >>"$OUT/misc.log" 2>&1; then record bench-gg "ok (bench_gg.md)"
+# CAKE_BENCH_GG: 1 (default) the family-A grid with every tile timed, grid = the grid only, 0 = skip
+if [ "${CAKE_BENCH_GG:-1}" != 0 ]; then
+  sweep=--sweep; [ "${CAKE_BENCH_GG:-1}" = grid ] && sweep=
+  if cake-moe bench grouped-gemm $sweep --out "$OUT/bench_gg" >>"$OUT/misc.log" 2>&1; then record bench-gg "ok (bench_gg.md)"
   else record bench-gg "FAILED (misc.log)"; fi
 fi
 if cake-moe bench mxfp4-moe --out "$OUT/bench_moe" >>"$OUT/misc.log" 2>&1; then record bench-moe "ok (bench_moe.md)"
