@@ -128,7 +128,22 @@ def summary(rows: list[dict]) -> str:
                      f"{worst['speedup_vs_torch']:.2f} ({worst['layer']} {worst['weight']} T={worst['T']} "
                      f"{worst['groups']}); >=4096 rows/expert: {min(big, default=float('nan')):.2f}-"
                      f"{max(big, default=float('nan')):.2f} of dense cuBLAS")
+        per_form = sweep_geomeans(rs)
+        if per_form:
+            lines.append(f"{op} sweep, geomean over torch per form (rows where it ran): " +
+                         ", ".join(f"{k} x{v[0]:.3f} ({v[1]} rows)" for k, v in per_form.items()))
     return "\n".join(lines)
+
+
+def sweep_geomeans(rows: list[dict]) -> dict[str, tuple[float, int]]:
+    """Per swept form: the geomean of torch time / form time over the rows where it ran, and
+    their count (a form that runs on every row is a candidate default)."""
+    logs: dict[str, list[float]] = {}
+    for r in rows:
+        for key, ms in (r.get("tiles_ms") or {}).items():
+            if ms and math.isfinite(r["torch_ms"]):
+                logs.setdefault(key, []).append(math.log(r["torch_ms"] / ms))
+    return {k: (math.exp(sum(v) / len(v)), len(v)) for k, v in logs.items()}
 
 
 def markdown(rows: list[dict]) -> str:
