@@ -72,10 +72,14 @@ class Mxfp4MoePlan final : public Plan {
     if (p.num_local > moe::kMaxLocalExperts) throw ValueError("at most 1024 local experts");
     const TilingInfo t1 = tiling_for(p.gemm1_tile), t2 = tiling_for(p.gemm2_tile);
     if (t1.bn != t2.bn) throw ValueError("GEMM1 and GEMM2 tiles must share one token-tile size (block_n)");
-    const bool rb1 = p.gemm1_tile.size() > 3 && p.gemm1_tile.compare(p.gemm1_tile.size() - 3, 3, "_rb") == 0;
-    const bool rb2 = p.gemm2_tile.size() > 3 && p.gemm2_tile.compare(p.gemm2_tile.size() - 3, 3, "_rb") == 0;
-    if (rb1) throw ValueError(p.gemm1_tile + " is a GEMM2 form");
-    if (rb2 && p.inter > Sm90Prefill4WgResidentBTiling::kMaxResidentK)
+    auto resident_b = [](const std::string& tile) {
+      return tile.size() > 3 && tile.compare(tile.size() - 3, 3, "_rb") == 0;
+    };
+    static_assert(Sm90Prefill4WgResidentBTiling::kMaxResidentK == Sm90Mid4WgResidentBTiling::kMaxResidentK &&
+                      Sm90Prefill4WgResidentBTiling::kMaxResidentK == Sm90Mid32ResidentBTiling::kMaxResidentK,
+                  "one K limit for every resident-rows form");
+    if (resident_b(p.gemm1_tile)) throw ValueError(p.gemm1_tile + " is a GEMM2 form");
+    if (resident_b(p.gemm2_tile) && p.inter > Sm90Prefill4WgResidentBTiling::kMaxResidentK)
       throw ValueError(p.gemm2_tile + " keeps every stage of K resident: intermediate shard <= 512");
     uint8_t* base = p.workspace;
     auto* offsets = reinterpret_cast<int32_t*>(base + ws.offsets);
