@@ -254,7 +254,11 @@ struct Sm90Mxfp4MoeGemm {
   // group either way; then the producer moves on. With resident token rows only the weights.
   __device__ static void produce(const GemmParams& p, const typename Base::Smem& sm, Producer& pr, uint32_t g) {
     if (pr.work < pr.walk.end) {
-      if (copies()) Base::template load_stage<!kResidentB>(p, pr.loader, sm, int(g % kStages), pr.ks);
+      if constexpr (kResidentB) {
+        if (copies()) Base::template load_stage<false>(p, pr.loader, sm, int(g % kStages), pr.ks);
+      } else {
+        if (copies()) Base::load_stage(p, pr.loader, sm, int(g % kStages), pr.ks);
+      }
       if (++pr.ks == p.k / Cfg::kKStage) {  // K is a multiple of 128
         pr.ks = 0;
         pr.work += pr.walk.step;
