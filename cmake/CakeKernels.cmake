@@ -17,6 +17,11 @@ function(cake_build_kernels out_var)
 
   set(nvcc_flags -std=c++17 -O3 -ccbin "${CMAKE_CXX_COMPILER}" -I "${src}/cpp/kernels" -I "${src}/cpp"
                  --expt-relaxed-constexpr -Xptxas=-warn-spills -Wno-deprecated-gpu-targets)
+  # extra nvcc flags from the environment, e.g. CAKE_MOE_NVCC_FLAGS=-lineinfo for sanitizer runs
+  if(DEFINED ENV{CAKE_MOE_NVCC_FLAGS})
+    separate_arguments(extra_flags UNIX_COMMAND "$ENV{CAKE_MOE_NVCC_FLAGS}")
+    list(APPEND nvcc_flags ${extra_flags})
+  endif()
   if(CAKE_CCCL_INCLUDE_DIR)
     list(APPEND nvcc_flags -I "${CAKE_CCCL_INCLUDE_DIR}")
   endif()

@@ -71,3 +71,17 @@ def test_grouped_gemm_summary_per_form_geomeans():
     s = bench_gg.summary(rows)
     assert ("wgrad sweep, geomean over torch per form (rows where it ran): 128x256 x0.707 (2 rows), "
             "128x256_c2 x1.414 (2 rows)") in s
+
+
+def test_interleaved_timing_rotates_and_takes_medians():
+    from cake_moe.bench import timing
+    calls = []
+    fake = {"a": [5.0, 1.0, 2.0], "b": [3.0, 9.0, 4.0], "c": [7.0, 7.0, 8.0]}
+
+    def timer(fn, iters, reps):
+        calls.append(fn())
+        return fake[calls[-1]].pop(0)
+
+    ms = timing.time_interleaved({k: (lambda k=k: k) for k in "abc"}, rounds=3, timer=timer)
+    assert calls == list("abc" "bca" "cab"), "each round starts one callable later"
+    assert ms == {"a": 2.0, "b": 4.0, "c": 7.0}

@@ -119,8 +119,9 @@ struct GroupedGemmKernel {
   // ---- registers ---------------------------------------------------------------
   static constexpr uint32_t kProducerRegs = 40;
   static constexpr uint32_t kConsumerRegs = 232;
-  static_assert(128 * kProducerRegs + 128 * kNumConsumerWG * kConsumerRegs <= 65536,
-                "setmaxnreg budgets must fit the 64K-register file");
+  static_assert(128 * kProducerRegs + 128 * kNumConsumerWG * kConsumerRegs <=
+                    kNumThreads * ptx::launch_regs_per_thread(kNumThreads),
+                "setmaxnreg budgets must fit the CTA's launch allocation");
 
   using Mma = ptx::WgmmaBf16SS<kWgTileN, kBNMajor ? 1 : 0>;
 

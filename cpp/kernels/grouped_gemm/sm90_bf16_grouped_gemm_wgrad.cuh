@@ -158,7 +158,11 @@ struct GroupedGemmWgradKernel {
   // ---- registers ---------------------------------------------------------------
   static constexpr uint32_t kProducerRegs = 40;
   static constexpr uint32_t kConsumerRegs = 232;
-  static_assert(128 * kProducerRegs + 128 * kNumConsumerWG * kConsumerRegs <= 65536, "register budget");
+  // the budgets must fit the CTA's launch allocation (168 per thread at 384 threads), not the
+  // whole register file: more hangs in the consumers' setmaxnreg.inc
+  static_assert(128 * kProducerRegs + 128 * kNumConsumerWG * kConsumerRegs <=
+                    kNumThreads * ptx::launch_regs_per_thread(kNumThreads),
+                "register budget");
 
   using Mma = ptx::WgmmaBf16SSAB<kBN, 1, 1>;
 
@@ -226,16 +230,12 @@ struct GroupedGemmWgradKernel {
         ptx::reg_fence(acc);
         ptx::wgmma_wait<1>();
         ptx::reg_fence(acc);
-        // __syncwarp: every lane's read of the stage's unit id (meta) happens
-        // before lane 0 releases the stage to the producer
-        __syncwarp();
         if (i > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
         prev_stage = stage;
         advance();
       }
       ptx::wgmma_wait<0>();
       ptx::reg_fence(acc);
-      __syncwarp();
       if (w.kb > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
     }
 
@@ -469,11 +469,14 @@ struct GroupedGemmWgradKernel {
       float acc[kAccRegs];
       for (;;) {
         ptx::mbar_wait_parity(&full_bar[c.stage], c.phase);
-        const int32_t u = *reinterpret_cast<volatile const int32_t*>(&meta[c.stage]);
+        // lane 0 alone reads the unit id and shares it: the thread that releases the stage is the
+        // one that read it (no cross-lane ordering for the producer's next write to rely on)
+        int32_t u = 0;
+        if (c.lane == 0) u = *reinterpret_cast<volatile const int32_t*>(&meta[c.stage]);
+        u = __shfl_sync(0xffffffffu, u, 0);
         if (u < 0) break;
         const WgradUnit w = sched.decode(u);
         if (w.kb == 0) {
-          __syncwarp();  // all lanes have read meta before the stage is released
           if (c.lane == 0) ptx::mbar_arrive(&empty_bar[c.stage]);
           c.advance();
 #pragma unroll

@@ -55,12 +55,12 @@ def _case(n, k, e, t, kind, seed):
 SM90_TILES = ("128x128", "128x256", "64x128")
 
 
-def _sweep(op, make, launch_ms):
-    """Times every sm_90a tile of fwd/dgrad (tuning data for heuristics_sm90.hpp)."""
+def _sweep_fns(op, make) -> dict:
+    """Every sm_90a tile of fwd/dgrad, keyed "tile:<BMxBN>" (tuning data for heuristics_sm90.hpp)."""
     out = {}
     for tile in SM90_TILES:
         try:
-            out[tile] = timing.time_cuda(make(f"gg_sm90_{op}_{tile}").launch, iters=5, reps=10)
+            out[f"tile:{tile}"] = make(f"gg_sm90_{op}_{tile}").launch
         except (ValueError, NotImplementedError):
             pass
     return out
@@ -74,7 +74,6 @@ def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False) -> list[dict]:
         flops = 2.0 * t * n * k
         dense_a = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         dense_b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        dense_ms = timing.time_cuda(lambda: torch.mm(dense_a, dense_b.T), iters=5, reps=10)
         for op in ops:
             make = None
             if op == "fwd":
@@ -93,9 +92,15 @@ def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False) -> list[dict]:
                     continue
                 gt = g.t()
                 peer = (lambda: torch._grouped_mm(gt, x, offs=offs)) if has_torch_gmm else None
-            ours_ms = timing.time_cuda(launch.launch, iters=5, reps=10)
-            peer_ms = timing.time_cuda(peer, iters=5, reps=10) if peer else float("nan")
-            tiles = _sweep(op, make, ours_ms) if sweep and make else {}
+            # ours, the peers and the swept tiles timed round-robin (see timing.time_interleaved)
+            fns = {"ours": launch.launch, "dense": lambda: torch.mm(dense_a, dense_b.T)}
+            if peer:
+                fns["torch"] = peer
+            if sweep and make:
+                fns.update(_sweep_fns(op, make))
+            ms = timing.time_interleaved(fns)
+            ours_ms, dense_ms, peer_ms = ms["ours"], ms["dense"], ms.get("torch", float("nan"))
+            tiles = {key[len("tile:"):]: v for key, v in ms.items() if key.startswith("tile:")}
             out.append({
                 "op": op, "layer": [h, i, e], "weight": which, "N": n, "K": k, "T": t, "groups": kind,
                 "form": launch.form, "ours_ms": ours_ms, "torch_ms": peer_ms, "dense_ms": dense_ms,

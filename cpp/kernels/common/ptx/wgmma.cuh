@@ -12,6 +12,11 @@ namespace cake_moe {
 namespace ptx {
 
 // ---- register reconfiguration (warpgroup-wide, sm_90a) ----------------------
+// Registers per thread a CTA of `threads` threads holds at one CTA per SM (the allocation unit
+// is 8 per thread). setmaxnreg only moves registers between the warps of one CTA: the sum of
+// the per-warpgroup budgets must not exceed threads x this, or setmaxnreg.inc waits forever.
+constexpr uint32_t launch_regs_per_thread(uint32_t threads) { return 65536u / threads / 8u * 8u; }
+
 template <uint32_t kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
   static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: multiple of 8 in [24, 256]");

@@ -1,0 +1,66 @@
+"""Interleaved timing of grouped-GEMM forms against torch._grouped_mm on the benchmark grid.
+
+Each row's callables (torch's peer and every named form) are timed round-robin
+(`timing.time_interleaved`), so clock and power drift during the run falls on all of them alike.
+
+usage: python ci/ab_forms.py OP FORM[,FORM...] [--rounds R] [--json PATH]
+  OP: fwd, dgrad or wgrad (det); FORM: as `prepare_grouped_gemm_*(form=...)` takes it.
+"""
+import argparse
+import json
+import math
+
+import torch
+
+from cake_moe import grouped_gemm as gg
+from cake_moe.bench import grouped_gemm as b
+from cake_moe.bench import timing
+
+
+def _callables(op, forms, x, w, g, offs):
+    if op == "fwd":
+        peer = lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)  # noqa: E731
+        make = lambda f: gg.prepare_grouped_gemm_fwd(x, w, offs, form=f)  # noqa: E731
+    elif op == "dgrad":
+        peer = lambda: torch._grouped_mm(g, w, offs=offs)  # noqa: E731
+        make = lambda f: gg.prepare_grouped_gemm_dgrad(g, w, offs, form=f)  # noqa: E731
+    else:
+        gt = g.t()
+        peer = lambda: torch._grouped_mm(gt, x, offs=offs)  # noqa: E731
+        make = lambda f: gg.prepare_grouped_gemm_wgrad(g, x, offs, variant="det", form=f)  # noqa: E731
+    fns = {"torch": peer}
+    for f in forms:
+        fns[f or "default"] = make(f).launch
+    return fns
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("op", choices=("fwd", "dgrad", "wgrad"))
+    ap.add_argument("forms", help="comma list; an empty entry is the default choice")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    forms = args.forms.split(",")
+    rows, logs = [], {f or "default": [] for f in forms}
+    for idx, (h, i, e, which, n, k, t, kind) in enumerate(b._rows()):
+        _, offs, x, w, g = b._case(n, k, e, t, kind, idx)
+        fns = _callables(args.op, forms, x, w, g, offs)
+        med = timing.time_interleaved(fns, rounds=args.rounds)
+        names = list(fns)
+        row = {"op": args.op, "N": n, "K": k, "E": e, "T": t, "groups": kind, "ms": med}
+        rows.append(row)
+        ratios = {name: med["torch"] / med[name] for name in names[1:]}
+        for name, v in ratios.items():
+            logs[name].append(math.log(v))
+        print(f"{args.op:5} N={n:5} K={k:5} E={e:2} T={t:6} {kind:6} torch {med['torch'] * 1e3:8.1f} us  " +
+              "  ".join(f"{name} x{v:.3f}" for name, v in ratios.items()), flush=True)
+        del x, w, g
+    print("geomean over torch: " + ", ".join(f"{name} x{math.exp(sum(v) / len(v)):.3f}" for name, v in logs.items()))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"gpu": timing.gpu_name(), "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
