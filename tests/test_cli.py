@@ -36,11 +36,11 @@ def test_summary_verdicts_ignore_forced_rows():
         _row("tp8", 16384, "prefill", "wg128", 16000.0, 0.06, 610, 4.5, peer=12970),
     ]
     s = bench_moe.summary(rows)
-    assert "decode bandwidth >= 0.70 of copy (8 <= T <= 64): MISSED at tp8 T=16 (2 rows)" in s
+    assert "decode bandwidth >= 0.70 of copy (8 <= T <= 64): MISSED at tp8 T=16 (1 of 2 rows)" in s
     assert "decode bandwidth >= 0.50 of copy (T <= 4): met (1 rows)" in s
     assert "prefill >= 600 TFLOP/s (T >= 4096): met (1 rows)" in s
     assert "vs naive >= 30x (T = 1): met" in s and "vs naive >= 4x (T = 16384): met" in s
-    assert "faster than the PERF.md peer (tp8): MISSED at tp8 T=16384 (4 rows)" in s
+    assert "faster than the PERF.md peer (tp8): MISSED at tp8 T=16384 (1 of 4 rows)" in s
 
 
 def test_markdown_has_one_line_per_row_with_its_tile():

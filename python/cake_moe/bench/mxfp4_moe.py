@@ -259,7 +259,8 @@ def summary(rows: list[dict]) -> str:
         got = [r for r in rs if sel(r)]
         if got:
             bad = [f"{r['layout']} T={r['T']}" for r in got if not ok(r)]
-            out.append(f"{name}: {'met' if not bad else 'MISSED at ' + ', '.join(bad)} ({len(got)} rows)")
+            out.append(f"{name}: met ({len(got)} rows)" if not bad else
+                       f"{name}: MISSED at {', '.join(bad)} ({len(bad)} of {len(got)} rows)")
 
     verdict("decode bandwidth >= 0.70 of copy (8 <= T <= 64)", lambda r: 8 <= r["T"] <= 64,
             lambda r: r["eff_bw_frac"] >= 0.70)
