@@ -22,12 +22,13 @@ struct TilingInfo {
   const char* suffix;  // form name suffix (forms.py MXFP4_MOE_TILINGS)
   bool persistent;     // one CTA per SM walks the work items (else one CTA per item)
   int w_box_bytes;     // > 0: the weight tiles arrive by TMA in boxes this wide (x bm rows)
+  int resident_k;      // > 0: a GEMM2 form keeping the token rows resident, for K up to this
 };
 
 template <typename Cfg>
 constexpr TilingInfo info(const char* suffix, bool persistent = false) {
   return {Cfg::kBN, Cfg::kBM, Cfg::kThreads, Cfg::kSmemBytes, suffix, persistent,
-          Cfg::kTmaWeights ? Cfg::kWBoxBytes : 0};
+          Cfg::kTmaWeights ? Cfg::kWBoxBytes : 0, Cfg::kResidentB ? Cfg::kMaxResidentK : 0};
 }
 
 // The weights [L * m rows, k / 2 bytes] as a TMA tensor read in boxes of `box_bytes` x `rows`
@@ -72,15 +73,10 @@ class Mxfp4MoePlan final : public Plan {
     if (p.num_local > moe::kMaxLocalExperts) throw ValueError("at most 1024 local experts");
     const TilingInfo t1 = tiling_for(p.gemm1_tile), t2 = tiling_for(p.gemm2_tile);
     if (t1.bn != t2.bn) throw ValueError("GEMM1 and GEMM2 tiles must share one token-tile size (block_n)");
-    auto resident_b = [](const std::string& tile) {
-      return tile.size() > 3 && tile.compare(tile.size() - 3, 3, "_rb") == 0;
-    };
-    static_assert(Sm90Prefill4WgResidentBTiling::kMaxResidentK == Sm90Mid4WgResidentBTiling::kMaxResidentK &&
-                      Sm90Prefill4WgResidentBTiling::kMaxResidentK == Sm90Mid32ResidentBTiling::kMaxResidentK,
-                  "one K limit for every resident-rows form");
-    if (resident_b(p.gemm1_tile)) throw ValueError(p.gemm1_tile + " is a GEMM2 form");
-    if (resident_b(p.gemm2_tile) && p.inter > Sm90Prefill4WgResidentBTiling::kMaxResidentK)
-      throw ValueError(p.gemm2_tile + " keeps every stage of K resident: intermediate shard <= 512");
+    if (t1.resident_k > 0) throw ValueError(p.gemm1_tile + " is a GEMM2 form");
+    if (t2.resident_k > 0 && p.inter > t2.resident_k)
+      throw ValueError(p.gemm2_tile + " keeps every stage of K resident: intermediate shard <= " +
+                       std::to_string(t2.resident_k));
     uint8_t* base = p.workspace;
     auto* offsets = reinterpret_cast<int32_t*>(base + ws.offsets);
     auto* row_token = reinterpret_cast<int32_t*>(base + ws.row_token);

@@ -52,6 +52,9 @@ struct Tiling {
   static constexpr int kBRowBytes = kKStage * 2;      // BF16 activations per row per stage
   static constexpr int kStageBytes = kBM * (kWRowBytes + kSfRowBytes) + kBN * kBRowBytes;
   static constexpr int kAccPerLane = 4 * (kBN / 8) * 4;  // 4 m16 blocks x n8 blocks x 4
+  // token rows resident over a tile's items (Sm90Tiling's GEMM2 forms): none here
+  static constexpr bool kResidentB = false;
+  static constexpr int kMaxResidentK = 0;
   static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsM * 32 * kAccPerLane * 4;
   static constexpr int kWBoxBytes = kWRowBytes >= 128 ? 128 : kWRowBytes;  // one swizzle span
   static constexpr int kWBoxes = kWRowBytes / kWBoxBytes;
