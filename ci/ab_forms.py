@@ -10,28 +10,8 @@ import argparse
 import json
 import math
 
-import torch
-
-from cake_moe import grouped_gemm as gg
 from cake_moe.bench import grouped_gemm as b
 from cake_moe.bench import timing
-
-
-def _callables(op, forms, x, w, g, offs):
-    if op == "fwd":
-        peer = lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)  # noqa: E731
-        make = lambda f: gg.prepare_grouped_gemm_fwd(x, w, offs, form=f)  # noqa: E731
-    elif op == "dgrad":
-        peer = lambda: torch._grouped_mm(g, w, offs=offs)  # noqa: E731
-        make = lambda f: gg.prepare_grouped_gemm_dgrad(g, w, offs, form=f)  # noqa: E731
-    else:
-        gt = g.t()
-        peer = lambda: torch._grouped_mm(gt, x, offs=offs)  # noqa: E731
-        make = lambda f: gg.prepare_grouped_gemm_wgrad(g, x, offs, variant="det", form=f)  # noqa: E731
-    fns = {"torch": peer}
-    for f in forms:
-        fns[f or "default"] = make(f).launch
-    return fns
 
 
 def main() -> None:
@@ -45,7 +25,8 @@ def main() -> None:
     rows, logs = [], {f or "default": [] for f in forms}
     for idx, (h, i, e, which, n, k, t, kind) in enumerate(b._rows()):
         _, offs, x, w, g = b._case(n, k, e, t, kind, idx)
-        fns = _callables(args.op, forms, x, w, g, offs)
+        make, peer = b.op_callables(args.op, x, w, g, offs)
+        fns = {"torch": peer, **{f or "default": make(f).launch for f in forms}}
         med = timing.time_interleaved(fns, rounds=args.rounds)
         names = list(fns)
         row = {"op": args.op, "N": n, "K": k, "E": e, "T": t, "groups": kind, "ms": med}

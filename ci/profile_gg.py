@@ -11,7 +11,6 @@ import argparse
 
 import torch
 
-from cake_moe import grouped_gemm as gg
 from cake_moe.bench import grouped_gemm as b
 
 
@@ -23,21 +22,12 @@ def main() -> None:
     ap.add_argument("e", type=int)
     ap.add_argument("t", type=int)
     ap.add_argument("--torch", action="store_true", help="run torch._grouped_mm's kernel instead of ours")
-    ap.add_argument("--form", default=None, help="force a form (fwd/dgrad)")
+    ap.add_argument("--form", default=None, help="force a form by name")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     _, offs, x, w, g = b._case(args.n, args.k, args.e, args.t, "random", 0)
-    if args.torch:
-        calls = {"fwd": lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs),
-                 "dgrad": lambda: torch._grouped_mm(g, w, offs=offs),
-                 "wgrad": lambda: torch._grouped_mm(g.t(), x, offs=offs)}
-        fn = calls[args.op]
-    elif args.op == "fwd":
-        fn = gg.prepare_grouped_gemm_fwd(x, w, offs, form=args.form or "").launch
-    elif args.op == "dgrad":
-        fn = gg.prepare_grouped_gemm_dgrad(g, w, offs, form=args.form or "").launch
-    else:
-        fn = gg.prepare_grouped_gemm_wgrad(g, x, offs, variant="det").launch
+    make, peer = b.op_callables(args.op, x, w, g, offs)
+    fn = peer if args.torch else make(args.form or "").launch
     for _ in range(args.runs):
         fn()
     torch.cuda.synchronize()

@@ -85,3 +85,9 @@ def test_interleaved_timing_rotates_and_takes_medians():
     ms = timing.time_interleaved({k: (lambda k=k: k) for k in "abc"}, rounds=3, timer=timer)
     assert calls == list("abc" "bca" "cab"), "each round starts one callable later"
     assert ms == {"a": 2.0, "b": 4.0, "c": 7.0}
+
+
+def test_grouped_gemm_bench_refuses_an_unknown_op():
+    from cake_moe.bench import grouped_gemm as bench_gg
+    with pytest.raises(ValueError, match="op must be"):
+        bench_gg.op_callables("bwd", None, None, None, None)

@@ -55,6 +55,25 @@ def _case(n, k, e, t, kind, seed):
 SM90_TILES = ("128x128", "128x256", "64x128")
 
 
+def op_callables(op: str, x, w, g, offs):
+    """``(make, peer)`` for one op on one case: ``make(form)`` prepares our launch of a form by
+    name ("" = the default choice; wgrad: det), ``peer`` calls torch._grouped_mm on the same
+    product (None when this torch has none)."""
+    if op == "fwd":
+        make = lambda f: gg.prepare_grouped_gemm_fwd(x, w, offs, form=f)  # noqa: E731
+        peer = lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)  # noqa: E731
+    elif op == "dgrad":
+        make = lambda f: gg.prepare_grouped_gemm_dgrad(g, w, offs, form=f)  # noqa: E731
+        peer = lambda: torch._grouped_mm(g, w, offs=offs)  # noqa: E731
+    elif op == "wgrad":
+        gt = g.t()
+        make = lambda f: gg.prepare_grouped_gemm_wgrad(g, x, offs, variant="det", form=f)  # noqa: E731
+        peer = lambda: torch._grouped_mm(gt, x, offs=offs)  # noqa: E731
+    else:
+        raise ValueError(f"op must be fwd, dgrad or wgrad, got {op!r}")
+    return make, (peer if hasattr(torch, "_grouped_mm") else None)
+
+
 def _sweep_fns(op, make) -> dict:
     """Every sm_90a tile of fwd/dgrad, keyed "tile:<BMxBN>" (tuning data for heuristics_sm90.hpp)."""
     out = {}
@@ -67,7 +86,6 @@ def _sweep_fns(op, make) -> dict:
 
 
 def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False) -> list[dict]:
-    has_torch_gmm = hasattr(torch, "_grouped_mm")
     out = []
     for idx, (h, i, e, which, n, k, t, kind) in enumerate(_rows()):
         sizes, offs, x, w, g = _case(n, k, e, t, kind, idx)
@@ -75,28 +93,17 @@ def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False) -> list[dict]:
         dense_a = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         dense_b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         for op in ops:
-            make = None
-            if op == "fwd":
-                launch = gg.prepare_grouped_gemm_fwd(x, w, offs)
-                make = lambda f: gg.prepare_grouped_gemm_fwd(x, w, offs, form=f)  # noqa: E731
-                peer = (lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)) if has_torch_gmm else None
-            elif op == "dgrad":
-                launch = gg.prepare_grouped_gemm_dgrad(g, w, offs)
-                make = lambda f: gg.prepare_grouped_gemm_dgrad(g, w, offs, form=f)  # noqa: E731
-                peer = (lambda: torch._grouped_mm(g, w, offs=offs)) if has_torch_gmm else None
-            else:
-                try:
-                    launch = gg.prepare_grouped_gemm_wgrad(g, x, offs, variant="det")
-                except NotImplementedError as err:
-                    print(f"wgrad skipped: {err}")
-                    continue
-                gt = g.t()
-                peer = (lambda: torch._grouped_mm(gt, x, offs=offs)) if has_torch_gmm else None
+            make, peer = op_callables(op, x, w, g, offs)
+            try:
+                launch = make("")
+            except NotImplementedError as err:
+                print(f"{op} skipped: {err}")
+                continue
             # ours, the peers and the swept tiles timed round-robin (see timing.time_interleaved)
             fns = {"ours": launch.launch, "dense": lambda: torch.mm(dense_a, dense_b.T)}
             if peer:
                 fns["torch"] = peer
-            if sweep and make:
+            if sweep and op != "wgrad":
                 fns.update(_sweep_fns(op, make))
             ms = timing.time_interleaved(fns)
             ours_ms, dense_ms, peer_ms = ms["ours"], ms["dense"], ms.get("torch", float("nan"))
