@@ -31,8 +31,12 @@
 // Structure (384 threads): warpgroup 0 = producer (one thread: takes units,
 // issues TMA loads into a kStages ring, publishes the unit id per ring stage;
 // setmaxnreg.dec), warpgroups 1, 2 = consumers (wgmma m64 x BN x k16, one group
-// in flight; each owns 64 output rows). Rows of the last k-block past the group
-// end are zeroed in shared memory (both operands) before wgmma reads them.
+// in flight; each owns 64 output rows). A unit's last k-block with a tail is
+// loaded ending at the unit's last row when the 64 rows before it are still the
+// group's (shifted_tail): each warpgroup zeroes the repeated G rows of its own
+// A chunk. Otherwise (units of < 64 rows) the rows past the group end are zeroed
+// in both operands, shared by the two warpgroups. (The repeated X rows meet zeroed
+// G rows: an Inf in them would turn that dW column's Inf into NaN.)
 // Epilogue: 4x4 quad transposes of the accumulator fragment give each thread 8
 // consecutive output columns -> predicated 16-byte stores (bf16) or two (f32),
 // never outside [0, N) x [0, K) of dW[e]. Empty groups store exact zeros.
@@ -169,6 +173,15 @@ struct GroupedGemmWgradKernel {
   static constexpr uint32_t kTileFloats = kBM * kBN;       // one workspace tile
   static constexpr uint32_t kWgTileFloats = 64 * kBN;      // one consumer warpgroup's half
 
+  // A unit's last k-block with a tail is loaded from row (unit end - 64) when that row is still
+  // in the group (a unit of >= 64 rows, or a later chunk): every loaded row is then the group's
+  // own, so X needs no zeroing and each consumer warpgroup zeroes only the G rows that repeat
+  // the previous k-block, in its own A chunk, without waiting for the other warpgroup. Shorter
+  // units keep the shared zeroing of both operands (zero_tail).
+  __device__ static __forceinline__ bool shifted_tail(const WgradUnit& w) {
+    return w.tail < kBK && (w.kb > 1 || w.chunk > 0);
+  }
+
   // ---------------------------------------------------------------------------------
   struct Consumer {
     int cw, tid_wg, lane, warp, g, q;
@@ -207,6 +220,17 @@ struct GroupedGemmWgradKernel {
       ptx::named_barrier_sync(3, 256);
     }
 
+    // Zero token rows [0, nrows) of this warpgroup's own G chunk (the rows of a shifted last
+    // k-block that repeat the previous one) and sync this warpgroup only: no other warpgroup
+    // reads that chunk.
+    __device__ __forceinline__ void zero_head_own(int32_t nrows) {
+      const uint32_t chunk_addr = smem_base + stage * kStageBytes + cw * kChunkBytes;
+      for (int32_t idx = tid_wg; idx < nrows * 8; idx += 128)
+        ptx::st_shared_zero16(chunk_addr + (idx / 8) * 128 + (idx % 8) * 16);
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_sync(1 + cw, 128);
+    }
+
     __device__ __forceinline__ void mainloop(float (&acc)[kAccRegs], const WgradUnit& w) {
 #pragma unroll
       for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
@@ -214,7 +238,13 @@ struct GroupedGemmWgradKernel {
       uint32_t prev_stage = 0;
       for (int32_t i = 0; i < w.kb; ++i) {
         if (i > 0) ptx::mbar_wait_parity(&full_bar[stage], phase);
-        if (i == w.kb - 1 && w.tail < 64) zero_tail(w.tail);
+        if (i == w.kb - 1 && w.tail < 64) {
+          if (shifted_tail(w)) {
+            zero_head_own(kBK - w.tail);
+          } else {
+            zero_tail(w.tail);
+          }
+        }
         const uint32_t a_addr = smem_base + stage * kStageBytes + cw * kChunkBytes;
         const uint32_t b_addr = smem_base + stage * kStageBytes + kABytes;
         ptx::wgmma_fence();
@@ -421,7 +451,7 @@ struct GroupedGemmWgradKernel {
             ptx::mbar_arrive_expect_tx(&full_bar[stage], tx);
             uint8_t* sa = smem + stage * kStageBytes;
             uint8_t* sb = sa + kABytes;
-            const int32_t row = w.row0 + i * kBK;
+            const int32_t row = w.row0 + i * kBK - (i == w.kb - 1 && shifted_tail(w) ? kBK - w.tail : 0);
             for (int32_t j = 0; j < na; ++j)
               ptx::tma_load_2d(&p.tmap_g, &full_bar[stage], sa + j * kChunkBytes, w.n0 + 64 * j, row);
             for (int32_t j = 0; j < nb; ++j)
