@@ -238,6 +238,22 @@ def test_wgrad_det_repeatable_and_fast_within_budget():
     assert torch.equal(y_fast, cake_moe.grouped_gemm_fwd(x, w, offs))
 
 
+@pytest.mark.parametrize("variant", ["det", "fast"])
+def test_wgrad_non_finite_inputs_give_non_finite_outputs_exactly_where_the_reference_does(variant):
+    # group 0 (300 rows) ends in a shifted last k-block: its rows 236..255 are loaded twice and
+    # their second G copy is zeroed; group 1 (40 rows) takes the zeroing of both operands
+    sizes = [300, 40]
+    x, w, g, offs = _problem(sizes, 128, 256, seed=3, pad=0)
+    x[240, 5] = float("inf")   # a row of the repeated band
+    x[10, 7] = float("-inf")   # a row read once
+    g[250, 9] = float("inf")   # a repeated row of G (its zeroed copy must not matter)
+    g[310, 3] = float("nan")   # group 1
+    got = cake_moe.grouped_gemm_wgrad(g, x, offs, variant=variant, out_dtype=torch.float32)
+    want = ref.wgrad(g, x, offs)
+    assert torch.equal(torch.isfinite(got).cpu(), torch.isfinite(want).cpu())
+    assert (~torch.isfinite(want)).sum() > 0 and ref.rel_rms(got, want) < 1e-4
+
+
 def test_prepared_wgrad_graph_replay_and_empty_rows():
     x, w, g, offs = _problem([50, 0, 70], 128, 256, pad=0)
     launch = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, out_dtype=torch.float32)
