@@ -36,9 +36,10 @@ function(cake_build_kernels out_var)
       set(fb "${gen}/fatbin/${form}.sm_${arch}.fatbin")
       add_custom_command(
         OUTPUT "${fb}"
-        COMMAND "${CAKE_NVCC}" ${nvcc_flags} -fatbin -gencode "arch=compute_${arch},code=sm_${arch}"
+        # nvcc_checked.py: fails the build on ptxas's silent performance losses (serialized wgmma)
+        COMMAND "${Python_EXECUTABLE}" "${src}/tools/nvcc_checked.py" "${CAKE_NVCC}" ${nvcc_flags} -fatbin -gencode "arch=compute_${arch},code=sm_${arch}"
                 -o "${fb}" "${gen}/${form}.cu"
-        DEPENDS "${gen}/${form}.cu" ${device_headers}
+        DEPENDS "${gen}/${form}.cu" ${device_headers} "${src}/tools/nvcc_checked.py"
         COMMENT "nvcc -fatbin ${form} sm_${arch}"
         VERBATIM)
       list(APPEND fatbins "${fb}")
