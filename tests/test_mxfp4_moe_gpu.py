@@ -348,6 +348,23 @@ _BAD = {
 }
 
 
+@pytest.mark.parametrize("name,tiles,match", [
+    ("h256_e8_k2", ("wg128x4_rb", "wg128x4_rb"), "is a GEMM2 form"),
+    ("ep8", ("wg32x4", "wg32x4_rb"), "shard <= 512"),   # I = 3072: more K than the resident slots
+])
+def test_native_plan_refuses_resident_row_forms_outside_their_domain(layers, monkeypatch, name, tiles, match):
+    """The host's own check, behind the decision table (which never hands it these pairs): a
+    resident-rows form is a GEMM2 form for a shard of at most 512. Refused before any launch."""
+    from cake_moe.mxfp4_moe import _decide
+    layer = layers(name)
+    a = _plan_args(layer, 17)
+    monkeypatch.setattr(_decide, "gemm_tiles", lambda tile, hidden, inter: tiles)
+    with pytest.raises(ValueError, match=match):
+        _call_plan(layer, a)
+    torch.cuda.synchronize()
+    assert a["output"].isnan().all(), "a refused plan() wrote the output"
+
+
 @pytest.mark.parametrize("what", sorted(_BAD))
 def test_plan_value_errors(layers, what):
     """Refused before any launch, and nothing written."""
