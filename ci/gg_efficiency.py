@@ -1,0 +1,42 @@
+"""Tile-level efficiency of a grouped-GEMM benchmark run: for each fwd / dgrad row, the tiles of
+the form it ran, the fraction of the last wave that is busy and the fraction of tile rows that
+are real rows (a group's last M tile is padded), next to the measured fraction of dense cuBLAS.
+
+usage: python ci/gg_efficiency.py bench/results/<run>.json [--sms 132]
+The group sizes are the benchmark's own (same generator and seed per row); runs on the CPU.
+"""
+import argparse
+import json
+import math
+
+from cake_moe.bench import grouped_gemm as b
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results")
+    ap.add_argument("--sms", type=int, default=132)
+    args = ap.parse_args()
+    cases = list(enumerate(b._rows()))
+    print(f"{'op':5} {'N':>5} {'K':>5} {'E':>2} {'T':>6} {'tile':>7} {'tiles':>6} {'waves':>6} "
+          f"{'last wave':>9} {'real rows':>9} {'product':>7} {'of dense':>8}")
+    for r in json.load(open(args.results)):
+        if r["op"] not in ("fwd", "dgrad"):
+            continue
+        e = int(r["layer"][2])
+        idx, (_, _, _, _, n, k, t, kind) = next(
+            c for c in cases if c[1][4:8] == (r["N"], r["K"], r["T"], r["groups"]) and c[1][2] == e)
+        sizes = b._sizes(t, e, kind, idx)
+        bm, bn = map(int, r["form"].rsplit("_", 1)[1].split("x"))
+        n_out = n if r["op"] == "fwd" else k
+        m_tiles = sum(math.ceil(s / bm) for s in sizes)
+        tiles = m_tiles * math.ceil(n_out / bn)
+        waves = tiles / args.sms
+        busy = waves / math.ceil(waves)
+        real = t / (m_tiles * bm)
+        print(f"{r['op']:5} {n:5} {k:5} {e:2} {t:6} {bm}x{bn:<3} {tiles:6} {waves:6.2f} {busy:9.2f} "
+              f"{real:9.2f} {busy * real:7.2f} {r['fraction_of_dense']:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
