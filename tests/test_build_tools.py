@@ -48,3 +48,13 @@ def test_serialized_wgmma_fails_the_build_and_removes_the_image(tmp_path):
 def test_compiler_failure_is_passed_through(tmp_path):
     proc, _ = _run(tmp_path, "error: something", rc=3)
     assert proc.returncode == 3 and "error: something" in proc.stdout
+
+
+def test_output_path_is_the_named_file_only():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("nvcc_checked", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod._output_path(["-odir", "d", "-o", "k.fatbin"]) == "k.fatbin"   # -odir is a directory
+    assert mod._output_path(["--output-file=k.cubin"]) == "k.cubin"
+    assert mod._output_path(["-odir", "d"]) is None

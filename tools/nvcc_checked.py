@@ -19,11 +19,13 @@ LOSS_MARKERS = ("Potential Performance Loss",)
 
 
 def _output_path(args: list[str]) -> str | None:
+    """The output file of `-o FILE`, `--output-file FILE` or `--output-file=FILE` (not a prefix
+    match: nvcc's `-odir` names a directory)."""
     for i, a in enumerate(args):
-        if a == "-o" and i + 1 < len(args):
+        if a in ("-o", "--output-file") and i + 1 < len(args):
             return args[i + 1]
-        if a.startswith("-o") and len(a) > 2:
-            return a[2:]
+        if a.startswith("--output-file="):
+            return a.split("=", 1)[1]
     return None
 
 

@@ -238,7 +238,7 @@ struct GroupedGemmWgradKernel {
       uint32_t prev_stage = 0;
       for (int32_t i = 0; i < w.kb; ++i) {
         if (i > 0) ptx::mbar_wait_parity(&full_bar[stage], phase);
-        if (i == w.kb - 1 && w.tail < 64) {
+        if (i == w.kb - 1 && w.tail < kBK) {
           if (shifted_tail(w)) {
             zero_head_own(kBK - w.tail);
           } else {
