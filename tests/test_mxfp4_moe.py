@@ -38,8 +38,8 @@ def _bit(r: int, h: int, b: int) -> int:
     """The doc's bit table: bit b (0 mantissa, 1-2 exponent, 3 sign) of register slot r, half h
     of a prepared 32-bit word."""
     if r < 3:
-        return ((6, 7, 8, 15)[b] + 16 * h - (0, 3, 13)[r]) % 32
-    return (14, 0, 1, 13)[b] + 16 * h
+        return ((6, 7, 8, 15)[b] + 16 * h - (0, 10, 13)[r]) % 32
+    return (3, 4, 0, 1)[b] + 16 * h
 
 
 def _slow_prepare_rows(canonical: torch.Tensor, canon_row, weights: bool) -> torch.Tensor:
@@ -107,8 +107,8 @@ def _extract(word: int, r: int) -> int:
     """The kernel's extraction of register slot r (weight_fragments.cuh), in Python."""
     rotl = lambda x, k: ((x << k) | (x >> (32 - k))) & 0xFFFFFFFF if k else x  # noqa: E731
     if r < 3:
-        return rotl(word, (0, 3, 13)[r]) & 0x81C081C0
-    return ((word << 7) & 0x01800180) | ((word >> 8) & 0x00400040) | ((word << 2) & 0x80008000)
+        return rotl(word, (0, 10, 13)[r]) & 0x81C081C0
+    return (((word & 0x001B001B) * 0x4108) & 0xFFFFFFFF) & 0x81C081C0
 
 
 def test_kernel_extraction_yields_the_bf16_patterns():
@@ -146,7 +146,7 @@ def test_prepare_round_trip(shape):
     bank = _bank(num_local, hidden, inter, seed=sum(shape))
     before = [t.clone() for t in bank]
     p = prepare_cake_mxfp4_weights(*bank)
-    assert p["layout"] == "cake_mma_v2"
+    assert p["layout"] == "cake_mma_v3"
     assert (p["num_local_experts"], p["hidden_size"], p["intermediate_shard"]) == shape
     for name, canonical in zip(("w1", "w1_sf", "w2", "w2_sf"), bank):
         t = p[name]
@@ -481,7 +481,7 @@ def test_plan_checks_the_device_last(packed):
 
 def test_plan_accepts_the_prepared_dict():
     w, a = _plan_args()
-    prepared = dict(w1=a["w1"], w1_sf=a["w1_sf"], w2=a["w2"], w2_sf=a["w2_sf"], layout="cake_mma_v2",
+    prepared = dict(w1=a["w1"], w1_sf=a["w1_sf"], w2=a["w2"], w2_sf=a["w2_sf"], layout="cake_mma_v3",
                     num_local_experts=E, hidden_size=H, intermediate_shard=I)
     common = dict(beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"])
     with pytest.raises(ValueError, match="is on cpu"):

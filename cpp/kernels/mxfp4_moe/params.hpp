@@ -15,7 +15,7 @@ enum class GemmStage : int32_t {
 };
 
 struct GemmParams {
-  const uint8_t* w;             // [L, m, k/2] prepared MXFP4 (layout cake_mma_v2, docs/mxfp4_moe.md)
+  const uint8_t* w;             // [L, m, k/2] prepared MXFP4 (layout cake_mma_v3, docs/mxfp4_moe.md)
   const uint8_t* w_sf;          // [L, m, k/32] UE8M0, rows permuted like w
   const uint16_t* b;            // BF16 rows of length k: GEMM1 x [T, H] (gathered), GEMM2 act [R, I]
   const int32_t* row_token;     // GEMM1: token of each sorted row; GEMM2: unused (B row = sorted row)

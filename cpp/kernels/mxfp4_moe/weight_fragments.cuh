@@ -1,4 +1,4 @@
-// MXFP4 weight rows of the prepared layout (cake_mma_v2) -> BF16 mma.sync / wgmma A fragments.
+// MXFP4 weight rows of the prepared layout (cake_mma_v3) -> BF16 mma.sync / wgmma A fragments.
 //
 // Per row and 64 elements of K, lane q of a quad owns prepared bytes 8q..8q+7 (two words). Word
 // wi, register slot r (0..3), halves h = 0, 1 is one bf16x2 fragment register R = 4 wi + r:
@@ -20,19 +20,41 @@ constexpr uint32_t kBigScaleCode = 128;  // codes above: 2^(code - 1) is not a B
 
 // Register slot r of a prepared word as a bf16x2 pattern times 2^-126: magnitude bits at 6..8 /
 // 22..24, sign bits at 15 / 31, everything else zero. prepare_cake_mxfp4_weights spreads each
-// slot's bits so that slots 0..2 are one rotate (by 0, 3, 13) and one mask; slot 3 takes three
-// shifts (its bits sit at 14, 0, 1, 13 + 16h). The bit table is _prepare.bit_position.
+// slot's bits so that slots 0..2 are one rotate (by 0, 10, 13) and one mask. No fourth rotation
+// tiles the rest (the pattern {6, 7, 8, 15} does not tile Z/16 by translation), so slot 3's bits
+// sit at 3, 4, 0, 1 (+ 16h) and one multiply moves them left by 3, 3, 8 and 14 at once: the
+// shifted copies of the eight masked bits never overlap, so the product is their OR (no carries).
+// Three instructions instead of the six a shift per bit group takes. The bit table is
+// _prepare.bit_position.
+constexpr uint32_t kSlotMask = 0x81C081C0u;
+constexpr uint32_t kSlot3Bits = 0x001B001Bu;
+constexpr uint32_t kSlot3Shifts = (1u << 3) | (1u << 8) | (1u << 14);
+// True when the shifted copies of the masked bits land on distinct bits: then the product is
+// their OR and no carry can reach a target bit.
+constexpr bool slot3_copies_disjoint() {
+  uint64_t seen = 0;
+  for (int b = 0; b < 32; ++b) {
+    if (!((kSlot3Bits >> b) & 1u)) continue;
+    for (int d = 0; d < 32; ++d) {
+      if (!((kSlot3Shifts >> d) & 1u)) continue;
+      if ((seen >> (b + d)) & 1u) return false;
+      seen |= uint64_t(1) << (b + d);
+    }
+  }
+  return true;
+}
+static_assert(slot3_copies_disjoint(), "slot 3's multiply is a carry-free OR of shifted copies");
+
 template <int kR>
 __device__ __forceinline__ uint32_t e2m1x2_scaled_down(uint32_t word) {
-  constexpr uint32_t kMask = 0x81C081C0u;
   if constexpr (kR == 0) {
-    return word & kMask;
+    return word & kSlotMask;
   } else if constexpr (kR == 1) {
-    return __funnelshift_l(word, word, 3) & kMask;
+    return __funnelshift_l(word, word, 10) & kSlotMask;
   } else if constexpr (kR == 2) {
-    return __funnelshift_l(word, word, 13) & kMask;
+    return __funnelshift_l(word, word, 13) & kSlotMask;
   } else {
-    return ((word << 7) & 0x01800180u) | ((word >> 8) & 0x00400040u) | ((word << 2) & 0x80008000u);
+    return ((word & kSlot3Bits) * kSlot3Shifts) & kSlotMask;
   }
 }
 

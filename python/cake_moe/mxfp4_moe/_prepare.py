@@ -1,4 +1,4 @@
-"""Canonical MXFP4 weights <-> the kernel operand layout ``cake_mma_v2`` (docs/mxfp4_moe.md).
+"""Canonical MXFP4 weights <-> the kernel operand layout ``cake_mma_v3`` (docs/mxfp4_moe.md).
 
 Both permutations of the layout are index-bit permutations, so neither needs an index tensor
 (gathers through index tensors are an order of magnitude slower on CPU). For the contract bank
@@ -28,16 +28,16 @@ a and q0. Each exchange is an involution, so the inverse applies them in reverse
 Bits inside each 32-bit word: the element of nibble slot ``p`` (register ``r = p % 4``, half
 ``h = p // 4``) is not stored as a nibble but spread so that the kernel extracts register ``r``
 as a BF16x2 pattern (magnitude at bits 6-8, sign at 15, + 16 for the high half) with one rotate
-and one mask (``r = 0``: the mask alone; ``r = 3``: three shifts): bit ``b`` (0: mantissa,
+and one mask (``r = 0``: the mask alone; ``r = 3``: mask, multiply, mask): bit ``b`` (0: mantissa,
 1, 2: exponent, 3: sign) of slot (r, h) sits at ``(T[b] + 16h - ROT[r]) mod 32`` for r < 3,
-``T = (6, 7, 8, 15)``, ``ROT = (0, 3, 13)``, and at ``(14, 0, 1, 13)[b] + 16h`` for r = 3
-(cpp/kernels/mxfp4_moe/weight_fragments.cuh). The move is ten (mask, shift) groups per word.
+``T = (6, 7, 8, 15)``, ``ROT = (0, 10, 13)``, and at ``(3, 4, 0, 1)[b] + 16h`` for r = 3
+(cpp/kernels/mxfp4_moe/weight_fragments.cuh). The move is nine (mask, shift) groups per word.
 """
 from __future__ import annotations
 
 import torch
 
-LAYOUT = "cake_mma_v2"
+LAYOUT = "cake_mma_v3"
 _CHUNK = 32                                          # bytes of one 64-element K chunk
 _EXCHANGES = ((1, 3), (1, 0), (1, 2), (0, 1))        # (word bit, nibble bit), applied in order
 _SLAB_BYTES = {"cpu": 1 << 22, "cuda": 1 << 28}      # in-place passes run slab by slab (CPU: in cache)
@@ -103,8 +103,8 @@ def _permute_nibbles_(w: torch.Tensor, inverse: bool = False) -> torch.Tensor:
 
 
 _BF16X2_BITS = (6, 7, 8, 15)        # mantissa, exponent lo, exponent hi, sign of a BF16 (x 2^-126) half
-_ROTATE = (0, 3, 13)                # register r < 3: rotate left by _ROTATE[r], then mask
-_REG3_BITS = (14, 0, 1, 13)         # register 3: where its bits sit (three shifts gather them)
+_ROTATE = (0, 10, 13)               # register r < 3: rotate left by _ROTATE[r], then mask
+_REG3_BITS = (3, 4, 0, 1)           # register 3: where its bits sit (one multiply moves them)
 
 
 def bit_position(r: int, h: int, b: int) -> int:
@@ -191,7 +191,7 @@ def _check_bank(w1, w1_scale, w2, w2_scale, names: tuple[str, str, str, str]) ->
 
 def prepare_cake_mxfp4_weights(w1: torch.Tensor, w1_scale: torch.Tensor, w2: torch.Tensor,
                                w2_scale: torch.Tensor) -> dict:
-    """Canonical MXFP4 expert bank -> the ``cake_mma_v2`` kernel operands (pure torch).
+    """Canonical MXFP4 expert bank -> the ``cake_mma_v3`` kernel operands (pure torch).
 
     w1 [L, 2*I, H/2] (rows: up then gate), w1_scale [L, 2*I, H/32], w2 [L, H, I/2],
     w2_scale [L, H, I/32], all uint8 on one device; H and I multiples of 128. Returns a dict of
