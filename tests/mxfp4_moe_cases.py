@@ -92,6 +92,25 @@ def random_weights(geom: Geometry, *, seed: int = 0, device="cuda") -> dict[str,
     return random_bank(geom.local, geom.i_shard, _gen(seed, device), h=geom.hidden)
 
 
+def wide_scale_weights(geom: Geometry, *, seed: int = 0, device="cuda") -> dict[str, torch.Tensor]:
+    """random_weights whose experts take both paths of the kernels' E2M1 conversion (one
+    multiply for UE8M0 codes <= 128, two above): experts e % 4 == 1 draw codes 122..134 (most
+    blocks above 128), e % 4 == 3 keep 118..124 with ~1% of the blocks at 129..131 (pipeline
+    stages of either kind), the even experts keep 118..124."""
+    bank = random_weights(geom, seed=seed, device=device)
+    g = _gen(seed + 1, device)
+    for key in ("w1_scale", "w2_scale"):
+        sf = bank[key]
+        for e in range(sf.shape[0]):
+            if e % 4 == 1:
+                sf[e] = torch.randint(122, 135, sf[e].shape, dtype=torch.uint8, device=device, generator=g)
+            elif e % 4 == 3:
+                hit = torch.rand(sf[e].shape, device=device, generator=g) < 0.01
+                big = torch.randint(129, 132, sf[e].shape, dtype=torch.uint8, device=device, generator=g)
+                sf[e] = torch.where(hit, big, sf[e])
+    return bank
+
+
 def random_activations(t: int, h: int, *, seed: int = 0, device="cuda") -> tuple[torch.Tensor, torch.Tensor]:
     """(x [T, H] float8_e4m3fn, x_sf [T, H/32] uint8): MXFP8 of random normal rows whose
     magnitudes vary by row (so the scale codes vary too)."""
@@ -265,10 +284,10 @@ class Layer:
     its runner. The public API is imported here, on first use, so that this module stays
     importable where the extension is not built."""
 
-    def __init__(self, geom: Geometry, *, seed: int = 0, device="cuda"):
+    def __init__(self, geom: Geometry, *, seed: int = 0, device="cuda", bank: dict[str, torch.Tensor] | None = None):
         from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
         self.geom = geom
-        self.bank = random_weights(geom, seed=seed, device=device)
+        self.bank = random_weights(geom, seed=seed, device=device) if bank is None else bank
         b = self.bank
         self.prepared = prepare_cake_mxfp4_weights(b["w1"], b["w1_scale"], b["w2"], b["w2_scale"])
         args, kw = geom.wrapper_args()

@@ -20,8 +20,8 @@ from cake_moe.reference import moe as ref
 from cake_moe.reference.grouped_gemm import rel_rms
 
 from .conftest import poison_
-from .mxfp4_moe_cases import (CONTRACT, GENERAL, REGIMES, Case, Layer, bad_slots, local_routes, make_case,
-                              named_layer, reference, regime_applies, without_slots)
+from .mxfp4_moe_cases import (CONTRACT, GENERAL, REGIMES, Case, Geometry, Layer, bad_slots, local_routes,
+                              make_case, named_layer, reference, regime_applies, wide_scale_weights, without_slots)
 
 pytestmark = pytest.mark.gpu
 
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.gpu
 BUDGET = 5e-3
 
 CONTRACT_TOKENS = [1, 2, 16, 17, 128, 129, 1024, 1025, 4096, 16384]
+TILE_FORMS = ("n8", "n8_narrow", "n32", "n64", "wg128", "wg128x4", "wg64x4", "wg32x4")
 FORMS = ("fp32", "bf16", "packed")
 _FORM_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "packed": None}
 
@@ -118,7 +119,7 @@ def test_general_shapes(layers, name, t):
 
 @pytest.mark.parametrize("name,t", [("h256_e8_k2", 1), ("h256_e8_k2", 17), ("h384_ep_k8", 129),
                                     ("h128_e1024_k32", 17), ("h256_tp_k4", 300), ("tp8", 129)])
-@pytest.mark.parametrize("tile", ["n8", "n8_narrow", "n32", "n64", "wg128", "wg128x4", "wg64x4", "wg32x4"])
+@pytest.mark.parametrize("tile", TILE_FORMS)
 def test_every_tile_form(layers, name, t, tile):
     """Every tile form on shapes and token counts the decision table would not give it: tiles
     with one row, a second warpgroup with no rows, half m-blocks (H = 128, 384), one K stage."""
@@ -127,6 +128,29 @@ def test_every_tile_form(layers, name, t, tile):
     got = layer.run(case, tile=tile)
     _check(case, got, reference(case, layer.bank))
     assert torch.equal(layer.run(case, tile=tile), got), f"tile {tile}: a second plan changed the bits"
+
+
+@pytest.fixture(scope="module")
+def wide_scale_layer():
+    """H = 1024 (GEMM1 spans two decode stages and eight wgmma stages) and scale codes on both
+    sides of 128 (wide_scale_weights)."""
+    geom = Geometry(1024, 256, 8, 2)
+    layer = Layer(geom, bank=wide_scale_weights(geom, seed=91))
+    for key in ("w1_scale", "w2_scale"):
+        sf = layer.bank[key]
+        assert (sf[1::4] > 128).float().mean() > 0.3 and (sf[3::4] > 128).any() and not (sf[0::2] > 128).any()
+    return layer
+
+
+@pytest.mark.parametrize("t", [1, 17, 129])
+@pytest.mark.parametrize("tile", TILE_FORMS)
+def test_scale_codes_above_128_every_tile_form(wide_scale_layer, t, tile):
+    """UE8M0 codes above 128 (|w| > 12: 2^(code - 1) is not a BF16 value, so the conversion
+    multiplies twice) next to ordinary ones, in every tile form."""
+    layer = wide_scale_layer
+    case = make_case(layer.geom, t, seed=t + 29)
+    got = layer.run(case, tile=tile)
+    _check(case, got, reference(case, layer.bank))
 
 
 @pytest.mark.parametrize("name,t,tile", [("tp8", 1, "n8_narrow"), ("ep8", 4, "n8"), ("tp8", 16, "n8"),

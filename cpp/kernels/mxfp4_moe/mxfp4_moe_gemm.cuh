@@ -70,27 +70,32 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
     }
   }
 
-  // Whether any lane of the warp holds a block code that needs the two-multiply conversion.
-  template <int kMB>
-  __device__ static __forceinline__ bool warp_needs_big(const uint32_t (&codes)[kMB][2]) {
-    bool any_big = false;
-#pragma unroll
-    for (int mb = 0; mb < kMB; ++mb)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        any_big |= (codes[mb][h] & 0xFFu) > kBigScaleCode || (codes[mb][h] >> 8) > kBigScaleCode;
-    return __any_sync(0xFFFFFFFFu, any_big);
+  // Whether any UE8M0 code of the warp's 64 rows and K slice in this stage needs the
+  // two-multiply conversion (code > 128): one vote per stage on the four code bytes of each row
+  // (rows l and l + 32 for lane l), instead of one per unit on the codes held for the
+  // conversion (two compares per code). Per byte b: (b & 0x7F) + 0x7F sets bit 7 exactly when
+  // b & 0x7F != 0, and never carries into the next byte (0x7F + 0x7F < 0x100).
+  __device__ static __forceinline__ bool warp_stage_needs_big(const Smem& sm, int slot, int wm, int wk) {
+    static_assert(Cfg::kSfRowBytes % 4 == 0 && Cfg::kKWarp == 128, "a warp's codes of a stage are one word per row");
+    const int lane = threadIdx.x & 31;
+    const uint8_t* sfs = sm.sf(slot) + (wm * 64 + lane) * Cfg::kSfRowBytes + wk * 4;
+    const uint32_t c0 = *reinterpret_cast<const uint32_t*>(sfs);
+    const uint32_t c1 = *reinterpret_cast<const uint32_t*>(sfs + 32 * Cfg::kSfRowBytes);
+    const uint32_t big = (((c0 & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & c0) | (((c1 & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & c1);
+    return __any_sync(0xFFFFFFFFu, (big & 0x80808080u) != 0u);
   }
 
-  // One stage of the warp's K slice: two 64-element units, four k16 sub-steps each.
+  // One stage of the warp's K slice: two 64-element units, four k16 sub-steps each. A big code
+  // anywhere in the warp's stage sends both units to the two-multiply form (exact for all codes).
   __device__ static __forceinline__ void compute_stage(const Smem& sm, int slot, int wm, int wk,
                                                        float (&acc)[4][kNBlocks][4]) {
+    const bool big = warp_stage_needs_big(sm, slot, wm, wk);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       uint2 wrow[4][2];
       uint32_t codes[4][2];
       load_unit_weights(sm, slot, wm * 64, wk, u, wrow, codes);
-      if (warp_needs_big(codes)) {
+      if (big) {
         compute_unit<true>(sm, slot, wk, u, wrow, codes, acc);
       } else {
         compute_unit<false>(sm, slot, wk, u, wrow, codes, acc);
