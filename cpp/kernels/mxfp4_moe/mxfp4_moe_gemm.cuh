@@ -48,26 +48,63 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
   using Loaders::make_pointer_loader;
   using Loaders::w_offset;
 
-  // kMB m16 blocks of weight rows from `row0` (block mb: rows row0 + 16 mb + g, + 8) of 64-element
-  // unit u of K slice wk in ring slot `slot`: per block the two prepared words of rows g and g + 8
+  // Rows of a stage's weight tile apart in bytes. The swizzles of w_offset depend on row % 8
+  // (128-byte boxes), (row / 2) % 4 (64-byte boxes) or row / kRowsPerLine % 4 (no TMA), all
+  // unchanged by a multiple of 8 rows: the reads of m16 block mb, half h of a warp sit at a
+  // fixed distance from those of block 0, half 0.
+  static constexpr int kWRowStride = Cfg::kTmaWeights ? Cfg::kWBoxBytes : Cfg::kWRowBytes;
+
+  // A thread's read offsets inside a ring slot for its rows from row0 (block 0, row g) and K
+  // slice wk: unit u's weight words (the chunk swizzle differs per unit) and code half-word.
+  // They do not change from stage to stage, so the decode mainloop computes them once.
+  struct UnitOffsets {
+    int w, sf;
+  };
+  __device__ static __forceinline__ UnitOffsets unit_offsets(int row0, int wk, int u) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int chunk = (wk * 128 + u * 64) / 32;  // first 16-byte chunk of the unit in the row
+    return {w_offset(row0 + g, chunk + (q >> 1)) + 8 * (q & 1), (row0 + g) * Cfg::kSfRowBytes + wk * 4 + u * 2};
+  }
+
+  // kMB m16 blocks of weight rows (block mb: rows g + 16 mb, + 8 from the offsets' row) of one
+  // 64-element unit in ring slot `slot`: per block the two prepared words of rows g and g + 8
   // and their two UE8M0 codes (byte i: k32 block i).
   template <int kMB>
-  __device__ static __forceinline__ void load_unit_weights(const Smem& sm, int slot, int row0, int wk, int u,
-                                                           uint2 (&wrow)[kMB][2], uint32_t (&codes)[kMB][2]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const uint8_t* ws = sm.w(slot);
-    const uint8_t* sfs = sm.sf(slot);
-    const int chunk = (wk * 128 + u * 64) / 32;  // first 16-byte chunk of the unit in the row
+  __device__ static __forceinline__ void load_unit(const Smem& sm, int slot, UnitOffsets o, uint2 (&wrow)[kMB][2],
+                                                   uint32_t (&codes)[kMB][2]) {
+    const uint8_t* ws = sm.w(slot) + o.w;
+    const uint8_t* sfs = sm.sf(slot) + o.sf;
 #pragma unroll
     for (int mb = 0; mb < kMB; ++mb) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = row0 + mb * 16 + g + 8 * h;
-        wrow[mb][h] = *reinterpret_cast<const uint2*>(ws + w_offset(r, chunk + (q >> 1)) +
-                                                      8 * (q & 1));
-        codes[mb][h] = *reinterpret_cast<const uint16_t*>(sfs + r * Cfg::kSfRowBytes + wk * 4 + u * 2);
+        const int dr = mb * 16 + 8 * h;
+        wrow[mb][h] = *reinterpret_cast<const uint2*>(ws + dr * kWRowStride);
+        codes[mb][h] = *reinterpret_cast<const uint16_t*>(sfs + dr * Cfg::kSfRowBytes);
       }
     }
+  }
+  template <int kMB>
+  __device__ static __forceinline__ void load_unit_weights(const Smem& sm, int slot, int row0, int wk, int u,
+                                                           uint2 (&wrow)[kMB][2], uint32_t (&codes)[kMB][2]) {
+    load_unit<kMB>(sm, slot, unit_offsets(row0, wk, u), wrow, codes);
+  }
+
+  // The decode mainloop's read offsets (unit_offsets of both units, and the ldmatrix row
+  // address of each k32 pair sp of unit 0: unit 1 is 8 chunks on, whose bit 3 the row XOR
+  // never touches; n8 block nb is 8 rows on, same XOR).
+  struct FragOffsets {
+    UnitOffsets unit[2];
+    int b[2];
+  };
+  __device__ static __forceinline__ FragOffsets frag_offsets(int wm, int wk) {
+    const int lane = threadIdx.x & 31, row = lane & 7;
+    FragOffsets f;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) f.unit[u] = unit_offsets(wm * 64, wk, u);
+#pragma unroll
+    for (int sp = 0; sp < 2; ++sp) f.b[sp] = row * Cfg::kBRowBytes + 16 * b_chunk(row, (wk * 128 + sp * 32) / 8 + (lane >> 3));
+    return f;
   }
 
   // Whether any UE8M0 code of the warp's 64 rows and K slice in this stage needs the
@@ -87,37 +124,32 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
 
   // One stage of the warp's K slice: two 64-element units, four k16 sub-steps each. A big code
   // anywhere in the warp's stage sends both units to the two-multiply form (exact for all codes).
-  __device__ static __forceinline__ void compute_stage(const Smem& sm, int slot, int wm, int wk,
+  __device__ static __forceinline__ void compute_stage(const Smem& sm, int slot, int wm, int wk, const FragOffsets& f,
                                                        float (&acc)[4][kNBlocks][4]) {
     const bool big = warp_stage_needs_big(sm, slot, wm, wk);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       uint2 wrow[4][2];
       uint32_t codes[4][2];
-      load_unit_weights(sm, slot, wm * 64, wk, u, wrow, codes);
+      load_unit<4>(sm, slot, f.unit[u], wrow, codes);
       if (big) {
-        compute_unit<true>(sm, slot, wk, u, wrow, codes, acc);
+        compute_unit<true>(sm, slot, u, f, wrow, codes, acc);
       } else {
-        compute_unit<false>(sm, slot, wk, u, wrow, codes, acc);
+        compute_unit<false>(sm, slot, u, f, wrow, codes, acc);
       }
     }
   }
 
   template <bool kBig>
-  __device__ static __forceinline__ void compute_unit(const Smem& sm, int slot, int wk, int u,
+  __device__ static __forceinline__ void compute_unit(const Smem& sm, int slot, int u, const FragOffsets& f,
                                                       const uint2 (&wrow)[4][2], const uint32_t (&codes)[4][2],
                                                       float (&acc)[4][kNBlocks][4]) {
-    const int lane = threadIdx.x & 31;
-    const uint32_t bs = ptx::smem_addr(sm.b(slot));
+    const uint32_t bs = ptx::smem_addr(sm.b(slot)) + u * 8 * 16;
 #pragma unroll
     for (int sp = 0; sp < 2; ++sp) {  // pairs of k16 sub-steps: one ldmatrix.x4 per n8 block
       uint32_t bfrag[kNBlocks][4];
 #pragma unroll
-      for (int nb = 0; nb < kNBlocks; ++nb) {
-        const int row = nb * 8 + (lane & 7);
-        const int c = (wk * 128 + u * 64 + sp * 32) / 8 + (lane >> 3);
-        ptx::ldmatrix_x4(bfrag[nb], bs + row * Cfg::kBRowBytes + 16 * b_chunk(row, c));
-      }
+      for (int nb = 0; nb < kNBlocks; ++nb) ptx::ldmatrix_x4(bfrag[nb], bs + f.b[sp] + nb * 8 * Cfg::kBRowBytes);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -250,6 +282,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
         for (int j = 0; j < 4; ++j) acc[mb][nb][j] = 0.0f;
 
     const int num_k = (p.k + Cfg::kKStage - 1) / Cfg::kKStage;
+    const FragOffsets frag = frag_offsets(wm, wk);
     const Loader loader = make_loader(p, t);
     if constexpr (Cfg::kTmaWeights) {  // the weights first: they depend on no launch
       if (threadIdx.x == 0)
@@ -272,7 +305,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
           if (threadIdx.x == 0) load_weights_tma(p, t, sm, &bars[next % kStages], next % kStages, next);
       }
       ptx::cp_async_commit();
-      if (warp_rows && ks * Cfg::kKStage + wk * Cfg::kKWarp < p.k) compute_stage(sm, ks % kStages, wm, wk, acc);
+      if (warp_rows && ks * Cfg::kKStage + wk * Cfg::kKWarp < p.k) compute_stage(sm, ks % kStages, wm, wk, frag, acc);
     }
     ptx::cp_async_wait<0>();
     if (kGemm2 || !tile_sync) ptx::allow_dependent_launch();  // the next launch may start; it waits for us
