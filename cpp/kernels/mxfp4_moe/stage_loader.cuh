@@ -64,15 +64,34 @@ struct Mxfp4MoeStageLoader {
                 kBN * kBChunks % kThreads == 0, "a stage is an exact number of copy rounds");
   static_assert(kWRowStep % 4 == 0, "w_chunk repeats every 4 rows: a thread's rows share one swizzle");
 
+  // An activation copy's source is a 32-bit chunk index and its destination a fixed offset, so
+  // that a stage costs one add and one wide multiply-add per copy (a row index took ~18
+  // instructions of 64-bit and swizzle arithmetic per copy and stage: most of the copying
+  // threads' issue in the sm_90a four-warpgroup forms). The chunk index counts 16 bytes: an
+  // operand under 64 GiB.
+  // Copy j's destination row is copy 0's + j * kBRowStep: the same row swizzle when that step
+  // is a multiple of 8 rows (one offset for all copies), else recomputed per copy.
+  static constexpr bool kBDstStep = kBRowStep % 8 == 0;
+  static_assert(kBIters <= 32, "one validity bit per activation copy");
   struct Loader {
     const uint8_t* w_src;          // this thread's first weight chunk at K = 0
     const uint8_t* sf_src;         // first scale word at K = 0
-    int32_t b_row[kBIters];        // activation row of each copy (-1: outside the tile, zero-filled)
+    uint32_t b_src[kBIters];       // 16-byte chunk of each copy's activation source at K = 0, from p.b
+    uint32_t b_valid;              // bit j: copy j's row is in the tile (else zero-filled, source row 0)
+    uint32_t b_dst;                // shared-memory offset of copy 0 in a slot's activation tile
     int64_t w_step, sf_step;       // bytes between this thread's consecutive rows
     uint32_t w_dst, sf_dst;
     int w_rows, sf_rows;           // this thread's copies whose rows exist (partial m-blocks)
     int w_k, sf_k, b_k;            // K of this thread's chunk inside a stage
   };
+
+  __device__ static __forceinline__ uint32_t b_dst_of(const Loader& l, int j) {
+    if constexpr (kBDstStep) {
+      return l.b_dst + uint32_t(j * (Cfg::b_offset(kBRowStep, 0) - Cfg::b_offset(0, 0)));
+    } else {
+      return uint32_t(Cfg::b_offset(int(threadIdx.x) / kBChunks + j * kBRowStep, int(threadIdx.x) % kBChunks));
+    }
+  }
 
   __device__ static Loader make_loader(const GemmParams& p, const WorkTile& t) {
     const int tid = threadIdx.x;
@@ -96,10 +115,15 @@ struct Mxfp4MoeStageLoader {
       l.sf_k = c * 128;
     }
     l.b_k = (tid % kBChunks) * 8;
+    l.b_dst = uint32_t(Cfg::b_offset(tid / kBChunks, tid % kBChunks));
+    l.b_valid = 0;
 #pragma unroll
     for (int j = 0; j < kBIters; ++j) {
       const int r = tid / kBChunks + j * kBRowStep;
-      l.b_row[j] = r >= t.rows ? -1 : (kStage == GemmStage::kGemm1 ? p.row_token[t.row0 + r] : t.row0 + r);
+      const bool ok = r < t.rows;
+      const int row = !ok ? 0 : (kStage == GemmStage::kGemm1 ? p.row_token[t.row0 + r] : t.row0 + r);
+      l.b_src[j] = uint32_t(row) * uint32_t(p.k / 8) + uint32_t(l.b_k / 8);
+      l.b_valid |= uint32_t(ok) << j;
     }
     return l;
   }
@@ -131,14 +155,10 @@ struct Mxfp4MoeStageLoader {
     if constexpr (!kWithB) return;
     const uint32_t b_base = ptx::smem_addr(sm.b(slot));
     const bool b_k_ok = k0 + l.b_k < p.k;
-    const int c = threadIdx.x % kBChunks;
+    const uint32_t b_off = b_k_ok ? uint32_t(k0 / 8) : 0u;  // past K: nothing is read, the source stays in bounds
 #pragma unroll
-    for (int j = 0; j < kBIters; ++j) {
-      const int r = threadIdx.x / kBChunks + j * kBRowStep;
-      const bool ok = b_k_ok && l.b_row[j] >= 0;
-      ptx::cp_async_16(b_base + Cfg::b_offset(r, c),
-                       ok ? p.b + int64_t(l.b_row[j]) * p.k + k0 + l.b_k : p.b, ok);
-    }
+    for (int j = 0; j < kBIters; ++j)
+      ptx::cp_async_16(b_base + b_dst_of(l, j), p.b + uint64_t(l.b_src[j] + b_off) * 8u, b_k_ok && (l.b_valid >> j & 1u));
   }
 
   // TMA weights (one thread): stage `ks`'s boxes of the tile's kBM weight rows into ring slot
