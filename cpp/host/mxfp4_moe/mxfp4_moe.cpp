@@ -71,14 +71,13 @@ class Mxfp4MoePlan final : public Plan {
       throw ValueError("workspace has " + std::to_string(p.workspace_bytes) + " bytes, needs " +
                        std::to_string(ws.total));
     if (p.num_local > moe::kMaxLocalExperts) throw ValueError("at most 1024 local experts");
-    // The stage loaders address the GEMM operands in 32-bit counts of 16-byte chunks
-    // (stage_loader.cuh): each operand stays under 64 GiB.
+    // The stage loaders address the GEMMs' activation operands (x as BF16, the intermediate) in
+    // 32-bit counts of 16-byte chunks (stage_loader.cuh): each stays under 64 GiB.
     constexpr int64_t kMaxOperandBytes = int64_t(16) << 32;
     const int64_t x_bytes = int64_t(p.tokens) * p.hidden * 2, act_bytes = int64_t(p.tokens) * p.top_k * p.inter * 2;
-    const int64_t w_bytes = int64_t(p.num_local) * 2 * p.inter * p.hidden / 2;
-    if (x_bytes >= kMaxOperandBytes || act_bytes >= kMaxOperandBytes || w_bytes >= kMaxOperandBytes)
-      throw ValueError("T = " + std::to_string(p.tokens) + ": a GEMM operand (activations " + std::to_string(x_bytes) +
-                       " B, intermediate " + std::to_string(act_bytes) + " B, w1 " + std::to_string(w_bytes) +
+    if (x_bytes >= kMaxOperandBytes || act_bytes >= kMaxOperandBytes)
+      throw ValueError("T = " + std::to_string(p.tokens) + ": a GEMM activation operand (x as BF16 " +
+                       std::to_string(x_bytes) + " B, intermediate " + std::to_string(act_bytes) +
                        " B) reaches 64 GiB, past what the kernels address; split the batch");
     const TilingInfo t1 = tiling_for(p.gemm1_tile), t2 = tiling_for(p.gemm2_tile);
     if (t1.bn != t2.bn) throw ValueError("GEMM1 and GEMM2 tiles must share one token-tile size (block_n)");

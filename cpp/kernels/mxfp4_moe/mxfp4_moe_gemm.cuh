@@ -114,6 +114,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
   // b & 0x7F != 0, and never carries into the next byte (0x7F + 0x7F < 0x100).
   __device__ static __forceinline__ bool warp_stage_needs_big(const Smem& sm, int slot, int wm, int wk) {
     static_assert(Cfg::kSfRowBytes % 4 == 0 && Cfg::kKWarp == 128, "a warp's codes of a stage are one word per row");
+    static_assert(kBigScaleCode == 0x80, "the byte test finds the codes above 0x80");
     const int lane = threadIdx.x & 31;
     const uint8_t* sfs = sm.sf(slot) + (wm * 64 + lane) * Cfg::kSfRowBytes + wk * 4;
     const uint32_t c0 = *reinterpret_cast<const uint32_t*>(sfs);

@@ -67,8 +67,8 @@ struct Mxfp4MoeStageLoader {
   // An activation copy's source is a 32-bit chunk index and its destination a fixed offset, so
   // that a stage costs one add and one wide multiply-add per copy (a row index took ~18
   // instructions of 64-bit and swizzle arithmetic per copy and stage: most of the copying
-  // threads' issue in the sm_90a four-warpgroup forms). The chunk index counts 16 bytes: an
-  // operand under 64 GiB.
+  // threads' issue in the sm_90a four-warpgroup forms). The chunk index counts 16 bytes: the
+  // plan refuses activation operands of 64 GiB or more.
   // Copy j's destination row is copy 0's + j * kBRowStep: the same row swizzle when that step
   // is a multiple of 8 rows (one offset for all copies), else recomputed per copy.
   static constexpr bool kBDstStep = kBRowStep % 8 == 0;
