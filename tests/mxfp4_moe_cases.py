@@ -297,16 +297,18 @@ class Layer:
         return torch.empty(self.runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
 
     def plan(self, case: Case, *, workspace: torch.Tensor | None = None, output: torch.Tensor | None = None,
-             tile: str | None = None, tile_sync: bool | None = None):
+             tile: str | None = None, tile_sync: bool | None = None, positional: bool = False):
         """(plan, output) bound to the case's tensors; fresh workspace and output by default;
-        ``tile`` forces a tile form, ``tile_sync`` the per-tile GEMM1 -> GEMM2 sync."""
+        ``tile`` forces a tile form, ``tile_sync`` the per-tile GEMM1 -> GEMM2 sync. The
+        prepared dict is passed whole (with its per-expert largest scale codes), or with
+        ``positional`` as its four tensors (no codes: every expert converts with two multiplies)."""
         t, h = case.x.shape
         ws = self.workspace(t) if workspace is None else workspace
         out = torch.empty(t, h, dtype=torch.bfloat16, device="cuda") if output is None else output
         p = self.prepared
-        plan = self.runner.plan(case.x, case.x_sf, case.topk_ids, case.topk_weights, p["w1"], p["w1_sf"], p["w2"],
-                                p["w2_sf"], beta=case.beta, linear_beta=case.linear_beta, workspace=ws, output=out,
-                                tile=tile, tile_sync=tile_sync)
+        weights = (p["w1"], p["w1_sf"], p["w2"], p["w2_sf"]) if positional else (p,)
+        plan = self.runner.plan(case.x, case.x_sf, case.topk_ids, case.topk_weights, *weights, beta=case.beta,
+                                linear_beta=case.linear_beta, workspace=ws, output=out, tile=tile, tile_sync=tile_sync)
         return plan, out
 
     def run(self, case: Case, **kw) -> torch.Tensor:

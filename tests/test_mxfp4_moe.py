@@ -479,6 +479,36 @@ def test_plan_checks_the_device_last(packed):
         _call(w, a)
 
 
+def test_prepare_records_each_experts_largest_scale_code():
+    bank = list(_bank(3, 256, 128, seed=5))
+    for sf in (bank[1], bank[3]):
+        sf.clamp_(max=127)
+    bank[1][1, 7, 3] = 200   # w1_scale of expert 1
+    bank[3][2, 0, 0] = 129   # w2_scale of expert 2
+    p = prepare_cake_mxfp4_weights(*bank)
+    for key, scale in (("w1_sf_max", bank[1]), ("w2_sf_max", bank[3])):
+        got = p[key]
+        assert got.dtype == torch.uint8 and got.shape == (3,) and got.is_contiguous()
+        assert got.tolist() == [int(scale[e].max()) for e in range(3)]
+    assert p["w1_sf_max"][1] == 200 and p["w2_sf_max"][2] == 129
+
+
+def test_plan_checks_the_largest_scale_codes():
+    w, a = _plan_args()
+    prepared = prepare_cake_mxfp4_weights(*_bank(E, H, I))
+    common = dict(beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"])
+    args = (a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"])
+    one = {k: v for k, v in prepared.items() if k != "w2_sf_max"}
+    with pytest.raises(ValueError, match="w1_sf_max.*w2_sf_max.*or neither"):
+        w.plan(*args, one, **common)
+    with pytest.raises(ValueError, match=r"w1_sf_max must have shape \(8,\)"):
+        w.plan(*args, {**prepared, "w1_sf_max": prepared["w1_sf_max"][:2]}, **common)
+    with pytest.raises(ValueError, match="w2_sf_max must have dtype"):
+        w.plan(*args, {**prepared, "w2_sf_max": prepared["w2_sf_max"].int()}, **common)
+    with pytest.raises(ValueError, match="is on cpu"):   # well formed: refused only for the device
+        w.plan(*args, prepared, **common)
+
+
 def test_plan_accepts_the_prepared_dict():
     w, a = _plan_args()
     prepared = dict(w1=a["w1"], w1_sf=a["w1_sf"], w2=a["w2"], w2_sf=a["w2_sf"], layout="cake_mma_v3",
@@ -552,7 +582,7 @@ def test_plan_binding_call(fake_ext, packed, kind):
     assert args[1] is a["x_sf"] and args[2] is a["topk_ids"] and args[3] is a["topk_weights"]
     assert args[4] == kind
     assert args[5:] == (a["w1"], a["w1_sf"], a["w2"], a["w2_sf"], a["beta"], a["linear_beta"], a["workspace"],
-                        a["output"])
+                        a["output"], None, None)   # positional weights: no largest scale codes
     assert kwargs == dict(num_tokens=5, hidden=H, inter=I, num_experts=E, num_local=E, local_offset=0, top_k=K,
                           gemm1_tile="n8_shortk", gemm2_tile="n8_shortk",   # H = 256, I = 128: both K short
                           tile_sync=False)                                  # 5 * 2 / 8 = 1.25 routes per expert
@@ -561,6 +591,16 @@ def test_plan_binding_call(fake_ext, packed, kind):
     assert plan.run() is a["output"] and plan._plan.streams == [1234, 1234]
     assert plan.num_tokens == 5 and plan.decision.block_n == 8 and "gemm1_n8" in plan.forms
     assert any(t is a["workspace"] for t in plan._keep) and any(t is a["w2"] for t in plan._keep)
+
+
+def test_plan_binding_passes_the_dicts_largest_codes(fake_ext):
+    w, a = _cpu_wrapper_args()
+    prepared = prepare_cake_mxfp4_weights(*(t.clone() for t in _bank(E, H, I)))
+    w.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], prepared, beta=a["beta"],
+           linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"])
+    (args, _), = fake_ext.calls
+    assert args[5] is prepared["w1"] and args[8] is prepared["w2_sf"]
+    assert args[13] is prepared["w1_sf_max"] and args[14] is prepared["w2_sf_max"]
 
 
 def test_plan_binding_fp32_weights_and_tile(fake_ext):

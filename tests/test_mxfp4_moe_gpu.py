@@ -153,6 +153,26 @@ def test_scale_codes_above_128_every_tile_form(wide_scale_layer, t, tile):
     _check(case, got, reference(case, layer.bank))
 
 
+SM90_TILE_FORMS = ("wg128", "wg128x4", "wg64x4", "wg32x4")
+
+
+@pytest.mark.parametrize("t", [17, 1025])
+@pytest.mark.parametrize("tile", SM90_TILE_FORMS)
+@pytest.mark.parametrize("name", ["wide", "h512_e40_k5"])
+def test_largest_codes_change_no_bit(layers, wide_scale_layer, name, t, tile):
+    """The sm_90a forms convert an expert whose largest scale code (the prepared dict's
+    w1_sf_max / w2_sf_max) is <= 128 with one multiply, any other with two; without the codes
+    (the four tensors passed positionally) every expert takes two. Both are exact: the same
+    bits, with experts of both kinds in one launch (the wide-scale bank)."""
+    layer = wide_scale_layer if name == "wide" else layers(name)
+    small = layer.prepared["w1_sf_max"] <= 128
+    assert bool(small.any()) and (name != "wide" or not bool(small.all()))
+    case = make_case(layer.geom, t, seed=t + 37)
+    got = layer.run(case, tile=tile)
+    _check(case, got, reference(case, layer.bank))
+    assert torch.equal(layer.run(case, tile=tile, positional=True), got), "the one-multiply path changed a bit"
+
+
 @pytest.mark.parametrize("name,t,tile", [("tp8", 1, "n8_narrow"), ("ep8", 4, "n8"), ("tp8", 16, "n8"),
                                          ("tp8", 129, "n8"), ("h256_e8_k2", 17, "n8_narrow"),
                                          ("h384_ep_k8", 129, "n32"), ("h512_e40_k5", 1025, "n64"),

@@ -24,7 +24,7 @@ void bind_mxfp4_moe(nb::module_& m) {
       "mxfp4_moe_plan",
       [](Tensor x, Tensor x_sf, Tensor topk_ids, std::optional<Tensor> topk_weights, int weights_kind, Tensor w1,
          Tensor w1_sf, Tensor w2, Tensor w2_sf, Tensor beta, Tensor linear_beta, Tensor workspace, Tensor output,
-         int32_t num_tokens, int32_t hidden, int32_t inter, int32_t num_experts, int32_t num_local,
+         std::optional<Tensor> w1_sf_max, std::optional<Tensor> w2_sf_max, int32_t num_tokens, int32_t hidden, int32_t inter, int32_t num_experts, int32_t num_local,
          int32_t local_offset, int32_t top_k, const std::string& gemm1_tile, const std::string& gemm2_tile,
          bool tile_sync) {
         if (weights_kind < 0 || weights_kind > 2) throw ValueError("weights_kind must be 0 (bf16), 1 (f32) or 2 (packed)");
@@ -49,6 +49,14 @@ void bind_mxfp4_moe(nb::module_& m) {
         p.w1_sf = static_cast<const uint8_t*>(w1_sf.data());
         p.w2 = static_cast<const uint8_t*>(w2.data());
         p.w2_sf = static_cast<const uint8_t*>(w2_sf.data());
+        if (w1_sf_max.has_value() != w2_sf_max.has_value())
+          throw ValueError("w1_sf_max and w2_sf_max come together (both or neither)");
+        if (w1_sf_max) {
+          tensor_device(*w1_sf_max, "w1_sf_max", p.device);
+          tensor_device(*w2_sf_max, "w2_sf_max", p.device);
+          p.w1_sf_max = static_cast<const uint8_t*>(w1_sf_max->data());
+          p.w2_sf_max = static_cast<const uint8_t*>(w2_sf_max->data());
+        }
         p.beta = static_cast<const float*>(beta.data());
         p.linear_beta = static_cast<const float*>(linear_beta.data());
         p.workspace = static_cast<uint8_t*>(workspace.data());
@@ -68,7 +76,8 @@ void bind_mxfp4_moe(nb::module_& m) {
       },
       nb::arg("x"), nb::arg("x_sf"), nb::arg("topk_ids"), nb::arg("topk_weights").none(), nb::arg("weights_kind"),
       nb::arg("w1"), nb::arg("w1_sf"), nb::arg("w2"), nb::arg("w2_sf"), nb::arg("beta"), nb::arg("linear_beta"),
-      nb::arg("workspace"), nb::arg("output"), nb::arg("num_tokens"), nb::arg("hidden"), nb::arg("inter"),
+      nb::arg("workspace"), nb::arg("output"), nb::arg("w1_sf_max").none(), nb::arg("w2_sf_max").none(),
+      nb::arg("num_tokens"), nb::arg("hidden"), nb::arg("inter"),
       nb::arg("num_experts"), nb::arg("num_local"), nb::arg("local_offset"), nb::arg("top_k"),
       nb::arg("gemm1_tile"), nb::arg("gemm2_tile"), nb::arg("tile_sync"));
 }

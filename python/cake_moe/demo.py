@@ -112,7 +112,7 @@ def _moe_gpu() -> tuple[bool, str]:
     runner = CakeMxfp4MoEWrapper(bm.E, bm.TOP_K, H, I, **bm.LAYOUTS["ep8"])
     out = torch.empty(MOE_T, H, dtype=torch.bfloat16, device="cuda")
     ws = torch.empty(runner.get_workspace_size(MOE_T), dtype=torch.uint8, device="cuda")
-    plan = runner.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], p["w1"], p["w1_sf"], p["w2"], p["w2_sf"],
+    plan = runner.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], p,
                        beta=a["beta"], linear_beta=a["linear_beta"], workspace=ws, output=out)
     out.fill_(float("nan"))
     plan.run()

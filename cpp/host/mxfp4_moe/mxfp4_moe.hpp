@@ -19,6 +19,8 @@ struct Problem {
   const uint8_t* w1_sf = nullptr;     // [L, 2I, H/32]
   const uint8_t* w2 = nullptr;        // prepared [L, H, I/2]
   const uint8_t* w2_sf = nullptr;     // [L, H, I/32]
+  const uint8_t* w1_sf_max = nullptr; // [L] largest code of each expert's w1_sf, or null (GemmParams::sf_max)
+  const uint8_t* w2_sf_max = nullptr; // [L] same for w2_sf
   const float* beta = nullptr;        // [L]
   const float* linear_beta = nullptr; // [L]
   uint8_t* workspace = nullptr;

@@ -17,6 +17,9 @@ enum class GemmStage : int32_t {
 struct GemmParams {
   const uint8_t* w;             // [L, m, k/2] prepared MXFP4 (layout cake_mma_v3, docs/mxfp4_moe.md)
   const uint8_t* w_sf;          // [L, m, k/32] UE8M0, rows permuted like w
+  const uint8_t* sf_max;        // [L] the largest code of each expert's w_sf (prepare), or null. The
+                                //   sm_90a forms convert an expert whose codes are all <= 128 with one
+                                //   multiply per bf16x2, any other (or every one, when null) with two
   const uint16_t* b;            // BF16 rows of length k: GEMM1 x [T, H] (gathered), GEMM2 act [R, I]
   const int32_t* row_token;     // GEMM1: token of each sorted row; GEMM2: unused (B row = sorted row)
   const int32_t* offsets;       // [L + 1] sorted-row offsets per local expert

@@ -64,25 +64,26 @@ struct Sm90Mxfp4MoeGemm {
 
   using Acc = float[kMB][kNBlocks][4];  // [m16 block of the warp's rows][n8 block][mma.sync C order]
 
-  // k16 step s of unit u: the four A registers of each of the warp's m16 blocks. Always the
-  // two-multiply conversion (exact for every scale code): a branch to the one-multiply form for
-  // codes <= 128, as in the portable kernels, measured 3.5-6% slower here (a second copy of the
-  // unrolled mainloop, the warp vote and the branch cost more than one HMUL2 per bf16x2).
-  template <int kS>
+  // k16 step s of unit u: the four A registers of each of the warp's m16 blocks. kBig: the
+  // two-multiply conversion (exact for every scale code), otherwise one multiply (codes <= 128).
+  // The choice is made once per item from the expert's largest code (GemmParams::sf_max), so the
+  // stage loop carries no vote or branch: a per-stage vote with a branch, as in the mma.sync
+  // forms, measured 3.5-6% slower here than always multiplying twice.
+  template <int kS, bool kBig>
   __device__ static __forceinline__ void fragments(uint32_t (&a)[kMB][4], const uint2 (&wrow)[kMB][2],
                                                    const uint32_t (&codes)[kMB][2]) {
 #pragma unroll
     for (int i = 0; i < kMB; ++i) {
       const uint32_t cg = (codes[i][0] >> (8 * (kS / 2))) & 0xFFu, cg8 = (codes[i][1] >> (8 * (kS / 2))) & 0xFFu;
-      a_fragment<kS, true>(a[i], wrow[i][0], wrow[i][1], cg, cg8);
+      a_fragment<kS, kBig>(a[i], wrow[i][0], wrow[i][1], cg, cg8);
     }
   }
 
-  template <int kS>
+  template <int kS, bool kBig>
   __device__ static __forceinline__ void step(Acc& acc, const uint2 (&wrow)[kMB][2], const uint32_t (&codes)[kMB][2],
                                               uint32_t b_tile) {
     uint32_t a[kMB][4];
-    fragments<kS>(a, wrow, codes);
+    fragments<kS, kBig>(a, wrow, codes);
     ptx::wgmma_fence();  // the A registers were just written by ordinary instructions
     const uint64_t desc = ptx::make_desc_kmajor_sw128(b_tile + 32 * kS);
 #pragma unroll
@@ -94,6 +95,7 @@ struct Sm90Mxfp4MoeGemm {
   // One stage (two 64-element units, four k16 steps each) for the warp's 16 kMB rows from row0:
   // the weights of ring slot `slot`, the token rows of slot `b_slot` (the same slot, or the
   // stage's resident slot).
+  template <bool kBig>
   __device__ static __forceinline__ void compute_stage(const typename Base::Smem& sm, int slot, int b_slot, int row0,
                                                        Acc& acc) {
 #pragma unroll
@@ -102,11 +104,16 @@ struct Sm90Mxfp4MoeGemm {
       uint32_t codes[kMB][2];
       Base::load_unit_weights(sm, slot, row0, 0, u, wrow, codes);
       const uint32_t b_tile = ptx::smem_addr(sm.b(b_slot)) + u * Cfg::kBTileBytes;
-      step<0>(acc, wrow, codes, b_tile);
-      step<1>(acc, wrow, codes, b_tile);
-      step<2>(acc, wrow, codes, b_tile);
-      step<3>(acc, wrow, codes, b_tile);
+      step<0, kBig>(acc, wrow, codes, b_tile);
+      step<1, kBig>(acc, wrow, codes, b_tile);
+      step<2, kBig>(acc, wrow, codes, b_tile);
+      step<3, kBig>(acc, wrow, codes, b_tile);
     }
+  }
+
+  // Whether the item's expert has a UE8M0 code above 128 (or its codes are not summarized).
+  __device__ static __forceinline__ bool needs_big(const GemmParams& p, const typename Base::Tile& t) {
+    return p.sf_max == nullptr || p.sf_max[t.expert] > kBigScaleCode;
   }
 
   // GEMM1 epilogue. Thread (g, q) of the group's warp w holds, for m16 block b = kMB w + i of the
@@ -286,6 +293,7 @@ struct Sm90Mxfp4MoeGemm {
   // The mainloop over K of one item, whose first stage is stage g of the stream (its copies are
   // issued kAhead stages ahead); returns with every wgmma retired. The ring needs no drain: each
   // slot is refilled after the barrier that follows its last reader's stage.
+  template <bool kBig>
   __device__ static void mainloop(const GemmParams& p, const typename Base::Smem& sm, Producer& pr, uint32_t& g,
                                   int row0, Acc& acc) {
 #pragma unroll
@@ -300,7 +308,7 @@ struct Sm90Mxfp4MoeGemm {
       ptx::fence_proxy_async_smem();  // cp.async wrote B through the generic proxy; wgmma reads it
       __syncthreads();  // stage g landed; the stage that last used slot (g + kAhead) % kStages retired
       produce(p, sm, pr, g + kAhead);
-      compute_stage(sm, int(g % kStages), kResidentB ? ks : int(g % kStages), row0, acc);
+      compute_stage<kBig>(sm, int(g % kStages), kResidentB ? ks : int(g % kStages), row0, acc);
     }
     ptx::wgmma_wait<0>();
     ptx::reg_fence(reinterpret_cast<float(&)[kMB * kNBlocks * 4]>(acc));
@@ -339,7 +347,11 @@ struct Sm90Mxfp4MoeGemm {
         }
       }
       Acc acc;
-      mainloop(p, sm, pr, g, row0, acc);
+      if (needs_big(p, t)) {  // CTA-uniform
+        mainloop<true>(p, sm, pr, g, row0, acc);
+      } else {
+        mainloop<false>(p, sm, pr, g, row0, acc);
+      }
       const int next = work + walk.step;
       if (next >= walk.end) ptx::allow_dependent_launch();  // the next GEMM / finalize may start; it waits for us
       if constexpr (kStage == GemmStage::kGemm1) {

@@ -144,7 +144,7 @@ def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: in
         x, x_sf, ids, w = random_inputs(t, l, offset, gen)
         out = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
         ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")  # one per plan
-        plans.append(runner.plan(x, x_sf, ids, w, prepared["w1"], prepared["w1_sf"], prepared["w2"], prepared["w2_sf"],
+        plans.append(runner.plan(x, x_sf, ids, w, prepared,
                                  beta=beta, linear_beta=lbeta, workspace=ws, output=out, tile=tile,
                                  tile_sync=tile_sync).run)
         naive.append(lambda a=(x, x_sf, ids, w): naive_layer(*a, *bank16, beta, lbeta, num_experts=E, offset=offset))

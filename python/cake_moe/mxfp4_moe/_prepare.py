@@ -189,6 +189,11 @@ def _check_bank(w1, w1_scale, w2, w2_scale, names: tuple[str, str, str, str]) ->
     return num_local, hidden, inter
 
 
+def scale_code_max(scale: torch.Tensor) -> torch.Tensor:
+    """The largest UE8M0 code of each expert of a scale bank [L, rows, cols]: uint8 [L]."""
+    return scale.reshape(scale.shape[0], -1).amax(dim=1).contiguous()
+
+
 def prepare_cake_mxfp4_weights(w1: torch.Tensor, w1_scale: torch.Tensor, w2: torch.Tensor,
                                w2_scale: torch.Tensor) -> dict:
     """Canonical MXFP4 expert bank -> the ``cake_mma_v3`` kernel operands (pure torch).
@@ -196,8 +201,14 @@ def prepare_cake_mxfp4_weights(w1: torch.Tensor, w1_scale: torch.Tensor, w2: tor
     w1 [L, 2*I, H/2] (rows: up then gate), w1_scale [L, 2*I, H/32], w2 [L, H, I/2],
     w2_scale [L, H, I/32], all uint8 on one device; H and I multiples of 128. Returns a dict of
     contiguous uint8 tensors on the same device with unchanged shapes, ``w1``, ``w1_sf``,
-    ``w2``, ``w2_sf``, plus ``layout``, ``num_local_experts``, ``hidden_size``,
+    ``w2``, ``w2_sf``, the largest scale code of each expert ``w1_sf_max`` and ``w2_sf_max``
+    (uint8 [L]), plus ``layout``, ``num_local_experts``, ``hidden_size``,
     ``intermediate_shard``. Run it once per rank at load time; the inputs are not modified.
+
+    The largest codes let the sm_90a prefill forms convert an expert whose codes are all <= 128
+    (every weight of magnitude <= 12: real weights) with one multiply instead of two. They
+    describe the scales they were computed from: to load new weights into prepared tensors in
+    place, copy every tensor of a new ``prepare_cake_mxfp4_weights`` result, these included.
     """
     num_local, hidden, inter = _check_bank(w1, w1_scale, w2, w2_scale, ("w1", "w1_scale", "w2", "w2_scale"))
     return {
@@ -205,6 +216,8 @@ def prepare_cake_mxfp4_weights(w1: torch.Tensor, w1_scale: torch.Tensor, w2: tor
         "w1_sf": _permute_rows(w1_scale, "w1"),
         "w2": _to_prepared(w2, "w2"),
         "w2_sf": _permute_rows(w2_scale, "w2"),
+        "w1_sf_max": scale_code_max(w1_scale),
+        "w2_sf_max": scale_code_max(w2_scale),
         "layout": LAYOUT,
         "num_local_experts": num_local,
         "hidden_size": hidden,

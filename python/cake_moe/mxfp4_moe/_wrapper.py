@@ -24,6 +24,7 @@ WORKSPACE_ALIGN = 256
 _INT32_MAX = 2**31 - 1
 _WEIGHT_KIND = {torch.bfloat16: 0, torch.float32: 1, None: 2}   # None: packed routes
 _WEIGHT_NAMES = ("w1", "w1_sf", "w2", "w2_sf")
+_CODE_MAX_NAMES = ("w1_sf_max", "w2_sf_max")  # optional in the dict: without them, two multiplies
 
 
 _MAX_ROUTE_CHUNKS = 64  # moe::kMaxRouteChunks (cpp/kernels/moe/params.hpp)
@@ -205,10 +206,12 @@ class CakeMxfp4MoEWrapper:
 
     # ------------------------------------------------------------------ plan
 
-    def _weights(self, w1, w1_sf, w2, w2_sf) -> tuple[torch.Tensor, ...]:
-        """The four prepared operands, from the dict of prepare_cake_mxfp4_weights or positional."""
+    def _weights(self, w1, w1_sf, w2, w2_sf) -> tuple[torch.Tensor | None, ...]:
+        """The four prepared operands and the two per-expert largest scale codes, from the dict
+        of prepare_cake_mxfp4_weights or positional (no codes: every expert converts with two
+        multiplies)."""
         if not isinstance(w1, dict):
-            return w1, w1_sf, w2, w2_sf
+            return w1, w1_sf, w2, w2_sf, None, None
         if any(t is not None for t in (w1_sf, w2, w2_sf)):
             raise ValueError("pass the prepared weights either as the dict or as four tensors, not both")
         if w1.get("layout") != LAYOUT:
@@ -219,7 +222,10 @@ class CakeMxfp4MoEWrapper:
         for key, value in expected.items():
             if w1.get(key) != value:
                 raise ValueError(f"w1: the weights dict has {key}={w1.get(key)!r}, the wrapper expects {value}")
-        return tuple(w1[name] for name in _WEIGHT_NAMES)
+        code_max = tuple(w1.get(name) for name in _CODE_MAX_NAMES)
+        if (code_max[0] is None) != (code_max[1] is None):
+            raise ValueError(f"w1: the weights dict must hold both {_CODE_MAX_NAMES} or neither")
+        return tuple(w1[name] for name in _WEIGHT_NAMES) + code_max
 
     def _check_tensors(self, tensors: dict, num_tokens: int) -> None:
         """dtype, shape, contiguity and alignment of every argument (no device check)."""
@@ -233,12 +239,14 @@ class CakeMxfp4MoEWrapper:
             "w1_sf": ((torch.uint8,), (num_local, 2 * shard, h // 32), 16),
             "w2": ((torch.uint8,), (num_local, h, shard // 2), 16),
             "w2_sf": ((torch.uint8,), (num_local, h, shard // 32), 16),
+            "w1_sf_max": ((torch.uint8,), (num_local,), 0),
+            "w2_sf_max": ((torch.uint8,), (num_local,), 0),
             "beta": ((torch.float32,), (num_local,), 4),
             "linear_beta": ((torch.float32,), (num_local,), 4),
             "output": ((torch.bfloat16,), (t, h), 16),
         }
         for name, (dtypes, shape, align) in specs.items():
-            if name == "topk_weights" and tensors[name] is None:
+            if name in ("topk_weights", *_CODE_MAX_NAMES) and tensors[name] is None:
                 continue
             _validate.tensor(tensors[name], name, dtypes=dtypes, ndim=len(shape), align=align)
             _validate.shape(tensors[name], name, shape)
@@ -282,10 +290,10 @@ class CakeMxfp4MoEWrapper:
             raise ValueError(f"x: {decision.reason}")
         if num_tokens * self.top_k > _INT32_MAX:
             raise ValueError(f"x: T * top_k = {num_tokens * self.top_k} routes exceed the int32 route index")
-        w1, w1_sf, w2, w2_sf = self._weights(w1, w1_sf, w2, w2_sf)
+        w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max = self._weights(w1, w1_sf, w2, w2_sf)
         tensors = {"x": x, "x_sf": x_sf, "topk_ids": topk_ids, "topk_weights": topk_weights, "w1": w1,
-                   "w1_sf": w1_sf, "w2": w2, "w2_sf": w2_sf, "beta": beta, "linear_beta": linear_beta,
-                   "workspace": workspace, "output": output}
+                   "w1_sf": w1_sf, "w2": w2, "w2_sf": w2_sf, "w1_sf_max": w1_sf_max, "w2_sf_max": w2_sf_max,
+                   "beta": beta, "linear_beta": linear_beta, "workspace": workspace, "output": output}
         self._check_tensors(tensors, num_tokens)
         present = [(name, t) for name, t in tensors.items() if t is not None]
         _validate.no_overlap(("output", output), ("workspace", workspace))
@@ -309,7 +317,7 @@ class CakeMxfp4MoEWrapper:
         gemm1_tile, gemm2_tile = _decide.gemm_tiles(decision.tile, self.hidden_size, self.intermediate_shard)
         bound = _runtime.ext().mxfp4_moe_plan(
             x.view(torch.uint8), x_sf, topk_ids, topk_weights, weights_kind, w1, w1_sf, w2, w2_sf, beta,
-            linear_beta, workspace, output, num_tokens=num_tokens, hidden=self.hidden_size,
+            linear_beta, workspace, output, w1_sf_max, w2_sf_max, num_tokens=num_tokens, hidden=self.hidden_size,
             inter=self.intermediate_shard, num_experts=self.num_experts, num_local=self.num_local_experts,
             local_offset=self.local_expert_offset, top_k=self.top_k, gemm1_tile=gemm1_tile, gemm2_tile=gemm2_tile,
             tile_sync=decision.tile_sync)
