@@ -24,6 +24,10 @@ struct BoundKernel {
 
   void launch(std::uintptr_t stream) const {
     ScopedDevice scope(device);
+    launch_in_scope(stream);
+  }
+  // For a caller that already holds a ScopedDevice of `device` (a plan enqueuing several kernels).
+  void launch_in_scope(std::uintptr_t stream) const {
     LaunchConfig c = cfg;
     c.stream = stream;
     runtime::launch(kernel, c, params.get(), form.c_str());

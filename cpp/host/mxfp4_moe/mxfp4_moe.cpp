@@ -155,11 +155,12 @@ class Mxfp4MoePlan final : public Plan {
 
   void run(std::uintptr_t stream) const override {
     if (tokens_ == 0) return;
-    dequant_.launch(stream);
-    for (int i = 0; i < route_launches_; ++i) route_[i].launch(stream);
-    gemm1_.launch(stream);
-    gemm2_.launch(stream);
-    finalize_.launch(stream);
+    runtime::ScopedDevice scope(device_);  // once for the five to seven launches
+    dequant_.launch_in_scope(stream);
+    for (int i = 0; i < route_launches_; ++i) route_[i].launch_in_scope(stream);
+    gemm1_.launch_in_scope(stream);
+    gemm2_.launch_in_scope(stream);
+    finalize_.launch_in_scope(stream);
   }
 
   const std::string& forms() const override { return forms_; }

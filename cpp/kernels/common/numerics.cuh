@@ -39,6 +39,12 @@ __device__ __forceinline__ float ue8m0_inverse(uint32_t code) {
   return code == 254u ? __uint_as_float(0x00400000u) : __uint_as_float((254u - code) << 23);
 }
 
+// The factor into the element range of a block with `code`: 0 for the zero block (code 0) and
+// the NaN block (0xFF), whose elements are written as 0 / NaN without it.
+__device__ __forceinline__ float ue8m0_to_elem(uint32_t code) {
+  return (code == 0u || code == kUe8m0Nan) ? 0.0f : ue8m0_inverse(code);
+}
+
 // 2^(code - 127) (dequantization); NaN for 0xFF. Code 0 decodes to 2^-127 (its elements are 0).
 __device__ __forceinline__ float ue8m0_value(uint32_t code) {
   if (code == kUe8m0Nan) return __uint_as_float(0x7FC00000u);

@@ -57,7 +57,7 @@ __device__ __forceinline__ void block_scale(float amax, int32_t rule, float nv_g
     constexpr int emax = F == Fmt::kMxfp8 ? kE4m3Emax : kE2m1Emax;
     const float t = F == Fmt::kMxfp8 ? __fmul_rn(amax, kInv448) : __fdiv_rn(amax, 6.0f);
     code = nan ? kUe8m0Nan : (rule == int32_t(ScaleRule::kOcpFloor) ? ue8m0_ocp_floor(amax, emax) : ue8m0_round_up(t));
-    to_elem = (code == 0u || nan) ? 0.0f : ue8m0_inverse(code);
+    to_elem = ue8m0_to_elem(code);
   }
 }
 

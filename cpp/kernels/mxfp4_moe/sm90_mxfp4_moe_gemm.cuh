@@ -189,7 +189,7 @@ struct Sm90Mxfp4MoeGemm {
   __device__ static __forceinline__ void store_act(const GemmParams& p, const typename Base::Tile& t, int j, int row,
                                                    uint32_t code, const Acc& acc, int nb, int c) {
     using namespace numerics;
-    const float to_elem = (code == 0u || code == kUe8m0Nan) ? 0.0f : ue8m0_inverse(code);
+    const float to_elem = ue8m0_to_elem(code);
     const float from_elem = ue8m0_value(code);
     uint16_t out[kMB];
 #pragma unroll

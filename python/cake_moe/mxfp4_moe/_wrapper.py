@@ -267,9 +267,10 @@ class CakeMxfp4MoEWrapper:
         x [T, H] float8_e4m3fn with x_sf [T, H/32] uint8 (UE8M0); topk_ids [T, top_k] int32
         global expert ids; topk_weights [T, top_k] bf16 or fp32, or None when topk_ids holds
         packed routes ``(id << 16) | bf16_bits(weight)``; the prepared weights (the dict of
-        :func:`prepare_cake_mxfp4_weights` as ``w1``, or its four tensors); beta, linear_beta
-        fp32 [L]; workspace uint8 [>= get_workspace_size(T)], 256-byte aligned; output [T, H]
-        bf16. Every tensor is contiguous and on the wrapper's device; output and workspace
+        :func:`prepare_cake_mxfp4_weights` as ``w1``, or its four tensors, which lack the
+        per-expert largest scale codes: the sm_90a forms then convert with two multiplies, same
+        bits); beta, linear_beta fp32 [L]; workspace uint8 [>= get_workspace_size(T)], 256-byte
+        aligned; output [T, H] bf16. Every tensor is contiguous and on the wrapper's device; output and workspace
         share no memory with each other or with any input. ``tile`` overrides the decision
         table's tile form and ``tile_sync`` its GEMM1 -> GEMM2 sync (see :meth:`decide`). Forms
         sum K in different orders: each is repeatable to the bit, two forms agree to rounding;
