@@ -233,16 +233,28 @@ def test_decide_resident_rows_for_a_short_gemm2():
 @pytest.mark.parametrize("t,path,bn", [(3, "decode", 8), (336, "decode", 8), (337, "mid", 32), (1344, "mid", 32),
                                        (1345, "prefill", 64), (2688, "prefill", 64), (2689, "prefill", 128)])
 def test_decide_thresholds(t, path, bn, sm90):
-    """E=896, k=16: T*k/E = T/56, so the limits 6, 24 and 48 fall at T = 336, 1344 and 2688;
-    above 6 an sm_90 device takes the wgmma forms (BN 32 up to 24, BN 64 up to 48, then BN 128),
-    other arches stay on n32 / n64."""
-    d = _decide.decide(t, *_TP8, sm90=sm90)
+    """E=896, k=16, the full 3072 shard: T*k/E = T/56, so the limits 6, 24 and 48 fall at T = 336,
+    1344 and 2688; above 6 an sm_90 device takes the wgmma forms (BN 32 up to 24, BN 64 up to 48,
+    then BN 128), other arches stay on n32 / n64."""
+    d = _decide.decide(t, *_TP8[:3], 3072, sm90=sm90)
     if bn == 128 and not sm90:
         bn = 64
     tile = f"n{bn}"
     if sm90 and bn >= 32:
         tile = {128: "wg128x4", 64: "wg64x4", 32: "wg32x4"}[bn]
     assert (d.path, d.block_n, d.forms[2]) == (path, bn, f"mxfp4_moe_gemm1_{tile}")
+
+
+@pytest.mark.parametrize("t,path,tile", [(336, "decode", "n8"), (560, "decode", "n8"), (561, "mid", "wg32x4"),
+                                         (1792, "mid", "wg32x4"), (1793, "prefill", "wg64x4"),
+                                         (3584, "prefill", "wg64x4"), (3585, "prefill", "wg128x4")])
+def test_decide_short_shard_thresholds_on_sm90(t, path, tile):
+    """A shard <= RESIDENT_K (tp8: 384) moves the sm_90 limits to 10, 32 and 64 routes per expert
+    (T = 560, 1792, 3584 at T*k/E = T/56); other arches keep 6, 24 (n32 / n64)."""
+    d = _decide.decide(t, *_TP8, sm90=True)
+    assert (d.path, d.tile, d.block_n) == (path, tile, _decide.BLOCK_N_OF[tile])
+    portable = _decide.decide(t, *_TP8)
+    assert portable.tile == ("n8" if t <= 336 else "n32" if t <= 1344 else "n64")
 
 
 def test_decide_short_k_form_for_a_tp_shard():
@@ -604,7 +616,7 @@ def test_plan_binding_passes_the_dicts_largest_codes(fake_ext):
 
 
 def test_plan_binding_fp32_weights_and_tile(fake_ext):
-    w, a = _cpu_wrapper_args(t=200)   # 200 * 2 / 8 = 50 routes per expert -> prefill
+    w, a = _cpu_wrapper_args(t=300)   # 300 * 2 / 8 = 75 routes per expert -> prefill (BN 128)
     a["topk_weights"] = a["topk_weights"].float()
     plan = _call(w, a)
     (args, kwargs), = fake_ext.calls

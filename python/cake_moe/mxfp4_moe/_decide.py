@@ -39,6 +39,15 @@ NARROW_ROUTES = 16
 # 1% on ep8 (2521 vs 2516 us at T = 1024, 2187 vs 2204 at 512).
 PREFILL_WG_MIN_LOAD = 48
 SM90_MID_WG_MIN_LOAD = 24
+# A short intermediate shard (inter <= RESIDENT_K: GEMM2 is a resident-rows or short-K form, and
+# an expert's weights are few) moves every sm_90 crossover up. Measured on the H200 at tp8 (I =
+# 384), same runs, after the one-multiply conversion (bench/results/
+# 2026-12-01_h200_mxfp4_moe_short_shard_tiles.md): n8 beat wg32x4 at 6.9, 8.0 and 9.1 routes per
+# expert (1.31x, 1.17x, 1.07x) and lost at 11.4 (0.91x); wg32x4 beat wg64x4 at 27.4 (1.04x) and lost
+# at 36.6; wg64x4 beat wg128x4 at 54.9 and 64.0 (1.34x, 1.07x) and lost at 73.1 (0.88x). ep8
+# (I = 3072) in the same runs kept the thresholds above (6.9: wg32x4 1.12x over n8; 27.4: wg64x4
+# 1.50x over wg32x4; 54.9: wg128x4 1.21x over wg64x4).
+SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 and wg64x4
 SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4")
 # Token rows per tile of every form the table (or a caller's `tile=`) can name.
 BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
@@ -104,6 +113,21 @@ def routes_per_expert(num_tokens: int, top_k: int, num_experts: int) -> float:
     return num_tokens * top_k / num_experts
 
 
+def _sm90_form(load: float, inter: int) -> tuple[str, int, str]:
+    """(path, block_n, tile) of an sm_90 device for ``load`` routes per expert."""
+    if inter <= RESIDENT_K:
+        decode_max, mid_max, wg64_max = SM90_SHORT_SHARD_LOADS
+    else:
+        decode_max, mid_max, wg64_max = TILE_TABLE[0][0], SM90_MID_WG_MIN_LOAD, PREFILL_WG_MIN_LOAD
+    if load > wg64_max:
+        return SM90_PREFILL[1:]
+    if load > mid_max:
+        return SM90_MID_PREFILL[1:]
+    if load > decode_max:
+        return "mid", BLOCK_N_OF[SM90_MID], SM90_MID
+    return TILE_TABLE[0][1:]
+
+
 def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, *, sm90: bool = False,
            tile: str | None = None, tile_sync: bool | None = None) -> PlanDecision:
     """The decision for ``num_tokens`` tokens of a layer with ``hidden`` and ``inter`` (the
@@ -114,15 +138,12 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
         return PlanDecision(False, f"num_tokens must be an int >= 1, got {num_tokens!r}", "none", 0, ())
     load = routes_per_expert(num_tokens, top_k, num_experts)
-    _, path, block_n, chosen = next(row for row in TILE_TABLE if load <= row[0])
+    if sm90:
+        path, block_n, chosen = _sm90_form(load, inter)
+    else:
+        _, path, block_n, chosen = next(row for row in TILE_TABLE if load <= row[0])
     if block_n == 8 and num_tokens * top_k <= NARROW_ROUTES:
         chosen = "n8_narrow"
-    if sm90 and load > PREFILL_WG_MIN_LOAD:
-        _, path, block_n, chosen = SM90_PREFILL
-    elif sm90 and load > SM90_MID_WG_MIN_LOAD:
-        _, path, block_n, chosen = SM90_MID_PREFILL
-    elif sm90 and path == "mid":
-        chosen = SM90_MID
     if tile is not None:
         if tile not in TILES:
             raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
