@@ -4,9 +4,14 @@ Two uses:
 - the target for Nsight Compute / Systems (e.g. ``ncu -k regex:gemm1 -s 1 -c 1 python ci/profile_moe.py ep8 4096``);
 - ``--kernel-times``: the device time of each of the layer's kernels, from the torch profiler
   (CUPTI), averaged over the runs, for several token counts in one call;
-- ``--timeline``: when each kernel of one run (the last of ``--runs``) starts and ends.
+- ``--timeline``: when each kernel of one run (the last of ``--runs``) starts and ends;
+- ``--local-experts N``: every token routes to the same N local experts (the rest of its top_k
+  remote), N = 1..6 in turn when N is 0; each count's runs rotate over several disjoint expert
+  sets so that the weights come from DRAM. With ``--kernel-times``: how a GEMM's time grows with
+  its CTA count (96 GEMM1 CTAs per expert in ``n8_narrow`` at ep8).
 
 usage: python ci/profile_moe.py LAYOUT T [T ...] [--tile TILE] [--runs N] [--kernel-times | --timeline]
+       [--local-experts N]
 """
 import argparse
 
@@ -17,12 +22,14 @@ from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
 
 
 def kernel_times(plan, runs: int) -> list[tuple[str, float]]:
-    """(kernel name, mean device microseconds per run) of one plan's launches."""
+    """(kernel name, mean device microseconds per run) of one plan's launches, or of a list of
+    plans run in turn (``runs`` runs in all)."""
     from torch.profiler import ProfilerActivity, profile
+    plans = plan if isinstance(plan, list) else [plan]
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            plan.run()
+        for i in range(runs):
+            plans[i % len(plans)].run()
         torch.cuda.synchronize()
     totals: dict[str, float] = {}
     for event in prof.events():
@@ -48,6 +55,38 @@ def timeline(plan, runs: int) -> list[tuple[str, float, float]]:
     return [(name, start - t0, end - t0) for start, end, name in last]
 
 
+def local_expert_ids(t: int, experts: list[int], gen: torch.Generator, l: int, offset: int) -> torch.Tensor:
+    """[t, TOP_K] ids: every token routes to `experts` (global ids of local experts) and fills
+    the rest of its top_k with distinct remote experts."""
+    remote = torch.tensor([e for e in range(b.E) if not offset <= e < offset + l], device="cuda")
+    rows = []
+    for _ in range(t):
+        pick = remote[torch.randperm(remote.numel(), device="cuda", generator=gen)[:b.TOP_K - len(experts)]]
+        rows.append(torch.cat([torch.tensor(experts, device="cuda"), pick]))
+    return torch.stack(rows).to(torch.int32).contiguous()
+
+
+def scan_local_experts(args, runner, prepared, beta, lbeta, gen, l: int, offset: int) -> None:
+    """GEMM kernel times against the number of local experts hit (see the module doc)."""
+    counts = [args.local_experts] if args.local_experts > 0 else list(range(1, 7))
+    for t in args.tokens:
+        for n in counts:
+            sets = [list(range(offset + s, offset + s + n)) for s in range(0, l - n + 1, n)][:8]
+            plans = []
+            for experts in sets:
+                x, x_sf, _, w = b.random_inputs(t, l, offset, gen)
+                ids = local_expert_ids(t, experts, gen, l, offset)
+                out = torch.empty(t, b.H, dtype=torch.bfloat16, device="cuda")
+                ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
+                plans.append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws,
+                                         output=out, tile=args.tile))
+            rows = kernel_times(plans, max(args.runs, 4 * len(plans)))
+            total = sum(us for _, us in rows)
+            gemms = "  ".join(f"{name.split('_gemm')[1][:1]}:{us:6.1f}" for name, us in rows if "_gemm" in name)
+            print(f"{args.layout} T={t} local experts {n} ({plans[0].decision.tile}): {total:6.1f} us of kernels; "
+                  f"GEMM1/GEMM2 us {gemms}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("layout", choices=sorted(b.LAYOUTS))
@@ -56,6 +95,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--kernel-times", action="store_true")
     ap.add_argument("--timeline", action="store_true", help="start/end of each kernel of one run")
+    ap.add_argument("--local-experts", type=int, default=None, help="route every token to N local experts (0: 1..6)")
     ap.add_argument("--gemm-tiles", default=None,
                     help="experiment: bind these GEMM1,GEMM2 forms (same BN) whatever the decision table says")
     args = ap.parse_args()
@@ -71,6 +111,9 @@ def main() -> None:
     del bank
     beta, lbeta = b.random_situ(l, gen)
     runner = CakeMxfp4MoEWrapper(b.E, b.TOP_K, b.H, b.I, **b.LAYOUTS[args.layout])
+    if args.local_experts is not None:
+        scan_local_experts(args, runner, prepared, beta, lbeta, gen, l, offset)
+        return
     for t in args.tokens:
         x, x_sf, ids, w = b.random_inputs(t, l, offset, gen)
         out = torch.empty(t, b.H, dtype=torch.bfloat16, device="cuda")
