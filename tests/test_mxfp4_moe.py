@@ -257,6 +257,18 @@ def test_decide_short_shard_thresholds_on_sm90(t, path, tile):
     assert portable.tile == ("n8" if t <= 336 else "n32" if t <= 1344 else "n64")
 
 
+@pytest.mark.parametrize("sm90", [False, True])
+@pytest.mark.parametrize("shape", [(16, 896, 7168, 3072), (16, 896, 7168, 384), (2, 8, 256, 128), (8, 64, 384, 512),
+                                   (8, 64, 384, 640), (32, 1024, 128, 128)])
+def test_decide_token_tiles_grow_with_t(shape, sm90):
+    """Whatever the shard, the token-tile size never shrinks as T grows (the crossovers are
+    ordered), and every T is served."""
+    sizes = [_decide.decide(t, *shape, sm90=sm90) for t in range(1, 6000, 7)]
+    assert all(d.supported for d in sizes)
+    block_ns = [d.block_n for d in sizes]
+    assert block_ns == sorted(block_ns)
+
+
 def test_decide_short_k_form_for_a_tp_shard():
     """tp8: GEMM2 reduces over the 384-wide shard, so decode takes its short-K tiling."""
     d = CakeMxfp4MoEWrapper(**CONTRACT, **TP8).decide(4)
