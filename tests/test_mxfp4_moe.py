@@ -525,6 +525,11 @@ def test_plan_checks_the_largest_scale_codes():
     one = {k: v for k, v in prepared.items() if k != "w2_sf_max"}
     with pytest.raises(ValueError, match="w1_sf_max.*w2_sf_max.*or neither"):
         w.plan(*args, one, **common)
+    with pytest.raises(ValueError, match="w1_sf_max and w2_sf_max come together"):
+        w.plan(*args, prepared["w1"], prepared["w1_sf"], prepared["w2"], prepared["w2_sf"],
+               w1_sf_max=prepared["w1_sf_max"], **common)
+    with pytest.raises(ValueError, match="either as the dict or as four tensors"):
+        w.plan(*args, prepared, w1_sf_max=prepared["w1_sf_max"], w2_sf_max=prepared["w2_sf_max"], **common)
     with pytest.raises(ValueError, match=r"w1_sf_max must have shape \(8,\)"):
         w.plan(*args, {**prepared, "w1_sf_max": prepared["w1_sf_max"][:2]}, **common)
     with pytest.raises(ValueError, match="w2_sf_max must have dtype"):
@@ -625,6 +630,12 @@ def test_plan_binding_passes_the_dicts_largest_codes(fake_ext):
     (args, _), = fake_ext.calls
     assert args[5] is prepared["w1"] and args[8] is prepared["w2_sf"]
     assert args[13] is prepared["w1_sf_max"] and args[14] is prepared["w2_sf_max"]
+    # the four tensors positionally, the largest codes as keywords: the same binding
+    w.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], prepared["w1"], prepared["w1_sf"], prepared["w2"],
+           prepared["w2_sf"], beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"],
+           output=a["output"], w1_sf_max=prepared["w1_sf_max"], w2_sf_max=prepared["w2_sf_max"])
+    args2, _ = fake_ext.calls[-1]
+    assert args2[13] is prepared["w1_sf_max"] and args2[14] is prepared["w2_sf_max"]
 
 
 def test_plan_binding_fp32_weights_and_tile(fake_ext):

@@ -206,13 +206,15 @@ class CakeMxfp4MoEWrapper:
 
     # ------------------------------------------------------------------ plan
 
-    def _weights(self, w1, w1_sf, w2, w2_sf) -> tuple[torch.Tensor | None, ...]:
+    def _weights(self, w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max) -> tuple[torch.Tensor | None, ...]:
         """The four prepared operands and the two per-expert largest scale codes, from the dict
-        of prepare_cake_mxfp4_weights or positional (no codes: every expert converts with two
-        multiplies)."""
+        of prepare_cake_mxfp4_weights, or positional with the codes as keywords (without them
+        every expert converts with two multiplies)."""
+        if (w1_sf_max is None) != (w2_sf_max is None):
+            raise ValueError("w1_sf_max and w2_sf_max come together (both or neither)")
         if not isinstance(w1, dict):
-            return w1, w1_sf, w2, w2_sf, None, None
-        if any(t is not None for t in (w1_sf, w2, w2_sf)):
+            return w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max
+        if any(t is not None for t in (w1_sf, w2, w2_sf, w1_sf_max)):
             raise ValueError("pass the prepared weights either as the dict or as four tensors, not both")
         if w1.get("layout") != LAYOUT:
             raise ValueError(f"w1: the weights dict must have layout {LAYOUT!r} (prepare_cake_mxfp4_weights), "
@@ -260,17 +262,18 @@ class CakeMxfp4MoEWrapper:
              w1, w1_sf: torch.Tensor | None = None, w2: torch.Tensor | None = None,
              w2_sf: torch.Tensor | None = None, *, beta: torch.Tensor, linear_beta: torch.Tensor,
              workspace: torch.Tensor, output: torch.Tensor, tile: str | None = None,
-             tile_sync: bool | None = None) -> Mxfp4MoEPlan:
+             tile_sync: bool | None = None, w1_sf_max: torch.Tensor | None = None,
+             w2_sf_max: torch.Tensor | None = None) -> Mxfp4MoEPlan:
         """Validate and bind caller-owned buffers for ``T = x.shape[0]`` tokens, load the kernels
         and run once (a warm-up that writes ``output``). Call it outside graph capture.
 
         x [T, H] float8_e4m3fn with x_sf [T, H/32] uint8 (UE8M0); topk_ids [T, top_k] int32
         global expert ids; topk_weights [T, top_k] bf16 or fp32, or None when topk_ids holds
         packed routes ``(id << 16) | bf16_bits(weight)``; the prepared weights (the dict of
-        :func:`prepare_cake_mxfp4_weights` as ``w1``, or its four tensors, which lack the
-        per-expert largest scale codes: the sm_90a forms then convert with two multiplies, same
-        bits); beta, linear_beta fp32 [L]; workspace uint8 [>= get_workspace_size(T)], 256-byte
-        aligned; output [T, H] bf16. Every tensor is contiguous and on the wrapper's device; output and workspace
+        :func:`prepare_cake_mxfp4_weights` as ``w1``, or its four tensors, then with its
+        ``w1_sf_max`` / ``w2_sf_max`` as keywords: without those largest scale codes the sm_90a
+        forms convert with two multiplies, same bits, 2-12% slower); beta, linear_beta fp32 [L];
+        workspace uint8 [>= get_workspace_size(T)], 256-byte aligned; output [T, H] bf16. Every tensor is contiguous and on the wrapper's device; output and workspace
         share no memory with each other or with any input. ``tile`` overrides the decision
         table's tile form and ``tile_sync`` its GEMM1 -> GEMM2 sync (see :meth:`decide`). Forms
         sum K in different orders: each is repeatable to the bit, two forms agree to rounding;
@@ -291,7 +294,7 @@ class CakeMxfp4MoEWrapper:
             raise ValueError(f"x: {decision.reason}")
         if num_tokens * self.top_k > _INT32_MAX:
             raise ValueError(f"x: T * top_k = {num_tokens * self.top_k} routes exceed the int32 route index")
-        w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max = self._weights(w1, w1_sf, w2, w2_sf)
+        w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max = self._weights(w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max)
         tensors = {"x": x, "x_sf": x_sf, "topk_ids": topk_ids, "topk_weights": topk_weights, "w1": w1,
                    "w1_sf": w1_sf, "w2": w2, "w2_sf": w2_sf, "w1_sf_max": w1_sf_max, "w2_sf_max": w2_sf_max,
                    "beta": beta, "linear_beta": linear_beta, "workspace": workspace, "output": output}
