@@ -691,6 +691,26 @@ def test_plan_refuses_another_sm_count(fake_ext):
     assert fake_ext.calls == []
 
 
+def test_check_mode_finds_stale_largest_codes(fake_ext, monkeypatch):
+    w, a = _cpu_wrapper_args()
+    bank = [t.clone() for t in _bank(E, H, I)]
+    for sf in (bank[1], bank[3]):
+        sf.clamp_(max=124)
+    prepared = prepare_cake_mxfp4_weights(*bank)
+    plan = w.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], prepared, beta=a["beta"],
+                  linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"])
+    monkeypatch.setenv("CAKE_MOE_CHECK", "1")
+    plan.run()                                   # codes and their largest values agree
+    prepared["w2_sf"][3, 5, 1] = 200             # new scales written in place, w2_sf_max not
+    prepared["w2_sf"][6, 0, 0] = 129
+    runs = len(plan._plan.streams)
+    with pytest.raises(ValueError, match=r"w2_sf_max says <= 128 for 2 expert\(s\)"):
+        plan.run()
+    assert len(plan._plan.streams) == runs, "nothing is launched after a failed check"
+    prepared["w2_sf_max"].copy_(prepared["w2_sf"].reshape(E, -1).amax(dim=1))
+    plan.run()                                   # the largest codes written too: accepted
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_check_mode_counts_bad_ids(fake_ext, monkeypatch, packed):
     w, a = _cpu_wrapper_args(packed=packed)

@@ -25,6 +25,7 @@ _INT32_MAX = 2**31 - 1
 _WEIGHT_KIND = {torch.bfloat16: 0, torch.float32: 1, None: 2}   # None: packed routes
 _WEIGHT_NAMES = ("w1", "w1_sf", "w2", "w2_sf")
 _CODE_MAX_NAMES = ("w1_sf_max", "w2_sf_max")  # optional in the dict: without them, two multiplies
+_BIG_SCALE_CODE = 128   # codes above need the two-multiply conversion (weight_fragments.cuh kBigScaleCode)
 
 
 _MAX_ROUTE_CHUNKS = 64  # moe::kMaxRouteChunks (cpp/kernels/moe/params.hpp)
@@ -79,20 +80,24 @@ class Mxfp4MoEPlan:
     """A bound MXFP4 MoE layer for one token count. :meth:`run` enqueues dequantize, route,
     GEMM1, GEMM2 and finalize on the current stream: no allocation, no host synchronisation,
     capturable in a CUDA graph. It reads the values in the bound tensors at run time, so new
-    tokens, routes or weights written in place are picked up by the next run (or replay).
+    tokens, routes or weights written in place are picked up by the next run (or replay); new
+    scales need their largest codes (``w1_sf_max`` / ``w2_sf_max``, when bound) written too.
 
     With ``CAKE_MOE_CHECK=1`` in the environment (a debug mode), every run outside graph
-    capture first synchronises and raises ValueError if an expert id is outside [0, E).
+    capture first synchronises and raises ValueError if an expert id is outside [0, E), or if a
+    bound largest code says <= 128 for an expert whose scales hold a larger one.
     """
 
     def __init__(self, plan, *, decision: PlanDecision, device: torch.device, num_tokens: int, num_experts: int,
-                 output: torch.Tensor, topk_ids: torch.Tensor, packed: bool, keep: tuple[torch.Tensor, ...]):
+                 output: torch.Tensor, topk_ids: torch.Tensor, packed: bool, keep: tuple[torch.Tensor, ...],
+                 code_max: tuple[tuple[str, torch.Tensor, torch.Tensor], ...] = ()):
         self._plan = plan
         self._device = device
         self._num_experts = num_experts
         self._topk_ids = topk_ids
         self._packed = packed
         self._keep = keep        # the extension holds raw pointers: the tensors live as long as the plan
+        self._code_max = code_max  # (name, scales [L, rows, cols], largest codes [L]) bound to the kernels
         self.decision = decision
         self.num_tokens = num_tokens
         self.output = output
@@ -109,10 +114,20 @@ class Mxfp4MoEPlan:
             raise ValueError(f"topk_ids holds {bad} expert id(s) outside [0, {self._num_experts}) "
                              "(CAKE_MOE_CHECK=1; without it such routes contribute nothing)")
 
+    def _check_code_max(self) -> None:
+        for name, scales, code_max in self._code_max:
+            actual = scales.reshape(scales.shape[0], -1).amax(dim=1)
+            stale = int(((actual > _BIG_SCALE_CODE) & (code_max <= _BIG_SCALE_CODE)).sum().item())  # synchronises
+            if stale:
+                raise ValueError(f"{name} says <= {_BIG_SCALE_CODE} for {stale} expert(s) whose scales hold a larger "
+                                 "code: after writing new scales, write their largest codes too (the "
+                                 f"{name} of a new prepare_cake_mxfp4_weights) (CAKE_MOE_CHECK=1)")
+
     def run(self) -> torch.Tensor:
         """Enqueue the layer on the current stream; returns the bound output tensor."""
         if _check_mode() and not _capturing():
             self._check_ids()
+            self._check_code_max()
         self._plan.run(_runtime.stream_handle(self._device))
         return self.output
 
@@ -327,7 +342,9 @@ class CakeMxfp4MoEWrapper:
             tile_sync=decision.tile_sync)
         plan = Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
                             num_experts=self.num_experts, output=output, topk_ids=topk_ids,
-                            packed=topk_weights is None, keep=tuple(t for _, t in present))
+                            packed=topk_weights is None, keep=tuple(t for _, t in present),
+                            code_max=(() if w1_sf_max is None else
+                                      (("w1_sf_max", w1_sf, w1_sf_max), ("w2_sf_max", w2_sf, w2_sf_max))))
         plan.run()   # warm-up: loads the kernel images, checks the launch path
         return plan
 
