@@ -24,7 +24,8 @@ void bind_mxfp4_moe(nb::module_& m) {
       "mxfp4_moe_plan",
       [](Tensor x, Tensor x_sf, Tensor topk_ids, std::optional<Tensor> topk_weights, int weights_kind, Tensor w1,
          Tensor w1_sf, Tensor w2, Tensor w2_sf, Tensor beta, Tensor linear_beta, Tensor workspace, Tensor output,
-         std::optional<Tensor> w1_sf_max, std::optional<Tensor> w2_sf_max, int32_t num_tokens, int32_t hidden, int32_t inter, int32_t num_experts, int32_t num_local,
+         std::optional<Tensor> w1_sf_max, std::optional<Tensor> w2_sf_max, int32_t num_tokens, int32_t hidden,
+         int32_t inter, int32_t num_experts, int32_t num_local,
          int32_t local_offset, int32_t top_k, const std::string& gemm1_tile, const std::string& gemm2_tile,
          bool tile_sync) {
         if (weights_kind < 0 || weights_kind > 2) throw ValueError("weights_kind must be 0 (bf16), 1 (f32) or 2 (packed)");

@@ -127,11 +127,11 @@ class Mxfp4MoePlan final : public Plan {
     const int32_t gemm1_m_blocks = int32_t((2 * p.inter + t1.bm - 1) / t1.bm);
     int32_t* done = tile_sync ? tile_done : nullptr;
     bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local,
-              GemmParams{p.w1, p.w1_sf, p.w1_sf_max, x_bf16, row_token, offsets, tile_count, tiles, done, act, p.beta,
-                         p.linear_beta, 2 * p.inter, p.hidden, 0, gemm1_m_blocks});
+              GemmParams{p.w1, p.w1_sf, p.w1_sf_max, x_bf16, row_token, offsets, tile_count, tiles, done, act,
+                         p.beta, p.linear_beta, 2 * p.inter, p.hidden, 0, gemm1_m_blocks});
     bind_gemm(gemm2_, "mxfp4_moe_gemm2_", t2, max_tiles, p.num_local,
-              GemmParams{p.w2, p.w2_sf, p.w2_sf_max, act, nullptr, offsets, tile_count, tiles, done, rows, nullptr, nullptr,
-                         p.hidden, p.inter, 0, gemm1_m_blocks});
+              GemmParams{p.w2, p.w2_sf, p.w2_sf_max, act, nullptr, offsets, tile_count, tiles, done, rows, nullptr,
+                         nullptr, p.hidden, p.inter, 0, gemm1_m_blocks});
     // 5. finalize
     finalize_.form = "moe_finalize";
     finalize_.device = p.device;

@@ -288,8 +288,9 @@ class CakeMxfp4MoEWrapper:
         :func:`prepare_cake_mxfp4_weights` as ``w1``, or its four tensors, then with its
         ``w1_sf_max`` / ``w2_sf_max`` as keywords: without those largest scale codes the sm_90a
         forms convert with two multiplies, same bits, 2-12% slower); beta, linear_beta fp32 [L];
-        workspace uint8 [>= get_workspace_size(T)], 256-byte aligned; output [T, H] bf16. Every tensor is contiguous and on the wrapper's device; output and workspace
-        share no memory with each other or with any input. ``tile`` overrides the decision
+        workspace uint8 [>= get_workspace_size(T)], 256-byte aligned; output [T, H] bf16. Every
+        tensor is contiguous and on the wrapper's device; output and workspace share no memory
+        with each other or with any input. ``tile`` overrides the decision
         table's tile form and ``tile_sync`` its GEMM1 -> GEMM2 sync (see :meth:`decide`). Forms
         sum K in different orders: each is repeatable to the bit, two forms agree to rounding;
         ``tile_sync`` changes no bit.
