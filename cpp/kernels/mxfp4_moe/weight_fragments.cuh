@@ -8,7 +8,8 @@
 // 2^-126 times the E2M1 value (code 1 becomes the BF16 subnormal 2^-127 = 0.5 * 2^-126). One
 // multiply by 2^(code - 1) = 2^126 * 2^(code - 127) then gives the dequantized weight; that factor
 // is a BF16 value for UE8M0 codes 0..128. Blocks with larger codes (|w| > 12: rare in real
-// weights) take a second multiply; a warp switches to that path only when one of its blocks needs it.
+// weights) take a second multiply: the mma.sync forms switch a warp's stage to it when one of its
+// blocks needs it, the sm_90a forms an item whose expert has such a code (GemmParams::sf_max).
 #pragma once
 #include <cuda_bf16.h>
 

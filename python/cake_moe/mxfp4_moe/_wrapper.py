@@ -14,7 +14,7 @@ import torch
 from .. import _runtime, _validate
 from . import _decide
 from ._decide import PlanDecision
-from ._prepare import LAYOUT
+from ._prepare import LAYOUT, scale_code_max
 
 HOST_ONLY_SM_COUNT = 132     # H100 SXM / H200: the SM count assumed when no CUDA device is visible
 HOST_ONLY_CAPABILITY = (9, 0)  # and the compute capability
@@ -116,7 +116,7 @@ class Mxfp4MoEPlan:
 
     def _check_code_max(self) -> None:
         for name, scales, code_max in self._code_max:
-            actual = scales.reshape(scales.shape[0], -1).amax(dim=1)
+            actual = scale_code_max(scales)
             stale = int(((actual > _BIG_SCALE_CODE) & (code_max <= _BIG_SCALE_CODE)).sum().item())  # synchronises
             if stale:
                 raise ValueError(f"{name} says <= {_BIG_SCALE_CODE} for {stale} expert(s) whose scales hold a larger "
