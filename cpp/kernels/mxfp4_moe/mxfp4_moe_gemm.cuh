@@ -124,10 +124,11 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
   }
 
   // One stage of the warp's K slice: two 64-element units, four k16 sub-steps each. A big code
-  // anywhere in the warp's stage sends both units to the two-multiply form (exact for all codes).
+  // anywhere in the warp's stage sends both units to the two-multiply form (exact for all codes);
+  // `may_be_big` false (the expert's largest code is <= 128, GemmParams::sf_max) skips the vote.
   __device__ static __forceinline__ void compute_stage(const Smem& sm, int slot, int wm, int wk, const FragOffsets& f,
-                                                       float (&acc)[4][kNBlocks][4]) {
-    const bool big = warp_stage_needs_big(sm, slot, wm, wk);
+                                                       bool may_be_big, float (&acc)[4][kNBlocks][4]) {
+    const bool big = may_be_big && warp_stage_needs_big(sm, slot, wm, wk);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       uint2 wrow[4][2];
@@ -284,6 +285,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
 
     const int num_k = (p.k + Cfg::kKStage - 1) / Cfg::kKStage;
     const FragOffsets frag = frag_offsets(wm, wk);
+    const bool may_be_big = p.sf_max == nullptr || p.sf_max[t.expert] > kBigScaleCode;  // CTA-uniform
     const Loader loader = make_loader(p, t);
     if constexpr (Cfg::kTmaWeights) {  // the weights first: they depend on no launch
       if (threadIdx.x == 0)
@@ -306,7 +308,8 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
           if (threadIdx.x == 0) load_weights_tma(p, t, sm, &bars[next % kStages], next % kStages, next);
       }
       ptx::cp_async_commit();
-      if (warp_rows && ks * Cfg::kKStage + wk * Cfg::kKWarp < p.k) compute_stage(sm, ks % kStages, wm, wk, frag, acc);
+      if (warp_rows && ks * Cfg::kKStage + wk * Cfg::kKWarp < p.k)
+        compute_stage(sm, ks % kStages, wm, wk, frag, may_be_big, acc);
     }
     ptx::cp_async_wait<0>();
     if (kGemm2 || !tile_sync) ptx::allow_dependent_launch();  // the next launch may start; it waits for us

@@ -19,7 +19,8 @@ struct GemmParams {
   const uint8_t* w_sf;          // [L, m, k/32] UE8M0, rows permuted like w
   const uint8_t* sf_max;        // [L] the largest code of each expert's w_sf (prepare), or null. The
                                 //   sm_90a forms convert an expert whose codes are all <= 128 with one
-                                //   multiply per bf16x2, any other (or every one, when null) with two
+                                //   multiply per bf16x2, any other (or every one, when null) with two;
+                                //   the mma.sync forms skip their per-stage big-code vote for it
   const uint16_t* b;            // BF16 rows of length k: GEMM1 x [T, H] (gathered), GEMM2 act [R, I]
   const int32_t* row_token;     // GEMM1: token of each sorted row; GEMM2: unused (B row = sorted row)
   const int32_t* offsets;       // [L + 1] sorted-row offsets per local expert
