@@ -208,7 +208,7 @@ def _row(layout: str, t: int, runner, prepared, bank16, beta, lbeta, gen, copy_b
 
 def run(tokens=TOKENS, layouts=tuple(LAYOUTS), tiles: tuple[str, ...] = ()) -> list[dict]:
     """The grid; ``tiles``: variants also timed (forced) beside the decision table's own choice
-    (see ``_variant``)."""
+    (see ``_variant``), on the same inputs as the table's row."""
     from ..mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
     copy_bw = timing.copy_bandwidth(1 << 30)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -222,7 +222,9 @@ def run(tokens=TOKENS, layouts=tuple(LAYOUTS), tiles: tuple[str, ...] = ()) -> l
         beta, lbeta = random_situ(l, gen)
         runner = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS[layout])
         for t in tokens:
+            inputs = gen.get_state()  # every variant of a row runs on the same routings and activations
             for tile in (None, *(x for x in tiles if not _same_as_table(runner, t, x))):
+                gen.set_state(inputs)
                 rows.append(_row(layout, t, runner, prepared, bank16, beta, lbeta, gen, copy_bw, tile))
                 r = rows[-1]
                 if "skipped" in r:
