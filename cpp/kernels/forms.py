@@ -148,6 +148,7 @@ def _moe_engine_forms() -> list[Form]:
 # forms (mma.sync) serve every arch; the sm_90a prefill form runs RS wgmma with the weights
 # dequantized in registers (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh), one CTA per SM.
 MXFP4_MOE_TILINGS = (("n8", 8, "DecodeTiling", 256), ("n8_narrow", 8, "DecodeNarrowTiling", 256),
+                     ("n8_narrow4", 8, "DecodeNarrow4Tiling", 128),
                      ("n8_shortk", 8, "DecodeShortKTiling", 128),
                      ("n32", 32, "MidTiling", 128), ("n64", 64, "PrefillTiling", 128))
 # One kernel (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh) on two or four MMA warpgroups.

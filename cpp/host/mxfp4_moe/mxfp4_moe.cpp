@@ -48,6 +48,7 @@ CUtensorMap weight_map(const uint8_t* w, int64_t num_local, int32_t m, int32_t k
 TilingInfo tiling_for(const std::string& tile) {
   if (tile == "n8") return info<DecodeTiling>("n8");
   if (tile == "n8_narrow") return info<DecodeNarrowTiling>("n8_narrow");
+  if (tile == "n8_narrow4") return info<DecodeNarrow4Tiling>("n8_narrow4");
   if (tile == "n8_shortk") return info<DecodeShortKTiling>("n8_shortk");
   if (tile == "n32") return info<MidTiling>("n32");
   if (tile == "n64") return info<PrefillTiling>("n64");
@@ -59,7 +60,7 @@ TilingInfo tiling_for(const std::string& tile) {
   if (tile == "wg128x4_rb") return info<Sm90Prefill4WgResidentBTiling>("wg128x4_rb", true);
   if (tile == "wg64x4_rb") return info<Sm90Mid4WgResidentBTiling>("wg64x4_rb", true);
   if (tile == "wg32x4_rb") return info<Sm90Mid32ResidentBTiling>("wg32x4_rb", true);
-  throw ValueError("tile must be n8, n8_narrow, n8_shortk, n32, n64, wg128, wg128x4, wg64x4, wg32x4 or one of "
+  throw ValueError("tile must be n8, n8_narrow, n8_narrow4, n8_shortk, n32, n64, wg128, wg128x4, wg64x4, wg32x4 or one of "
                    "their GEMM2 forms wg128x4_rb, wg64x4_rb, wg32x4_rb, got " + tile);
 }
 

@@ -124,6 +124,7 @@ using Sm90Mid32ResidentBTiling = Sm90Tiling<32, 4, true>;        // wg32x4_rb
 // few stages to pipeline. Prefill reuses a 256-row weight tile over 64 tokens.
 using DecodeTiling = Tiling<8, 2, 4, 2, true>;
 using DecodeNarrowTiling = Tiling<8, 1, 8, 2, true>;
+using DecodeNarrow4Tiling = Tiling<8, 1, 4, 2, true>;
 using DecodeShortKTiling = Tiling<8, 4, 1, 3, true>;
 using MidTiling = Tiling<32, 2, 2, 3, true>;
 using PrefillTiling = Tiling<64, 4, 1, 3, true>;

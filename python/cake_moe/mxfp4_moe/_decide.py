@@ -50,7 +50,7 @@ SM90_MID_WG_MIN_LOAD = 24
 SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 and wg64x4
 SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4")
 # Token rows per tile of every form the table (or a caller's `tile=`) can name.
-BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
+BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n8_narrow4": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
                                "wg64x4": 64, "wg32x4": 32}
 SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg128x4"], "wg128x4")
 SM90_MID_PREFILL = (SM90_MID_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg64x4"], "wg64x4")
