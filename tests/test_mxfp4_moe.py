@@ -208,7 +208,8 @@ def test_decide_contract_rows():
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "decode", 8, "n8_narrow")
     assert d.forms == ("fmt_mxfp8_dequantize", "moe_route", "mxfp4_moe_gemm1_n8_narrow", "mxfp4_moe_gemm2_n8_narrow",
                        "moe_finalize")
-    assert w.decide(3).tile == "n8" and w.decide(3).forms[2] == "mxfp4_moe_gemm1_n8"
+    assert w.decide(3).tile == "n8_narrow4" and w.decide(3).forms[2] == "mxfp4_moe_gemm1_n8_narrow4"
+    assert w.decide(5).tile == "n8" and w.decide(5).forms[2] == "mxfp4_moe_gemm1_n8"
     d = w.decide(16384)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "prefill", 128, "wg128x4")
     assert d.forms[2:4] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm2_wg128x4")
@@ -230,7 +231,7 @@ def test_decide_resident_rows_for_a_short_gemm2():
 
 
 @pytest.mark.parametrize("sm90", [False, True])
-@pytest.mark.parametrize("t,path,bn", [(3, "decode", 8), (336, "decode", 8), (337, "mid", 32), (1344, "mid", 32),
+@pytest.mark.parametrize("t,path,bn", [(5, "decode", 8), (336, "decode", 8), (337, "mid", 32), (1344, "mid", 32),
                                        (1345, "prefill", 64), (2688, "prefill", 64), (2689, "prefill", 128)])
 def test_decide_thresholds(t, path, bn, sm90):
     """E=896, k=16, the full 3072 shard: T*k/E = T/56, so the limits 6, 24 and 48 fall at T = 336,
@@ -271,8 +272,16 @@ def test_decide_token_tiles_grow_with_t(shape, sm90):
 
 def test_decide_short_k_form_for_a_tp_shard():
     """tp8: GEMM2 reduces over the 384-wide shard, so decode takes its short-K tiling."""
-    d = CakeMxfp4MoEWrapper(**CONTRACT, **TP8).decide(4)
-    assert d.forms[2:4] == ("mxfp4_moe_gemm1_n8", "mxfp4_moe_gemm2_n8_shortk")
+    w = CakeMxfp4MoEWrapper(**CONTRACT, **TP8)
+    assert w.decide(4).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow4", "mxfp4_moe_gemm2_n8_shortk")
+    assert w.decide(8).forms[2:4] == ("mxfp4_moe_gemm1_n8", "mxfp4_moe_gemm2_n8_shortk")
+
+
+@pytest.mark.parametrize("sm90", [False, True])
+def test_decide_narrow_forms_by_route_count(sm90):
+    """The decode tile by T * top_k: n8_narrow up to 16 routes, n8_narrow4 up to 64, then n8."""
+    tiles = {t: _decide.decide(t, 4, 896, 7168, 3072, sm90=sm90).tile for t in (1, 4, 5, 16, 17)}
+    assert tiles == {1: "n8_narrow", 4: "n8_narrow", 5: "n8_narrow4", 16: "n8_narrow4", 17: "n8"}
 
 
 def test_every_token_count_is_supported():

@@ -28,8 +28,8 @@ struct Problem {
   uint16_t* out = nullptr;            // [T, H] bf16
   int32_t tokens = 0, hidden = 0, inter = 0, num_experts = 0, num_local = 0, local_offset = 0, top_k = 0;
   std::string gemm1_tile = "n8";      // GEMM form suffixes from the decision table (Python _decide:
-  std::string gemm2_tile = "n8";      // n8, n8_narrow, n8_shortk, n32, n64, wg128, wg128x4, wg64x4,
-                                      // wg32x4); both share one block_n
+  std::string gemm2_tile = "n8";      // n8, n8_narrow, n8_narrow4, n8_shortk, n32, n64, wg128, wg128x4,
+                                      // wg64x4, wg32x4); both share one block_n
   bool tile_sync = false;             // GEMM2 waits per token tile, not for all of GEMM1 (the decision
                                       // table's; honoured only when both forms are one-CTA-per-item)
   int device = 0;

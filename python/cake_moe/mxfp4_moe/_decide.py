@@ -25,6 +25,12 @@ BLOCK_NS: tuple[int, ...] = tuple(row[2] for row in TILE_TABLE)
 # CTAs: the narrow decode tiling (64 weight rows per CTA, eight warps splitting K) keeps more SMs
 # streaming.
 NARROW_ROUTES = 16
+# Up to this many routes (T = 2..4 at top_k 16) the four-warp narrow tiling (64 weight rows, four
+# warps splitting K, four CTAs per SM: twice n8's CTAs for the same warps) balances the launch
+# better than n8. Measured on the H200, same inputs (bench/results/
+# 2026-12-01_h200_mxfp4_moe_narrow4.md): 1.7-5.3% faster at T = 2..4 in both contract layouts,
+# within 1% at 6 and 8, and 7-8% slower than n8_narrow at T = 1.
+NARROW4_ROUTES = 64
 # sm_90 devices run the prefill path on a wgmma form (128 token rows per tile) once an expert
 # expects more than this many routes; the mma.sync forms serve every arch. Measured on the H200
 # (docs/mxfp4_moe.md): n64 wins at 36.6 routes per expert (T = 2048) in both contract layouts,
@@ -142,8 +148,8 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
         path, block_n, chosen = _sm90_form(load, inter)
     else:
         _, path, block_n, chosen = next(row for row in TILE_TABLE if load <= row[0])
-    if block_n == 8 and num_tokens * top_k <= NARROW_ROUTES:
-        chosen = "n8_narrow"
+    if block_n == 8 and num_tokens * top_k <= NARROW4_ROUTES:
+        chosen = "n8_narrow" if num_tokens * top_k <= NARROW_ROUTES else "n8_narrow4"
     if tile is not None:
         if tile not in TILES:
             raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
