@@ -285,7 +285,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
 
     const int num_k = (p.k + Cfg::kKStage - 1) / Cfg::kKStage;
     const FragOffsets frag = frag_offsets(wm, wk);
-    const bool may_be_big = p.sf_max == nullptr || p.sf_max[t.expert] > kBigScaleCode;  // CTA-uniform
+    const bool may_be_big = expert_may_need_big(p.sf_max, t.expert);  // CTA-uniform
     const Loader loader = make_loader(p, t);
     if constexpr (Cfg::kTmaWeights) {  // the weights first: they depend on no launch
       if (threadIdx.x == 0)

@@ -111,11 +111,6 @@ struct Sm90Mxfp4MoeGemm {
     }
   }
 
-  // Whether the item's expert has a UE8M0 code above 128 (or its codes are not summarized).
-  __device__ static __forceinline__ bool needs_big(const GemmParams& p, const typename Base::Tile& t) {
-    return p.sf_max == nullptr || p.sf_max[t.expert] > kBigScaleCode;
-  }
-
   // GEMM1 epilogue. Thread (g, q) of the group's warp w holds, for m16 block b = kMB w + i of the
   // group, up (c0, c1) and gate (c2, c3) of intermediate column j0 + 4g + b for token rows 2q,
   // 2q + 1 of each n8 block. The MXFP8 block of a row is the group's 32 columns: amax over i, the
@@ -347,7 +342,7 @@ struct Sm90Mxfp4MoeGemm {
         }
       }
       Acc acc;
-      if (needs_big(p, t)) {  // CTA-uniform
+      if (expert_may_need_big(p.sf_max, t.expert)) {  // CTA-uniform
         mainloop<true>(p, sm, pr, g, row0, acc);
       } else {
         mainloop<false>(p, sm, pr, g, row0, acc);

@@ -19,6 +19,12 @@ namespace cake_moe::mxfp4_moe {
 
 constexpr uint32_t kBigScaleCode = 128;  // codes above: 2^(code - 1) is not a BF16 value
 
+// Whether an expert's blocks may need the two-multiply conversion: its largest code (the
+// prepared bank's w*_sf_max, GemmParams::sf_max) is above kBigScaleCode, or none is bound.
+__device__ __forceinline__ bool expert_may_need_big(const uint8_t* sf_max, int expert) {
+  return sf_max == nullptr || sf_max[expert] > kBigScaleCode;
+}
+
 // Register slot r of a prepared word as a bf16x2 pattern times 2^-126: magnitude bits at 6..8 /
 // 22..24, sign bits at 15 / 31, everything else zero. prepare_cake_mxfp4_weights spreads each
 // slot's bits so that slots 0..2 are one rotate (by 0, 10, 13) and one mask. No fourth rotation

@@ -225,11 +225,16 @@ class CakeMxfp4MoEWrapper:
         """The four prepared operands and the two per-expert largest scale codes, from the dict
         of prepare_cake_mxfp4_weights, or positional with the codes as keywords (without them
         every expert converts with two multiplies)."""
-        if (w1_sf_max is None) != (w2_sf_max is None):
-            raise ValueError("w1_sf_max and w2_sf_max come together (both or neither)")
-        if not isinstance(w1, dict):
-            return w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max
-        if any(t is not None for t in (w1_sf, w2, w2_sf, w1_sf_max)):
+        if isinstance(w1, dict):
+            weights = self._weights_of_dict(w1, (w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max))
+        else:
+            weights = (w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max)
+        if (weights[4] is None) != (weights[5] is None):
+            raise ValueError(f"{_CODE_MAX_NAMES[0]} and {_CODE_MAX_NAMES[1]} come together (both or neither)")
+        return weights
+
+    def _weights_of_dict(self, w1: dict, others: tuple) -> tuple[torch.Tensor | None, ...]:
+        if any(t is not None for t in others):
             raise ValueError("pass the prepared weights either as the dict or as four tensors, not both")
         if w1.get("layout") != LAYOUT:
             raise ValueError(f"w1: the weights dict must have layout {LAYOUT!r} (prepare_cake_mxfp4_weights), "
@@ -239,10 +244,7 @@ class CakeMxfp4MoEWrapper:
         for key, value in expected.items():
             if w1.get(key) != value:
                 raise ValueError(f"w1: the weights dict has {key}={w1.get(key)!r}, the wrapper expects {value}")
-        code_max = tuple(w1.get(name) for name in _CODE_MAX_NAMES)
-        if (code_max[0] is None) != (code_max[1] is None):
-            raise ValueError(f"w1: the weights dict must hold both {_CODE_MAX_NAMES} or neither")
-        return tuple(w1[name] for name in _WEIGHT_NAMES) + code_max
+        return tuple(w1[name] for name in _WEIGHT_NAMES) + tuple(w1.get(name) for name in _CODE_MAX_NAMES)
 
     def _check_tensors(self, tensors: dict, num_tokens: int) -> None:
         """dtype, shape, contiguity and alignment of every argument (no device check)."""
