@@ -17,8 +17,13 @@ if sys.argv[1] == "--compare":
 from cake_moe.bench import mxfp4_moe as b
 from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
 
+# (T, forced tile form or None for the decision table's): the table's rows, and the decode and
+# mid mma.sync forms (K split over warps) forced at a few T
+FORCED = [(t, f) for t in (1, 16, 200) for f in ("n8", "n8_narrow", "n8_narrow4", "n32")]
+CASES = {"ep8": [(t, None) for t in (1, 4, 16, 64, 1024, 4096)] + FORCED,
+         "tp8": [(t, None) for t in (1, 4, 16, 64, 1024, 2048, 4096)] + FORCED}
 res = {}
-for layout, ts in (("ep8", (16, 1024, 4096)), ("tp8", (16, 1024, 2048, 4096))):
+for layout, cases in CASES.items():
     l, offset, i_shard = b.layout_dims(layout)
     gen = torch.Generator(device="cuda").manual_seed(0)
     bank = b.random_bank(l, i_shard, gen)
@@ -26,14 +31,15 @@ for layout, ts in (("ep8", (16, 1024, 4096)), ("tp8", (16, 1024, 2048, 4096))):
     del bank
     beta, lbeta = b.random_situ(l, gen)
     runner = CakeMxfp4MoEWrapper(b.E, b.TOP_K, b.H, b.I, **b.LAYOUTS[layout])
-    for t in ts:
+    for t, tile in cases:
         x, x_sf, ids, w = b.random_inputs(t, l, offset, gen)
         out = torch.full((t, b.H), float("nan"), dtype=torch.bfloat16, device="cuda")
         ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
-        plan = runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws, output=out)
+        plan = runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws, output=out,
+                           tile=tile)
         plan.run()
         torch.cuda.synchronize()
         assert torch.isfinite(out.float()).all()
-        res[f"{layout} T={t} ({plan.decision.tile})"] = out.cpu()
+        res[f"{layout} T={t} ({plan.decision.tile}{'' if tile is None else ' forced'})"] = out.cpu()
 torch.save(res, f"/tmp/dump_{sys.argv[1]}.pt")
 print("dumped", sys.argv[1], list(res))

@@ -79,6 +79,12 @@ struct Mxfp4MoeEpilogue {
     return (s.beta * tanhf(gate * s.inv_beta) * sig) * (s.lbeta * tanhf(up * s.inv_lbeta));
   }
 
+  // lo, hi rounded to BF16 and packed, lo in the low half.
+  __device__ static __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+
   // The MXFP8 element of v in its block, decoded again: exactly what GEMM2 multiplies.
   __device__ static __forceinline__ float requant_value(float v, uint32_t code, float to_elem, float from_elem) {
     using namespace numerics;
@@ -105,9 +111,7 @@ struct Mxfp4MoeEpilogue {
       for (int c = 0; c < 2; ++c) {
         uint32_t out[kMB];
 #pragma unroll
-        for (int mb = 0; mb < kMB; ++mb)
-          out[mb] = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(acc[mb][nb][c]))) |
-                    (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(acc[mb][nb][2 + c]))) << 16);
+        for (int mb = 0; mb < kMB; ++mb) out[mb] = bf16x2_bits(acc[mb][nb][c], acc[mb][nb][2 + c]);
         const int row = nb * 8 + 2 * q + c;
         if (row < t.rows)
           *reinterpret_cast<Store*>(p.out + int64_t(t.row0 + row) * p.m + h0 + 8 * g + col0) =

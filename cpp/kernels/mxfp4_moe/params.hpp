@@ -59,7 +59,7 @@ struct Tiling {
   // token rows resident over a tile's items (Sm90Tiling's GEMM2 forms): none here
   static constexpr bool kResidentB = false;
   static constexpr int kMaxResidentK = 0;
-  static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsM * 32 * kAccPerLane * 4;
+  static constexpr int kReduceBytes = kWarpsK > 1 ? kWarpsK * kWarpsM * 32 * kAccPerLane * 4 : 0;  // K-split tail
   static constexpr int kWBoxBytes = kWRowBytes >= 128 ? 128 : kWRowBytes;  // one swizzle span
   static constexpr int kWBoxes = kWRowBytes / kWBoxBytes;
   // The ring (or the K-split reduction that reuses it), then one mbarrier per stage; with TMA
