@@ -42,16 +42,12 @@ struct Mxfp4MoeEpilogue {
         }
 #pragma unroll
         for (int d = 4; d < 32; d <<= 1) amax = max_abs_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
-        uint32_t code;
-        float to_elem;
-        formats::detail::block_scale<formats::Fmt::kMxfp8>(amax, int32_t(formats::ScaleRule::kRoundUp), 0.0f, code,
-                                                           to_elem);
-        const float from_elem = ue8m0_value(code);
+        const Mxfp8Block block(amax);
         uint32_t out[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const float lo = requant_value(v[2 * i], code, to_elem, from_elem);
-          const float hi = requant_value(v[2 * i + 1], code, to_elem, from_elem);
+          const float lo = block.value(v[2 * i]);
+          const float hi = block.value(v[2 * i + 1]);
           out[i] = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
                    (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
         }
@@ -92,6 +88,19 @@ struct Mxfp4MoeEpilogue {
     if (code == kUe8m0Nan) return __uint_as_float(0x7FC00000u);
     return e4m3_decode(e4m3_encode(__fmul_rn(v, to_elem))) * from_elem;
   }
+
+  // A row's MXFP8 block from the amax of its 32 values (UE8M0 round-up): value(v) is v's
+  // element decoded again.
+  struct Mxfp8Block {
+    uint32_t code;
+    float to_elem, from_elem;
+    __device__ __forceinline__ explicit Mxfp8Block(float amax) {
+      formats::detail::block_scale<formats::Fmt::kMxfp8>(amax, int32_t(formats::ScaleRule::kRoundUp), 0.0f, code,
+                                                         to_elem);
+      from_elem = numerics::ue8m0_value(code);
+    }
+    __device__ __forceinline__ float value(float v) const { return requant_value(v, code, to_elem, from_elem); }
+  };
 
   // GEMM2 epilogue. Thread (g, q) of the warp's m16 block i (prepared block b = col0 / 2 + i of
   // the 64-row group at weight row row0) holds output columns h0 + 8g + 2b (c0, c1) and + 1

@@ -236,11 +236,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
       float amax = max_abs_nan(0.0f, v);
 #pragma unroll
       for (int d = 1; d < 32; d <<= 1) amax = max_abs_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
-      uint32_t code;
-      float to_elem;
-      formats::detail::block_scale<formats::Fmt::kMxfp8>(amax, int32_t(formats::ScaleRule::kRoundUp), 0.0f, code,
-                                                         to_elem);
-      const float out = requant_value(v, code, to_elem, ue8m0_value(code));
+      const float out = Mxfp8Block(amax).value(v);
       p.out[int64_t(t.row0 + tr) * inter + j0 + lane] = __bfloat16_as_ushort(__float2bfloat16_rn(out));
     }
   }
