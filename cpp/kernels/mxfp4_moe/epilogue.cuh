@@ -46,10 +46,7 @@ struct Mxfp4MoeEpilogue {
         uint32_t out[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const float lo = block.value(v[2 * i]);
-          const float hi = block.value(v[2 * i + 1]);
-          out[i] = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
-                   (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+          out[i] = bf16x2_bits(block.value(v[2 * i]), block.value(v[2 * i + 1]));
         }
         const int row = nb * 8 + 2 * q + c;
         if (row < t.rows && j0 < inter)

@@ -254,6 +254,22 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
     }
   }
 
+  // The item's epilogue: from the parked partials shared by the K warps (K split), else from
+  // each warp's own accumulators.
+  __device__ static __forceinline__ void finish_item(const GemmParams& p, const Tile& t, const uint8_t* smem, int wm,
+                                                     int wk, float (&acc)[4][kNBlocks][4]) {
+    const float* park = reinterpret_cast<const float*>(smem);
+    if constexpr (Cfg::kWarpsK > 1 && kStage == GemmStage::kGemm1) {
+      tail_gemm1(p, t, park, wm, wk);
+    } else if constexpr (Cfg::kWarpsK > 1) {
+      tail_gemm2(p, t, park, wm, wk);
+    } else if constexpr (kStage == GemmStage::kGemm1) {
+      epilogue_gemm1(p, t, wm, acc);
+    } else {
+      epilogue_gemm2(p, t, wm * 64, 0, acc);
+    }
+  }
+
   // Tile sync (p.tile_done): GEMM1 lets GEMM2 launch once all its CTAs are resident and counts
   // each finished CTA per token tile; a GEMM2 CTA streams its first weight stages, then waits
   // only for its own tile's count, not for all of GEMM1 (docs/mxfp4_moe.md, "Tile sync"). Such a
@@ -368,23 +384,8 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
     }
     ptx::cp_async_wait<0>();
     if (kGemm2 || !tile_sync) ptx::allow_dependent_launch();  // the next launch may start; it waits for us
-    if constexpr (Cfg::kWarpsK > 1) {
-      park_partials(smem_raw, wm, wk, acc);
-      const float* park = reinterpret_cast<const float*>(smem_raw);
-      if (warp_rows) {
-        if constexpr (kStage == GemmStage::kGemm1) {
-          tail_gemm1(p, t, park, wm, wk);
-        } else {
-          tail_gemm2(p, t, park, wm, wk);
-        }
-      }
-    } else if (warp_rows) {
-      if constexpr (kStage == GemmStage::kGemm1) {
-        epilogue_gemm1(p, t, wm, acc);
-      } else {
-        epilogue_gemm2(p, t, wm * 64, 0, acc);
-      }
-    }
+    if constexpr (Cfg::kWarpsK > 1) park_partials(smem_raw, wm, wk, acc);
+    if (warp_rows) finish_item(p, t, smem_raw, wm, wk, acc);
     if (!kGemm2 && tile_sync) count_tile_done(p, tile_index);
   }
 };
