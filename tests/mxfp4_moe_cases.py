@@ -328,3 +328,18 @@ def named_layer(name: str) -> Layer:
     process rebuilds the same bank)."""
     geom = CONTRACT[name] if name in CONTRACT else GENERAL[name]
     return Layer(geom, seed=LAYER_NAMES.index(name) + 1)
+
+
+# GEMM1 lookahead (at most 32 routes: the routes name each CTA's expert before the routing kernel
+# lists the tiles): several tiles of one expert (hot), duplicates, out-of-range ids, remote
+# routes, k = 32, a forced n8 with k = 1, the packed route form. (name, regime, T, tile, packed)
+LOOKAHEAD_CASES = [("ep8", "hot", 2, None, False), ("tp8", "dup", 2, None, False), ("ep8", "remote", 1, None, False),
+                   ("h128_e1024_k32", "hot", 1, None, False), ("h384_ep_k8", "oob", 4, None, False),
+                   ("h256_e4_k1", "balanced", 32, "n8", False), ("h512_e40_k5", "zipf", 6, None, True)]
+
+
+def lookahead_case(layer: Layer, regime: str, t: int, tile: str | None, packed: bool) -> tuple[Case, torch.Tensor]:
+    """One LOOKAHEAD_CASES row: the case and the layer's output."""
+    case = make_case(layer.geom, t, regime, seed=t + 57, weights_dtype=None if packed else torch.float32,
+                     extreme_ids=regime == "oob")
+    return case, layer.run(case, tile=tile)

@@ -20,8 +20,9 @@ from cake_moe.reference import moe as ref
 from cake_moe.reference.grouped_gemm import rel_rms
 
 from .conftest import poison_
-from .mxfp4_moe_cases import (CONTRACT, GENERAL, REGIMES, Case, Geometry, Layer, bad_slots, local_routes,
-                              make_case, named_layer, reference, regime_applies, wide_scale_weights, without_slots)
+from .mxfp4_moe_cases import (CONTRACT, GENERAL, LOOKAHEAD_CASES, REGIMES, Case, Geometry, Layer, bad_slots,
+                              local_routes, lookahead_case, make_case, named_layer, reference, regime_applies,
+                              wide_scale_weights, without_slots)
 
 pytestmark = pytest.mark.gpu
 
@@ -194,6 +195,36 @@ def test_tile_sync_changes_no_bit(layers, name, t, tile):
     _check(case, synced[0], reference(case, layer.bank))
     assert all(torch.equal(y, synced[0]) for y in synced), "a repeated tile-synced run changed the bits"
     assert torch.equal(layer.run(case, tile=tile, tile_sync=False), synced[0]), "tile_sync changed the bits"
+
+
+@pytest.mark.parametrize("name,regime,t,tile,packed", LOOKAHEAD_CASES)
+def test_gemm1_lookahead_regimes(layers, name, regime, t, tile, packed):
+    """GEMM1 with at most 32 routes names each CTA's expert from the routes before the routing
+    kernel lists the tiles (the list decides; mxfp4_moe_gemm.cuh, lookahead)."""
+    layer = layers(name)
+    case, got = lookahead_case(layer, regime, t, tile, packed)
+    assert t * layer.geom.top_k <= 32
+    if regime == "remote":
+        assert not got.view(torch.int16).any(), "routes to remote experts must give exact zeros"
+    else:
+        _check(case, got, reference(case, layer.bank))
+
+
+def test_gemm1_lookahead_reload_changes_no_bit(layers):
+    """With CAKE_MOE_LOOKAHEAD_SKEW=1 every early weight request names a wrong expert (or a tile
+    the list does not have): the kernel's reload and drain paths must give the same bits."""
+    cases = [c for c in LOOKAHEAD_CASES if c[0] not in CONTRACT]   # small banks: the subprocess builds its own
+    code = (
+        "import sys, hashlib, torch; sys.path.insert(0, sys.argv[1]);"
+        "from mxfp4_moe_cases import named_layer, lookahead_case, LOOKAHEAD_CASES, CONTRACT;"
+        "[print(hashlib.sha256(lookahead_case(named_layer(n), *c)[1].view(torch.uint8).cpu().numpy()"
+        ".tobytes()).hexdigest()) for n, *c in LOOKAHEAD_CASES if n not in CONTRACT]")
+    env = dict(os.environ, CAKE_MOE_LOOKAHEAD_SKEW="1")
+    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    want = [_digest(lookahead_case(layers(n), *c)[1]) for n, *c in cases]
+    assert out.stdout.split() == want, "the lookahead's reload path changed the bits"
 
 
 _GENERAL_REGIMES = [(name, regime, FORMS[i % len(FORMS)]) for name in sorted(GENERAL)

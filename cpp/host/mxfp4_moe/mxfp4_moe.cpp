@@ -1,6 +1,7 @@
 #include "host/mxfp4_moe/mxfp4_moe.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "formats/args.hpp"
@@ -16,6 +17,14 @@
 
 namespace cake_moe::mxfp4_moe {
 namespace {
+
+// CAKE_MOE_LOOKAHEAD_SKEW=1 shifts the GEMM1 lookahead's expert numbering by one, so that its
+// early weight requests name the wrong experts: validation of the kernel's reload and drain
+// paths, which the routing kernel's own order never takes (the results must not change).
+bool lookahead_skew() {
+  const char* e = std::getenv("CAKE_MOE_LOOKAHEAD_SKEW");
+  return e && e[0] == '1';
+}
 
 struct TilingInfo {
   int bn, bm, threads, smem;
@@ -127,9 +136,14 @@ class Mxfp4MoePlan final : public Plan {
     const bool tile_sync = p.tile_sync && !t1.persistent && !t2.persistent;
     const int32_t gemm1_m_blocks = int32_t((2 * p.inter + t1.bm - 1) / t1.bm);
     int32_t* done = tile_sync ? tile_done : nullptr;
+    // With at most 32 routes a BN 8 GEMM1 with TMA weights names its tile's expert from the routes
+    // and requests its first weight stages before its dependency wait (Mxfp4MoeGemm, lookahead).
+    const bool lookahead = routes <= moe::kMaxLookaheadRoutes && t1.bn == 8 && t1.w_box_bytes > 0 && !t1.persistent;
+    const moe::RouteLookahead gemm1_lookahead{p.topk_ids, lookahead ? int32_t(routes) : 0, p.num_experts, p.num_local,
+                                              p.local_offset + (lookahead_skew() ? 1 : 0), route_params.packed};
     bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local,
               GemmParams{p.w1, p.w1_sf, p.w1_sf_max, x_bf16, row_token, offsets, tile_count, tiles, done, act,
-                         p.beta, p.linear_beta, 2 * p.inter, p.hidden, 0, gemm1_m_blocks});
+                         p.beta, p.linear_beta, 2 * p.inter, p.hidden, 0, gemm1_m_blocks, gemm1_lookahead});
     bind_gemm(gemm2_, "mxfp4_moe_gemm2_", t2, max_tiles, p.num_local,
               GemmParams{p.w2, p.w2_sf, p.w2_sf_max, act, nullptr, offsets, tile_count, tiles, done, rows, nullptr,
                          nullptr, p.hidden, p.inter, 0, gemm1_m_blocks});

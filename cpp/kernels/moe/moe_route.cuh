@@ -18,13 +18,16 @@
 
 namespace cake_moe::moe {
 
-// Local expert of a route, or -1 (remote expert, id outside [0, E)).
-__device__ __forceinline__ int32_t local_expert(const RouteParams& p, int32_t route) {
-  int32_t id = p.topk_ids[route];
-  if (p.packed) id >>= 16;  // arithmetic shift: negative packed ids stay negative
-  const int32_t local = id - p.local_offset;
-  const bool ok = id >= 0 && id < p.num_experts && local >= 0 && local < p.num_local;
+// Local expert of a route's id word, or -1 (remote expert, id outside [0, E)).
+__device__ __forceinline__ int32_t local_expert_of(int32_t id, int32_t packed, int32_t num_experts,
+                                                   int32_t local_offset, int32_t num_local) {
+  if (packed) id >>= 16;  // arithmetic shift: negative packed ids stay negative
+  const int32_t local = id - local_offset;
+  const bool ok = id >= 0 && id < num_experts && local >= 0 && local < num_local;
   return ok ? local : -1;
+}
+__device__ __forceinline__ int32_t local_expert(const RouteParams& p, int32_t route) {
+  return local_expert_of(p.topk_ids[route], p.packed, p.num_experts, p.local_offset, p.num_local);
 }
 
 // Adds the lane's share of a warp-aggregated increment of counter[e] and returns the value the
@@ -85,6 +88,28 @@ __device__ __forceinline__ void publish_offsets(const RouteParams& p, int32_t* c
     p.tile_done[t] = 0;  // the previous call has completed: nothing reads it now
   }
   __syncthreads();
+}
+
+// The local expert of token tile `tile` in the list publish_offsets writes (ascending local
+// expert, ceil(count / block_n) tiles each), computed by one warp from at most 32 routes (lane l
+// reads route l), or -1 when there is no such tile. All 32 lanes call it and get the answer.
+// A GEMM uses it to request its first weight stages before the routing kernel has finished.
+__device__ __forceinline__ int32_t lookahead_tile_expert(const RouteLookahead& r, int32_t block_n, int32_t tile) {
+  constexpr uint32_t kAll = 0xFFFFFFFFu;
+  const int32_t lane = int32_t(threadIdx.x & 31u);
+  const int32_t e = lane < r.routes ? local_expert_of(r.topk_ids[lane], r.packed, r.num_experts, r.local_offset,
+                                                      r.num_local)
+                                    : -1;
+  const uint32_t peers = __match_any_sync(kAll, e);
+  const bool leader = e >= 0 && lane == __ffs(peers) - 1;
+  const int32_t tiles = leader ? (__popc(peers) + block_n - 1) / block_n : 0;
+  int32_t first = 0;  // the tiles of the smaller local experts (their leaders' counts)
+  for (int src = 0; src < 32; ++src) {
+    const int32_t e_src = __shfl_sync(kAll, e, src), tiles_src = __shfl_sync(kAll, tiles, src);
+    if (e_src < e) first += tiles_src;
+  }
+  const uint32_t hit = __ballot_sync(kAll, tile >= first && tile < first + tiles);
+  return hit != 0u ? __shfl_sync(kAll, e, __ffs(hit) - 1) : -1;
 }
 
 // Launch order (a plan's run): activation dequantize, this kernel as its dependent launch, the

@@ -82,6 +82,17 @@ struct RouteParams {
   int32_t block_n;          // rows per token tile (the GEMM form's BN)
 };
 
+// What a GEMM needs to name its token tile's local expert from the routes themselves, before the
+// routing kernel has listed the tiles (moe_route.cuh, lookahead_tile_expert): at most
+// kMaxLookaheadRoutes routes. routes = 0: no lookahead.
+constexpr int32_t kMaxLookaheadRoutes = 32;
+struct RouteLookahead {
+  const int32_t* topk_ids;  // as RouteParams::topk_ids (an input: no launch of the plan writes it)
+  int32_t routes;           // T * k
+  int32_t num_experts, num_local, local_offset;
+  int32_t packed;
+};
+
 constexpr int kRouteThreads = 1024;
 constexpr int kMaxLocalExperts = 1024;
 

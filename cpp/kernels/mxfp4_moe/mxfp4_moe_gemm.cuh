@@ -21,6 +21,7 @@
 #include "common/ptx/global_mem.cuh"
 #include "common/ptx/mbarrier.cuh"
 #include "common/ptx/sm80.cuh"
+#include "moe/moe_route.cuh"
 #include "mxfp4_moe/epilogue.cuh"
 #include "mxfp4_moe/params.hpp"
 #include "mxfp4_moe/stage_loader.cuh"
@@ -318,6 +319,45 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
     }
   }
 
+  // Lookahead (GEMM1 of the TMA-weight forms, at most 32 routes: GemmParams::lookahead). Before
+  // its dependency wait the CTA names its tile's expert from the routes (the routing kernel's
+  // tile order) and thread 0 requests the weights of the ring's first stages, which then stream
+  // while the routing kernel finishes. The routing kernel's list decides: should it name
+  // another expert, thread 0 waits for the early boxes and reloads the slots through the spare
+  // barrier (the stage barriers keep their phases), before the first stage barrier.
+  static constexpr bool kLooksAhead = kStage == GemmStage::kGemm1 && Cfg::kTmaWeights && kBN == 8;
+  static constexpr int kFirstStages = kStages - 1;  // the stages the prologue requests
+
+  __device__ static __forceinline__ void load_first_weights(const GemmParams& p, const Tile& t, const Smem& sm,
+                                                            uint64_t* bars, int num_k) {
+    if constexpr (Cfg::kTmaWeights)
+      for (int s = 0; s < kFirstStages && s < num_k; ++s) load_weights_tma(p, t, sm, &bars[s], s, s);
+  }
+  __device__ static void drain_first_weights(uint64_t* bars, int num_k) {
+    for (int s = 0; s < kFirstStages && s < num_k; ++s) ptx::mbar_wait_parity(&bars[s], 0);
+  }
+  __device__ static void reload_first_weights(const GemmParams& p, const Tile& t, const Smem& sm, uint64_t* bars,
+                                              int num_k) {
+    if constexpr (Cfg::kTmaWeights) {
+      drain_first_weights(bars, num_k);
+      for (int s = 0; s < kFirstStages && s < num_k; ++s) {
+        load_weights_tma(p, t, sm, &bars[kStages], s, s);
+        ptx::mbar_wait_parity(&bars[kStages], uint32_t(s) & 1u);
+      }
+    }
+  }
+
+  // Before the dependency wait (kLooksAhead): returns, in thread 0, the expert whose first
+  // weight stages it requested for this CTA's tile (-1: none, or no lookahead bound).
+  __device__ static int request_early_weights(const GemmParams& p, uint8_t* smem_raw, uint64_t* bars) {
+    if (p.lookahead.routes == 0 || threadIdx.x >= 32) return -1;
+    const int early = moe::lookahead_tile_expert(p.lookahead, kBN, int(blockIdx.x) / p.m_blocks);
+    if (threadIdx.x == 0 && early >= 0)
+      load_first_weights(p, Tile{early, 0, 0, int(blockIdx.x % p.m_blocks) * kBM}, Smem{smem_raw}, bars,
+                         (p.k + Cfg::kKStage - 1) / Cfg::kKStage);
+    return early;
+  }
+
   __device__ static void run(const GemmParams& p) {
     extern __shared__ __align__(128) uint8_t smem_dyn[];
     // TMA weights: the ring starts on a 1024-byte swizzle atom (kSmemBytes has the slack)
@@ -326,19 +366,25 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem_raw + Cfg::kBarOffset);
     if constexpr (Cfg::kTmaWeights) {
       if (threadIdx.x == 0) {
-        for (int s = 0; s < kStages; ++s) ptx::mbar_init(&bars[s], 1);
+        for (int s = 0; s < kStages + (kLooksAhead ? 1 : 0); ++s) ptx::mbar_init(&bars[s], 1);  // (+ the spare)
         ptx::mbar_fence_init();
         ptx::tma_prefetch_desc(&p.tmap_w);
       }
       __syncthreads();  // the barriers exist before any thread waits on them
     }
+    int early = -1;  // thread 0: the expert whose first weight stages it requested before the wait
+    if constexpr (kLooksAhead) early = request_early_weights(p, smem_raw, bars);
     constexpr bool kGemm2 = kStage == GemmStage::kGemm2;
     const bool tile_sync = p.tile_done != nullptr;  // see read_tile
     const bool awaits_tile = kGemm2 && tile_sync;
     if (!awaits_tile) ptx::grid_dependency_wait();  // the tile list and B rows come from earlier launches
     if (!kGemm2 && tile_sync) ptx::allow_dependent_launch();
     const int tile_index = blockIdx.x / p.m_blocks;
-    if (tile_index >= tile_count(p, awaits_tile)) return;  // the grid covers the worst case of the routing
+    if (tile_index >= tile_count(p, awaits_tile)) {  // the grid covers the worst case of the routing
+      if (kLooksAhead && threadIdx.x == 0 && early >= 0)  // no copy outlives the CTA
+        drain_first_weights(bars, (p.k + Cfg::kKStage - 1) / Cfg::kKStage);
+      return;
+    }
     const Tile t = read_tile(p, tile_index, awaits_tile);
 
     const Smem sm{smem_raw};
@@ -359,8 +405,13 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
     const bool may_be_big = expert_may_need_big(p.sf_max, t.expert);  // CTA-uniform
     const Loader loader = make_loader(p, t);
     if constexpr (Cfg::kTmaWeights) {  // the weights first: they depend on no launch
-      if (threadIdx.x == 0)
-        for (int s = 0; s < kStages - 1 && s < num_k; ++s) load_weights_tma(p, t, sm, &bars[s], s, s);
+      if (threadIdx.x == 0 && (!kLooksAhead || early != t.expert)) {
+        if (!kLooksAhead || early < 0) {
+          load_first_weights(p, t, sm, bars, num_k);
+        } else {
+          reload_first_weights(p, t, sm, bars, num_k);  // the routes named another expert than the list
+        }
+      }
     }
     if (awaits_tile) await_tile(p, tile_index);
 #pragma unroll

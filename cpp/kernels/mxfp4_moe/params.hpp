@@ -35,6 +35,9 @@ struct GemmParams {
   int32_t k;                    // reduction: H (GEMM1) or I (GEMM2); multiple of 128
   int32_t m_blocks;             // ceil(m / Tiling::kBM): the grid is tiles x m_blocks CTAs
   int32_t done_target;          // GEMM1's m_blocks (with tile_done)
+  moe::RouteLookahead lookahead;  // GEMM1 of a TMA-weight form, few routes: name the tile's expert
+                                  //   from the routes and request the first weight stages before
+                                  //   the dependency wait (routes = 0: after it)
   CUtensorMap tmap_w;           // w as a 2D uint8 tensor [L * m rows, k / 2 bytes] (mma.sync forms: the
                                 //   weight tiles arrive by TMA in Tiling::kWBoxBytes wide boxes)
 };
@@ -62,10 +65,11 @@ struct Tiling {
   static constexpr int kReduceBytes = kWarpsK > 1 ? kWarpsK * kWarpsM * 32 * kAccPerLane * 4 : 0;  // K-split tail
   static constexpr int kWBoxBytes = kWRowBytes >= 128 ? 128 : kWRowBytes;  // one swizzle span
   static constexpr int kWBoxes = kWRowBytes / kWBoxBytes;
-  // The ring (or the K-split reduction that reuses it), then one mbarrier per stage; with TMA
-  // weights the dynamic shared memory is rounded up to the 1024-byte swizzle atom in the kernel.
+  // The ring (or the K-split reduction that reuses it), then one mbarrier per stage and a spare
+  // (the lookahead's reload, Mxfp4MoeGemm::reload_first_weights); with TMA weights the dynamic
+  // shared memory is rounded up to the 1024-byte swizzle atom in the kernel.
   static constexpr int kBarOffset = kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
-  static constexpr int kSmemBytes = kTmaWeights ? kBarOffset + 8 * kStages + 1024 : kBarOffset;
+  static constexpr int kSmemBytes = kTmaWeights ? kBarOffset + 8 * (kStages + 1) + 1024 : kBarOffset;
   static_assert(!kTmaWeights || kWBoxBytes == 128 || kWBoxBytes == 64, "a weight box is one 64- or 128-byte swizzle row");
   static_assert(!kTmaWeights || (kBM * kWRowBytes % 1024 == 0 && kStageBytes % 1024 == 0),
                 "every stage's weight tile starts on a 1024-byte swizzle atom");
