@@ -168,6 +168,10 @@ int device_sm_count(int device) {
   return attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "multiprocessor count");
 }
 
+int device_smem_per_sm(int device) {
+  return attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, "shared memory per multiprocessor");
+}
+
 std::string device_name(int device) {
   const Driver& d = driver();
   CUdevice dev;

@@ -61,6 +61,7 @@ class ScopedDevice {
 // Compute capability as "90a"-style arch names and the device's SM count.
 std::string device_arch(int device);
 int device_sm_count(int device);
+int device_smem_per_sm(int device);
 std::string device_name(int device);
 int device_count();
 

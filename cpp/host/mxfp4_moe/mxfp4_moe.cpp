@@ -139,7 +139,14 @@ class Mxfp4MoePlan final : public Plan {
     // With at most 32 routes a BN 8 GEMM1 with TMA weights names its tile's expert from the routes
     // and requests its first weight stages before its dependency wait (Mxfp4MoeGemm, lookahead).
     const bool lookahead = routes <= moe::kMaxLookaheadRoutes && t1.bn == 8 && t1.w_box_bytes > 0 && !t1.persistent;
-    const moe::RouteLookahead gemm1_lookahead{p.topk_ids, lookahead ? int32_t(routes) : 0, p.num_experts, p.num_local,
+    // The CTAs resident from the start (by shared memory and threads per SM): a later CTA starts
+    // after the routing kernel has finished, and its lookahead would only delay its exit (the
+    // dependent GEMM2 launches once every GEMM1 CTA has passed its wait).
+    constexpr int kCtaSmemReserve = 1024, kMaxThreadsPerSm = 2048;
+    const int per_sm = std::max(1, std::min(runtime::device_smem_per_sm(p.device) / (t1.smem + kCtaSmemReserve),
+                                            kMaxThreadsPerSm / t1.threads));
+    const moe::RouteLookahead gemm1_lookahead{p.topk_ids, lookahead ? int32_t(routes) : 0,
+                                              runtime::device_sm_count(p.device) * per_sm, p.num_experts, p.num_local,
                                               p.local_offset + (lookahead_skew() ? 1 : 0), route_params.packed};
     bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local,
               GemmParams{p.w1, p.w1_sf, p.w1_sf_max, x_bf16, row_token, offsets, tile_count, tiles, done, act,

@@ -89,6 +89,8 @@ constexpr int32_t kMaxLookaheadRoutes = 32;
 struct RouteLookahead {
   const int32_t* topk_ids;  // as RouteParams::topk_ids (an input: no launch of the plan writes it)
   int32_t routes;           // T * k
+  int32_t first_ctas;       // only CTAs below this index (those resident from the start) look ahead:
+                            //   a later one starts after the routing kernel has finished
   int32_t num_experts, num_local, local_offset;
   int32_t packed;
 };

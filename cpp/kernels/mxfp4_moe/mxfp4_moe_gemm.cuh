@@ -350,7 +350,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
   // Before the dependency wait (kLooksAhead): returns, in thread 0, the expert whose first
   // weight stages it requested for this CTA's tile (-1: none, or no lookahead bound).
   __device__ static int request_early_weights(const GemmParams& p, uint8_t* smem_raw, uint64_t* bars) {
-    if (p.lookahead.routes == 0 || threadIdx.x >= 32) return -1;
+    if (p.lookahead.routes == 0 || int(blockIdx.x) >= p.lookahead.first_ctas || threadIdx.x >= 32) return -1;
     const int early = moe::lookahead_tile_expert(p.lookahead, kBN, int(blockIdx.x) / p.m_blocks);
     if (threadIdx.x == 0 && early >= 0)
       load_first_weights(p, Tile{early, 0, 0, int(blockIdx.x % p.m_blocks) * kBM}, Smem{smem_raw}, bars,
