@@ -12,7 +12,8 @@
 // tilings; UE8M0 bytes by cp.async) and token rows (BF16, gathered by cp.async). Warp (wm, wk)
 // owns rows wm*64.. and K slice wk*128.. of every stage; the kWarpsK partial sums are added in
 // warp order through shared memory at the end (a fixed order: results do not depend on
-// timing), and the K warps share that tail's epilogue. Epilogues: epilogue.cuh.
+// timing), and the K warps share that tail's epilogue (ksplit_tail.cuh). Epilogues:
+// epilogue.cuh; which item a CTA computes and the per-tile GEMM1 -> GEMM2 sync: item_schedule.cuh.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -23,6 +24,8 @@
 #include "common/ptx/sm80.cuh"
 #include "moe/moe_route.cuh"
 #include "mxfp4_moe/epilogue.cuh"
+#include "mxfp4_moe/item_schedule.cuh"
+#include "mxfp4_moe/ksplit_tail.cuh"
 #include "mxfp4_moe/params.hpp"
 #include "mxfp4_moe/stage_loader.cuh"
 #include "mxfp4_moe/weight_fragments.cuh"
@@ -30,7 +33,10 @@
 namespace cake_moe::mxfp4_moe {
 
 template <GemmStage kStage, typename Cfg>
-struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
+struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
+                      Mxfp4MoeKSplitTail<kStage, Cfg>,
+                      Mxfp4MoeItemSchedule<Cfg>,
+                      Mxfp4MoeStageLoader<kStage, Cfg> {
   static constexpr int kBN = Cfg::kBN, kBM = Cfg::kBM, kStages = Cfg::kStages;
   static constexpr int kNBlocks = kBN / 8;
   static constexpr int kThreads = Cfg::kThreads;
@@ -48,6 +54,17 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
   using Loaders::make_loader;
   using Loaders::make_pointer_loader;
   using Loaders::w_offset;
+  // The K-split tail (ksplit_tail.cuh) and the token-tile schedule (item_schedule.cuh).
+  using Tail = Mxfp4MoeKSplitTail<kStage, Cfg>;
+  using Schedule = Mxfp4MoeItemSchedule<Cfg>;
+  using Tail::park_partials;
+  using Tail::tail_gemm1;
+  using Tail::tail_gemm2;
+  using Schedule::await_tile;
+  using Schedule::count_tile_done;
+  using Schedule::read_tile;
+  using Schedule::tile_count;
+  using Tile = Mxfp4MoeEpilogue::Tile;  // (the schedule's and the tail's name the same type)
 
   // Rows of a stage's weight tile apart in bytes. The swizzles of w_offset depend on row % 8
   // (128-byte boxes), (row / 2) % 4 (64-byte boxes) or row / kRowsPerLine % 4 (no TMA), all
@@ -172,89 +189,6 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
     }
   }
 
-  // K-split tail. Every warp parks its partial sums in shared memory; then the kWarpsK warps of
-  // a warp row wm share the epilogue of its 64 weight rows, each taking kBN / kWarpsK token rows
-  // with one intermediate column (GEMM1) or two output columns (GEMM2) per lane. The partials
-  // are added in warp order 0, 1, .. (the order the registers of warp 0 took before: same bits).
-  // One warp doing the whole epilogue kept the other kWarpsK - 1 waiting: 17% of the stall
-  // samples of n8_narrow at T = 1 sat at its barriers (Nsight source counters).
-  static constexpr int kTailRows = kBN / Cfg::kWarpsK;  // token rows per warp in the tail
-  static_assert(Cfg::kWarpsK == 1 || kBN % Cfg::kWarpsK == 0, "the tile's token rows split evenly over the K warps");
-
-  // Float index of accumulator i of lane `lane` of warp (wm, wk) in the parking area. The lane is
-  // XORed with the accumulator's m16 block (i / (4 kNBlocks)) so that the tail's reads (lanes
-  // 4g + mb all reading lane 4g + q's value of block mb) fall in distinct banks.
-  __device__ static __forceinline__ int park_index(int wk, int wm, int i, int lane) {
-    return ((wk * Cfg::kWarpsM + wm) * Cfg::kAccPerLane + i) * 32 + (lane ^ (i / (4 * kNBlocks)));
-  }
-
-  __device__ static void park_partials(uint8_t* smem, int wm, int wk, const float (&acc)[4][kNBlocks][4]) {
-    const int lane = threadIdx.x & 31;
-    float* park = reinterpret_cast<float*>(smem);
-    __syncthreads();  // the ring is no longer read
-#pragma unroll
-    for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-      for (int nb = 0; nb < kNBlocks; ++nb)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int i = (mb * kNBlocks + nb) * 4 + j;
-          park[park_index(wk, wm, i, lane)] = acc[mb][nb][j];
-        }
-    __syncthreads();
-  }
-
-  // For token row tr of the tile, the K-split sums of the C pair (c, 2 + c) that lane 4g + q of
-  // m16 block mb = lane % 4 (g = lane / 4, tr = 8 nb + 2q + c) held: weight rows 16 mb + g and
-  // + 8, i.e. GEMM1's up and gate of intermediate column 4g + mb, GEMM2's output columns
-  // 8g + 2mb and + 1 (epilogue.cuh has the fragment layouts).
-  __device__ static __forceinline__ float2 parked_pair(const float* park, int wm, int tr) {
-    const int lane = threadIdx.x & 31, mb = lane & 3, g = lane >> 2;
-    const int nb = tr >> 3, q = (tr & 7) >> 1, c = tr & 1;
-    const int i = (mb * kNBlocks + nb) * 4 + c, src = 4 * g + q;
-    float2 v = make_float2(park[park_index(0, wm, i, src)], park[park_index(0, wm, i + 2, src)]);
-#pragma unroll
-    for (int k = 1; k < Cfg::kWarpsK; ++k) {
-      v.x += park[park_index(k, wm, i, src)];
-      v.y += park[park_index(k, wm, i + 2, src)];
-    }
-    return v;
-  }
-
-  // GEMM1 tail: lane l computes intermediate column j0 + l of each of the warp's token rows; the
-  // row's MXFP8 block is the warp's 32 lanes.
-  __device__ static void tail_gemm1(const GemmParams& p, const Tile& t, const float* park, int wm, int wk) {
-    using namespace numerics;
-    const int lane = threadIdx.x & 31;
-    const Situ s = situ_of(p, t.expert);
-    const int inter = p.m / 2, j0 = (t.m0 + wm * 64) / 2;
-#pragma unroll 1
-    for (int r = 0; r < kTailRows; ++r) {
-      const int tr = wk * kTailRows + r;
-      if (tr >= t.rows) break;  // warp-uniform
-      const float2 ug = parked_pair(park, wm, tr);
-      const float v = situ(ug.y, ug.x, s);
-      float amax = max_abs_nan(0.0f, v);
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) amax = max_abs_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
-      const float out = Mxfp8Block(amax).value(v);
-      p.out[int64_t(t.row0 + tr) * inter + j0 + lane] = __bfloat16_as_ushort(__float2bfloat16_rn(out));
-    }
-  }
-
-  // GEMM2 tail: lane l writes output columns h0 + 2l, + 1 of each of the warp's token rows.
-  __device__ static void tail_gemm2(const GemmParams& p, const Tile& t, const float* park, int wm, int wk) {
-    const int lane = threadIdx.x & 31;
-    const int h0 = t.m0 + wm * 64;
-#pragma unroll 1
-    for (int r = 0; r < kTailRows; ++r) {
-      const int tr = wk * kTailRows + r;
-      if (tr >= t.rows) break;
-      const float2 v = parked_pair(park, wm, tr);
-      *reinterpret_cast<uint32_t*>(p.out + int64_t(t.row0 + tr) * p.m + h0 + 2 * lane) = bf16x2_bits(v.x, v.y);
-    }
-  }
-
   // The item's epilogue: from the parked partials shared by the K warps (K split), else from
   // each warp's own accumulators.
   __device__ static __forceinline__ void finish_item(const GemmParams& p, const Tile& t, const uint8_t* smem, int wm,
@@ -268,54 +202,6 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue, Mxfp4MoeStageLoader<kStage, Cfg> {
       epilogue_gemm1(p, t, wm, acc);
     } else {
       epilogue_gemm2(p, t, wm * 64, 0, acc);
-    }
-  }
-
-  // Tile sync (p.tile_done): GEMM1 lets GEMM2 launch once all its CTAs are resident and counts
-  // each finished CTA per token tile; a GEMM2 CTA streams its first weight stages, then waits
-  // only for its own tile's count, not for all of GEMM1 (docs/mxfp4_moe.md, "Tile sync"). Such a
-  // GEMM2 CTA skips griddepcontrol.wait, so it reads the routing kernel's lists at L2 (that
-  // kernel completed before GEMM1 passed its own wait).
-  __device__ static __forceinline__ int tile_count(const GemmParams& p, bool at_l2) {
-    return at_l2 ? ptx::ld_cg_s32(p.tile_count) : *p.tile_count;
-  }
-
-  // The work tile of this CTA (token tile tile_index < tile_count, m-block from blockIdx.x).
-  __device__ static __forceinline__ Tile read_tile(const GemmParams& p, int tile_index, bool at_l2) {
-    Tile t;
-    int end;
-    if (at_l2) {
-      const int2 tt = ptx::ld_cg_s32x2(p.tiles + tile_index);
-      t.expert = tt.x;
-      t.row0 = tt.y;
-      end = ptx::ld_cg_s32(p.offsets + t.expert + 1);
-    } else {
-      const moe::TokenTile tt = p.tiles[tile_index];
-      t.expert = tt.expert;
-      t.row0 = tt.row0;
-      end = p.offsets[tt.expert + 1];
-    }
-    t.rows = end - t.row0 < kBN ? end - t.row0 : kBN;
-    t.m0 = (blockIdx.x % p.m_blocks) * kBM;
-    return t;
-  }
-
-  // GEMM2 under tile sync: every GEMM1 CTA of the tile has counted itself in (acquire), so the
-  // act rows of the tile are written before any thread of this CTA copies them.
-  __device__ static __forceinline__ void await_tile(const GemmParams& p, int tile_index) {
-    if (threadIdx.x == 0)
-      while (ptx::ld_acquire_gpu(reinterpret_cast<const uint32_t*>(p.tile_done + tile_index)) <
-             uint32_t(p.done_target))
-        __nanosleep(128);
-    __syncthreads();
-  }
-
-  // GEMM1 under tile sync: count this CTA in once every thread's act rows are written (release).
-  __device__ static __forceinline__ void count_tile_done(const GemmParams& p, int tile_index) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(p.tile_done + tile_index, 1);
     }
   }
 
