@@ -32,12 +32,14 @@ struct TilingInfo {
   bool persistent;     // one CTA per SM walks the work items (else one CTA per item)
   int w_box_bytes;     // > 0: the weight tiles arrive by TMA in boxes this wide (x bm rows)
   int resident_k;      // > 0: a GEMM2 form keeping the token rows resident, for K up to this
+  bool looks_ahead;    // as GEMM1, can request its first weight stages before its wait (Tiling::kLooksAhead)
 };
 
 template <typename Cfg>
 constexpr TilingInfo info(const char* suffix, bool persistent = false) {
   return {Cfg::kBN, Cfg::kBM, Cfg::kThreads, Cfg::kSmemBytes, suffix, persistent,
-          Cfg::kTmaWeights ? Cfg::kWBoxBytes : 0, Cfg::kResidentB ? Cfg::kMaxResidentK : 0};
+          Cfg::kTmaWeights ? Cfg::kWBoxBytes : 0, Cfg::kResidentB ? Cfg::kMaxResidentK : 0,
+          !persistent && Cfg::kLooksAhead};
 }
 
 // The weights [L * m rows, k / 2 bytes] as a TMA tensor read in boxes of `box_bytes` x `rows`
@@ -139,10 +141,12 @@ class Mxfp4MoePlan final : public Plan {
     int32_t* done = tile_sync ? tile_done : nullptr;
     // With at most 32 routes a BN 8 GEMM1 with TMA weights names its tile's expert from the routes
     // and requests its first weight stages before its dependency wait (Mxfp4MoeGemm, lookahead).
-    const bool lookahead = routes <= moe::kMaxLookaheadRoutes && t1.bn == 8 && t1.w_box_bytes > 0 && !t1.persistent;
+    const bool lookahead = routes <= moe::kMaxLookaheadRoutes && t1.looks_ahead;
     // The CTAs resident from the start (by shared memory and threads per SM): a later CTA starts
     // after the routing kernel has finished, and its lookahead would only delay its exit (the
-    // dependent GEMM2 launches once every GEMM1 CTA has passed its wait).
+    // dependent GEMM2 launches once every GEMM1 CTA has passed its wait). Registers are left out:
+    // they allow as many CTAs as this for every form that looks ahead (n8 1, n8_narrow 2,
+    // n8_narrow4 4, n8_shortk 3 per H200 SM), and a miscount only moves which CTAs look ahead.
     constexpr int kCtaSmemReserve = 1024, kMaxThreadsPerSm = 2048;
     const int per_sm = std::max(1, std::min(runtime::device_smem_per_sm(p.device) / (t1.smem + kCtaSmemReserve),
                                             kMaxThreadsPerSm / t1.threads));

@@ -211,8 +211,11 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
   // while the routing kernel finishes. The routing kernel's list decides: should it name
   // another expert, thread 0 waits for the early boxes and reloads the slots through the spare
   // barrier (the stage barriers keep their phases), before the first stage barrier.
-  static constexpr bool kLooksAhead = kStage == GemmStage::kGemm1 && Cfg::kTmaWeights && kBN == 8;
+  static constexpr bool kLooksAhead = kStage == GemmStage::kGemm1 && Cfg::kLooksAhead;
   static constexpr int kFirstStages = kStages - 1;  // the stages the prologue requests
+  __device__ static __forceinline__ int num_k_stages(const GemmParams& p) {
+    return (p.k + Cfg::kKStage - 1) / Cfg::kKStage;
+  }
 
   __device__ static __forceinline__ void load_first_weights(const GemmParams& p, const Tile& t, const Smem& sm,
                                                             uint64_t* bars, int num_k) {
@@ -240,7 +243,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     const int early = moe::lookahead_tile_expert(p.lookahead, kBN, int(blockIdx.x) / p.m_blocks);
     if (threadIdx.x == 0 && early >= 0)
       load_first_weights(p, Tile{early, 0, 0, int(blockIdx.x % p.m_blocks) * kBM}, Smem{smem_raw}, bars,
-                         (p.k + Cfg::kKStage - 1) / Cfg::kKStage);
+                         num_k_stages(p));
     return early;
   }
 
@@ -268,7 +271,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     const int tile_index = blockIdx.x / p.m_blocks;
     if (tile_index >= tile_count(p, awaits_tile)) {  // the grid covers the worst case of the routing
       if (kLooksAhead && threadIdx.x == 0 && early >= 0)  // no copy outlives the CTA
-        drain_first_weights(bars, (p.k + Cfg::kKStage - 1) / Cfg::kKStage);
+        drain_first_weights(bars, num_k_stages(p));
       return;
     }
     const Tile t = read_tile(p, tile_index, awaits_tile);
@@ -286,7 +289,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[mb][nb][j] = 0.0f;
 
-    const int num_k = (p.k + Cfg::kKStage - 1) / Cfg::kKStage;
+    const int num_k = num_k_stages(p);
     const FragOffsets frag = frag_offsets(wm, wk);
     const bool may_be_big = expert_may_need_big(p.sf_max, t.expert);  // CTA-uniform
     const Loader loader = make_loader(p, t);

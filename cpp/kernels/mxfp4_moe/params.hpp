@@ -50,6 +50,9 @@ template <int kBN_, int kWarpsM_, int kWarpsK_, int kStages_, bool kTmaWeights_ 
 struct Tiling {
   static constexpr int kBN = kBN_, kWarpsM = kWarpsM_, kWarpsK = kWarpsK_, kStages = kStages_;
   static constexpr bool kTmaWeights = kTmaWeights_;
+  // As GEMM1 with few routes, the tiling requests its first weight stages before the dependency
+  // wait (GemmParams::lookahead; the host binds one only where this holds).
+  static constexpr bool kLooksAhead = kTmaWeights && kBN_ == 8;
   static constexpr int kBM = 64 * kWarpsM;
   static constexpr int kKWarp = 128;                  // K per warp per stage: 4 UE8M0 blocks
   static constexpr int kKStage = kKWarp * kWarpsK;
