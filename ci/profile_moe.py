@@ -10,8 +10,8 @@ Two uses:
   sets so that the weights come from DRAM. With ``--kernel-times``: how a GEMM's time grows with
   its CTA count (96 GEMM1 CTAs per expert in ``n8_narrow`` at ep8).
 
-usage: python ci/profile_moe.py LAYOUT T [T ...] [--tile TILE] [--runs N] [--kernel-times | --timeline]
-       [--local-experts N]
+usage: python ci/profile_moe.py LAYOUT T [T ...] [--tile TILE] [--runs N] [--kernel-times | --timeline
+       [--rotate N]] [--local-experts N]
 """
 import argparse
 
@@ -40,12 +40,15 @@ def kernel_times(plan, runs: int) -> list[tuple[str, float]]:
 
 def timeline(plan, runs: int) -> list[tuple[str, float, float]]:
     """(kernel name, start, end) in microseconds from the first kernel's start, of the last of
-    `runs` back-to-back runs: shows the gaps and the dependent-launch overlaps between kernels."""
+    `runs` back-to-back runs: shows the gaps and the dependent-launch overlaps between kernels.
+    `plan` may be a list of plans (different routings), run in turn as the benchmark does so that
+    the weights come from DRAM."""
     from torch.profiler import ProfilerActivity, profile
+    plans = plan if isinstance(plan, list) else [plan]
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            plan.run()
+        for i in range(runs):
+            plans[i % len(plans)].run()
         torch.cuda.synchronize()
     events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                     if e.device_type == torch.autograd.DeviceType.CUDA)
@@ -95,6 +98,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--kernel-times", action="store_true")
     ap.add_argument("--timeline", action="store_true", help="start/end of each kernel of one run")
+    ap.add_argument("--rotate", type=int, default=1,
+                    help="with --timeline: plan N routings and run them in turn (weights from DRAM)")
     ap.add_argument("--local-experts", type=int, default=None, help="route every token to N local experts (0: 1..6)")
     ap.add_argument("--gemm-tiles", default=None,
                     help="experiment: bind these GEMM1,GEMM2 forms (same BN) whatever the decision table says")
@@ -115,14 +120,18 @@ def main() -> None:
         scan_local_experts(args, runner, prepared, beta, lbeta, gen, l, offset)
         return
     for t in args.tokens:
-        x, x_sf, ids, w = b.random_inputs(t, l, offset, gen)
-        out = torch.empty(t, b.H, dtype=torch.bfloat16, device="cuda")
-        ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
-        plan = runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws, output=out,
-                           tile=args.tile)
+        plans = []
+        for _ in range(args.rotate if args.timeline else 1):
+            x, x_sf, ids, w = b.random_inputs(t, l, offset, gen)
+            out = torch.empty(t, b.H, dtype=torch.bfloat16, device="cuda")
+            ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
+            plans.append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws,
+                                     output=out, tile=args.tile))
+        plan = plans[0]
         if args.timeline:
-            print(f"{args.layout} T={t} ({plan.decision.tile}): one run, microseconds from its first kernel")
-            for name, start, end in timeline(plan, args.runs):
+            print(f"{args.layout} T={t} ({plan.decision.tile}): one run of {len(plans)} routing(s) in turn, "
+                  f"microseconds from its first kernel")
+            for name, start, end in timeline(plans, max(args.runs, 2 * len(plans))):
                 print(f"  {start:8.1f} .. {end:8.1f} ({end - start:6.1f})  {name}")
             continue
         if not args.kernel_times:
