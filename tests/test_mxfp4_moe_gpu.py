@@ -227,6 +227,65 @@ def test_gemm1_lookahead_reload_changes_no_bit(layers):
     assert out.stdout.split() == want, "the lookahead's reload path changed the bits"
 
 
+def _routing_tables(ws: torch.Tensor, t: int, top_k: int, num_local: int) -> dict[str, torch.Tensor]:
+    """The routing kernel's outputs in a plan's workspace (segments as in
+    mxfp4_moe._wrapper._workspace_bytes: offsets, row_token, route_row, tile list, tile_done)."""
+    r = t * top_k
+    max_tiles = r // 8 + min(num_local, r)
+    sizes = [(num_local + 1) * 4, r * 4, r * 4, max_tiles * 8 + 16, max_tiles * 4]
+    at, seg = 0, []
+    for n in sizes:
+        seg.append(ws[at:at + n].view(torch.int32).cpu())
+        at += (n + 255) // 256 * 256
+    count = int(seg[3][0])
+    return {"offsets": seg[0], "row_token": seg[1], "route_row": seg[2], "tile_count": count,
+            "tiles": seg[3][4:4 + 2 * count].view(-1, 2), "tile_done": seg[4][:count]}
+
+
+@pytest.mark.parametrize("name,regime,t,tile,packed", LOOKAHEAD_CASES + [
+    ("h512_e40_k5", "dup", 9, None, False), ("h512_e40_k5", "hot", 700, None, False),
+    ("h512_e40_k5", "balanced", 4000, None, True)])  # 45 routes, one CTA; 3500; 20000 over several CTAs
+def test_routing_bookkeeping(layers, name, regime, t, tile, packed):
+    """The routing kernel's tables against a model of them: offsets are the exclusive prefix of
+    the local routes per expert; each expert's rows hold exactly its routes (in route order up to
+    32 routes, where one warp places them; unspecified order beyond) and name their tokens; the
+    tile list runs in ascending expert order, ceil(count / BN) tiles each, counters zeroed."""
+    layer = layers(name)
+    geom = layer.geom
+    case = make_case(geom, t, regime, seed=t + 57, weights_dtype=None if packed else torch.float32,
+                     extreme_ids=regime == "oob")
+    ws = layer.workspace(t)
+    ws.fill_(0xA5)
+    plan, _ = layer.plan(case, workspace=ws, tile=tile)
+    plan.run()
+    torch.cuda.synchronize()
+    got = _routing_tables(ws, t, geom.top_k, geom.local)
+    local = local_routes(geom, _route_ids(case)).reshape(-1).cpu()
+    counts = torch.bincount(local[local >= 0], minlength=geom.local)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    assert torch.equal(got["offsets"].long(), offsets)
+    route_row = got["route_row"]
+    assert torch.equal(route_row < 0, local < 0), "a route's row is -1 exactly when it contributes nothing"
+    for e in torch.nonzero(counts).flatten().tolist():
+        routes = torch.nonzero(local == e).flatten()
+        rows = route_row[routes].long()
+        want_rows = torch.arange(int(offsets[e]), int(offsets[e + 1]))
+        if local.numel() <= 32:
+            assert torch.equal(rows, want_rows), f"expert {e}: rows not in route order"
+        else:
+            assert torch.equal(rows.sort().values, want_rows), f"expert {e}: rows are not its own"
+        assert torch.equal(got["row_token"][rows].long(), routes // geom.top_k)
+    bn = plan.decision.block_n
+    want_tiles = [(e, int(offsets[e]) + j * bn) for e in range(geom.local) for j in range(-(-int(counts[e]) // bn))]
+    assert got["tile_count"] == len(want_tiles)
+    assert [tuple(x) for x in got["tiles"].tolist()] == want_tiles
+    done = got["tile_done"]  # zeroed by the routing kernel; with the tile sync every GEMM1 CTA then counts in
+    if plan.decision.tile_sync:
+        assert done.numel() == 0 or (bool((done == done[0]).all()) and 0 < int(done[0]) <= 1024), done
+    else:
+        assert not done.any()
+
+
 _GENERAL_REGIMES = [(name, regime, FORMS[i % len(FORMS)]) for name in sorted(GENERAL)
                     for i, regime in enumerate(REGIMES) if regime_applies(GENERAL[name], regime)]
 

@@ -112,11 +112,57 @@ __device__ __forceinline__ int32_t lookahead_tile_expert(const RouteLookahead& r
   return hit != 0u ? __shfl_sync(kAll, e, __ffs(hit) - 1) : -1;
 }
 
+// At most kMaxLookaheadRoutes routes (T = 1, 2 at top_k 16), where this kernel is on GEMM1's
+// critical path: warp 0 finds each route's expert, rank and tiles with one match, and the block
+// writes the offsets; one barrier instead of the general path's ten. The same outputs as the
+// general path with one warp of routes: rows in route order inside an expert, tiles in
+// ascending expert order, ceil(count / block_n) each (as lookahead_tile_expert assumes).
+__device__ __forceinline__ void route_few(const RouteParams& p) {
+  constexpr uint32_t kAll = 0xFFFFFFFFu;
+  __shared__ int32_t expert_of[32];  // local expert of route l, or -1
+  const int32_t tid = threadIdx.x;
+  if (tid < 32) expert_of[tid] = tid < p.num_routes ? local_expert(p, tid) : -1;
+  __syncthreads();
+  // offsets[e]: the routes whose local expert is below e
+  for (int32_t e = tid; e <= p.num_local; e += kRouteThreads) {
+    int32_t below = 0;
+#pragma unroll
+    for (int32_t l = 0; l < 32; ++l) below += (expert_of[l] >= 0 && expert_of[l] < e) ? 1 : 0;
+    p.offsets[e] = below;
+  }
+  if (tid >= 32) return;
+  const int32_t lane = tid, e = expert_of[lane];
+  const uint32_t peers = __match_any_sync(kAll, e);
+  const bool leader = e >= 0 && lane == int32_t(__ffs(peers)) - 1;
+  const int32_t tiles = leader ? (__popc(peers) + p.block_n - 1) / p.block_n : 0;
+  int32_t below = 0, first_tile = 0, num_tiles = 0;  // routes / tiles of smaller experts; all tiles
+#pragma unroll
+  for (int32_t l = 0; l < 32; ++l) {
+    const int32_t e_l = expert_of[l], tiles_l = __shfl_sync(kAll, tiles, l);
+    below += (e_l >= 0 && e_l < e) ? 1 : 0;
+    first_tile += e_l < e ? tiles_l : 0;
+    num_tiles += tiles_l;
+  }
+  const int32_t row = below + __popc(peers & ((1u << lane) - 1u));
+  if (lane < p.num_routes) p.route_row[lane] = e >= 0 ? row : -1;
+  if (e >= 0) p.row_token[row] = lane / p.top_k;
+  for (int32_t j = 0; j < tiles; ++j) {
+    p.tiles[first_tile + j] = TokenTile{e, below + j * p.block_n};
+    p.tile_done[first_tile + j] = 0;  // the previous call has completed: nothing reads it now
+  }
+  if (lane == 0) *p.tile_count = num_tiles;
+}
+
 // Launch order (a plan's run): activation dequantize, this kernel as its dependent launch, the
 // GEMMs. It reads nothing the dequantize writes, so it runs alongside it, and waits for it only
 // before completing: the GEMMs' dependency wait on this grid then covers both.
 __device__ __forceinline__ void route(const RouteParams& p) {
   ptx::allow_dependent_launch();  // GEMM1 may be scheduled; it waits for this grid to complete
+  if (p.num_routes <= kMaxLookaheadRoutes) {
+    route_few(p);
+    ptx::grid_dependency_wait();  // complete only after the activation dequantize has
+    return;
+  }
   __shared__ int32_t count[kMaxLocalExperts];   // counts, then their inclusive prefix
   __shared__ int32_t tiles_end[kMaxLocalExperts];  // tile ends, then placement cursors
   __shared__ int32_t chunk_total[32];
