@@ -4,8 +4,8 @@
 //
 // Up to 16383 routes one CTA of 1024 threads does everything (two passes over the T*k routes:
 // count, then place; at most 32 routes, one warp's match), so no global counters need clearing
-// and no grid-wide synchronisation is needed; more routes take three launches over several CTAs (route_count / route_scan /
-// route_place below), which need none either.
+// and no grid-wide synchronisation is needed; more routes take three launches over several
+// CTAs (route_count / route_scan / route_place below), which need none either.
 // Same-expert lanes of a warp are aggregated with __match_any_sync before the shared-memory
 // atomics, so one hot expert does not serialise the warp. Row order inside an expert follows
 // the atomics (unspecified); nothing downstream depends on it (see docs/mxfp4_moe.md).
