@@ -227,14 +227,12 @@ def test_gemm1_lookahead_reload_changes_no_bit(layers):
     assert out.stdout.split() == want, "the lookahead's reload path changed the bits"
 
 
-def _routing_tables(ws: torch.Tensor, t: int, top_k: int, num_local: int) -> dict[str, torch.Tensor]:
-    """The routing kernel's outputs in a plan's workspace (segments as in
-    mxfp4_moe._wrapper._workspace_bytes: offsets, row_token, route_row, tile list, tile_done)."""
-    r = t * top_k
-    max_tiles = r // 8 + min(num_local, r)
-    sizes = [(num_local + 1) * 4, r * 4, r * 4, max_tiles * 8 + 16, max_tiles * 4]
+def _routing_tables(ws: torch.Tensor, geom: Geometry, t: int) -> dict[str, torch.Tensor]:
+    """The routing kernel's outputs in a plan's workspace: its first five segments (offsets,
+    row_token, route_row, tile list, tile_done; mxfp4_moe._wrapper._workspace_segments)."""
+    from cake_moe.mxfp4_moe._wrapper import _workspace_segments
     at, seg = 0, []
-    for n in sizes:
+    for n in _workspace_segments(t, geom.hidden, geom.i_shard, geom.local, geom.top_k)[:5]:
         seg.append(ws[at:at + n].view(torch.int32).cpu())
         at += (n + 255) // 256 * 256
     count = int(seg[3][0])
@@ -259,7 +257,7 @@ def test_routing_bookkeeping(layers, name, regime, t, tile, packed):
     plan, _ = layer.plan(case, workspace=ws, tile=tile)
     plan.run()
     torch.cuda.synchronize()
-    got = _routing_tables(ws, t, geom.top_k, geom.local)
+    got = _routing_tables(ws, geom, t)
     local = local_routes(geom, _route_ids(case)).reshape(-1).cpu()
     counts = torch.bincount(local[local >= 0], minlength=geom.local)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])

@@ -35,6 +35,22 @@ def _align256(n: int) -> int:
     return (n + 255) // 256 * 256
 
 
+def _workspace_segments(num_tokens: int, hidden: int, inter: int, num_local: int, top_k: int) -> tuple[int, ...]:
+    """Bytes of each workspace segment before padding, in order (see :func:`_workspace_bytes`)."""
+    routes = num_tokens * top_k
+    return (
+        (num_local + 1) * 4,
+        routes * 4,
+        routes * 4,
+        (routes // 8 + min(num_local, routes)) * 8 + 16,
+        (routes // 8 + min(num_local, routes)) * 4,
+        _MAX_ROUTE_CHUNKS * num_local * 4,
+        num_tokens * hidden * 2,
+        routes * inter * 2,
+        routes * hidden * 2,
+    )
+
+
 def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, top_k: int) -> int:
     """Workspace bytes for ``num_tokens`` tokens: the mirror of ``workspace_layout`` in
     cpp/kernels/moe/params.hpp (keep the two identical; the GPU tests compare them).
@@ -46,19 +62,7 @@ def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, t
     act [R, I] bf16; rows [R, H] bf16. No segment depends on the tile form, so the total is
     monotonic in T.
     """
-    routes = num_tokens * top_k
-    segments = (
-        (num_local + 1) * 4,
-        routes * 4,
-        routes * 4,
-        (routes // 8 + min(num_local, routes)) * 8 + 16,
-        (routes // 8 + min(num_local, routes)) * 4,
-        _MAX_ROUTE_CHUNKS * num_local * 4,
-        num_tokens * hidden * 2,
-        routes * inter * 2,
-        routes * hidden * 2,
-    )
-    return sum(_align256(s) for s in segments)
+    return sum(_align256(s) for s in _workspace_segments(num_tokens, hidden, inter, num_local, top_k))
 
 
 def _positive_int(value, name: str) -> int:
