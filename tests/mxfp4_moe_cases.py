@@ -338,8 +338,13 @@ LOOKAHEAD_CASES = [("ep8", "hot", 2, None, False), ("tp8", "dup", 2, None, False
                    ("h256_e4_k1", "balanced", 32, "n8", False), ("h512_e40_k5", "zipf", 6, None, True)]
 
 
+def few_routes_case(geom: Geometry, regime: str, t: int, packed: bool) -> Case:
+    """The inputs of a LOOKAHEAD_CASES row (also used for the routing-table tests)."""
+    return make_case(geom, t, regime, seed=t + 57, weights_dtype=None if packed else torch.float32,
+                     extreme_ids=regime == "oob")
+
+
 def lookahead_case(layer: Layer, regime: str, t: int, tile: str | None, packed: bool) -> tuple[Case, torch.Tensor]:
     """One LOOKAHEAD_CASES row: the case and the layer's output."""
-    case = make_case(layer.geom, t, regime, seed=t + 57, weights_dtype=None if packed else torch.float32,
-                     extreme_ids=regime == "oob")
+    case = few_routes_case(layer.geom, regime, t, packed)
     return case, layer.run(case, tile=tile)

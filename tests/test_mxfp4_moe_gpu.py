@@ -21,8 +21,8 @@ from cake_moe.reference.grouped_gemm import rel_rms
 
 from .conftest import poison_
 from .mxfp4_moe_cases import (CONTRACT, GENERAL, LOOKAHEAD_CASES, REGIMES, Case, Geometry, Layer, bad_slots,
-                              local_routes, lookahead_case, make_case, named_layer, reference, regime_applies,
-                              wide_scale_weights, without_slots)
+                              few_routes_case, local_routes, lookahead_case, make_case, named_layer, reference,
+                              regime_applies, wide_scale_weights, without_slots)
 
 pytestmark = pytest.mark.gpu
 
@@ -250,8 +250,7 @@ def test_routing_bookkeeping(layers, name, regime, t, tile, packed):
     tile list runs in ascending expert order, ceil(count / BN) tiles each, counters zeroed."""
     layer = layers(name)
     geom = layer.geom
-    case = make_case(geom, t, regime, seed=t + 57, weights_dtype=None if packed else torch.float32,
-                     extreme_ids=regime == "oob")
+    case = few_routes_case(geom, regime, t, packed)
     ws = layer.workspace(t)
     ws.fill_(0xA5)
     plan, _ = layer.plan(case, workspace=ws, tile=tile)
