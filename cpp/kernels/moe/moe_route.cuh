@@ -90,25 +90,44 @@ __device__ __forceinline__ void publish_offsets(const RouteParams& p, int32_t* c
   __syncthreads();
 }
 
-// The local expert of token tile `tile` in the list publish_offsets writes (ascending local
-// expert, ceil(count / block_n) tiles each), computed by one warp from at most 32 routes (lane l
-// reads route l), or -1 when there is no such tile. All 32 lanes call it and get the answer.
-// A GEMM uses it to request its first weight stages before the routing kernel has finished.
+// One warp's numbering of at most 32 routes (lane l: route l's local expert e, or -1) in the
+// order publish_offsets lists the tiles (ascending local expert, ceil(count / block_n) tiles
+// each): the lane's same-expert lanes, its expert's tiles (on the expert's first lane, else 0),
+// the routes and the tiles of the smaller experts, and all tiles. `expert_of(l)` gives every
+// lane route l's expert. Both the one-warp routing path and the GEMMs' lookahead number tiles
+// with it, so they agree by construction.
+struct FewRoutes {
+  uint32_t peers;
+  int32_t tiles, routes_below, tiles_below, num_tiles;
+};
+template <typename ExpertOf>
+__device__ __forceinline__ FewRoutes number_few_routes(int32_t e, int32_t block_n, ExpertOf expert_of) {
+  constexpr uint32_t kAll = 0xFFFFFFFFu;
+  const int32_t lane = int32_t(threadIdx.x & 31u);
+  FewRoutes r{__match_any_sync(kAll, e), 0, 0, 0, 0};
+  if (e >= 0 && lane == int32_t(__ffs(r.peers)) - 1) r.tiles = (__popc(r.peers) + block_n - 1) / block_n;
+#pragma unroll
+  for (int32_t l = 0; l < 32; ++l) {
+    const int32_t e_l = expert_of(l), tiles_l = __shfl_sync(kAll, r.tiles, l);
+    r.routes_below += (e_l >= 0 && e_l < e) ? 1 : 0;
+    r.tiles_below += e_l < e ? tiles_l : 0;
+    r.num_tiles += tiles_l;
+  }
+  return r;
+}
+
+// The local expert of token tile `tile` in the list the routing kernel writes, computed by one
+// warp from at most 32 routes (lane l reads route l), or -1 when there is no such tile. All 32
+// lanes call it and get the answer. A GEMM uses it to request its first weight stages before
+// the routing kernel has finished.
 __device__ __forceinline__ int32_t lookahead_tile_expert(const RouteLookahead& r, int32_t block_n, int32_t tile) {
   constexpr uint32_t kAll = 0xFFFFFFFFu;
   const int32_t lane = int32_t(threadIdx.x & 31u);
   const int32_t e = lane < r.routes ? local_expert_of(r.topk_ids[lane], r.packed, r.num_experts, r.local_offset,
                                                       r.num_local)
                                     : -1;
-  const uint32_t peers = __match_any_sync(kAll, e);
-  const bool leader = e >= 0 && lane == __ffs(peers) - 1;
-  const int32_t tiles = leader ? (__popc(peers) + block_n - 1) / block_n : 0;
-  int32_t first = 0;  // the tiles of the smaller local experts (their leaders' counts)
-  for (int src = 0; src < 32; ++src) {
-    const int32_t e_src = __shfl_sync(kAll, e, src), tiles_src = __shfl_sync(kAll, tiles, src);
-    if (e_src < e) first += tiles_src;
-  }
-  const uint32_t hit = __ballot_sync(kAll, tile >= first && tile < first + tiles);
+  const FewRoutes n = number_few_routes(e, block_n, [&](int32_t l) { return __shfl_sync(kAll, e, l); });
+  const uint32_t hit = __ballot_sync(kAll, tile >= n.tiles_below && tile < n.tiles_below + n.tiles);
   return hit != 0u ? __shfl_sync(kAll, e, __ffs(hit) - 1) : -1;
 }
 
@@ -118,7 +137,6 @@ __device__ __forceinline__ int32_t lookahead_tile_expert(const RouteLookahead& r
 // general path with one warp of routes: rows in route order inside an expert, tiles in
 // ascending expert order, ceil(count / block_n) each (as lookahead_tile_expert assumes).
 __device__ __forceinline__ void route_few(const RouteParams& p) {
-  constexpr uint32_t kAll = 0xFFFFFFFFu;
   __shared__ int32_t expert_of[32];  // local expert of route l, or -1
   const int32_t tid = threadIdx.x;
   if (tid < 32) expert_of[tid] = tid < p.num_routes ? local_expert(p, tid) : -1;
@@ -132,25 +150,15 @@ __device__ __forceinline__ void route_few(const RouteParams& p) {
   }
   if (tid >= 32) return;
   const int32_t lane = tid, e = expert_of[lane];
-  const uint32_t peers = __match_any_sync(kAll, e);
-  const bool leader = e >= 0 && lane == int32_t(__ffs(peers)) - 1;
-  const int32_t tiles = leader ? (__popc(peers) + p.block_n - 1) / p.block_n : 0;
-  int32_t below = 0, first_tile = 0, num_tiles = 0;  // routes / tiles of smaller experts; all tiles
-#pragma unroll
-  for (int32_t l = 0; l < 32; ++l) {
-    const int32_t e_l = expert_of[l], tiles_l = __shfl_sync(kAll, tiles, l);
-    below += (e_l >= 0 && e_l < e) ? 1 : 0;
-    first_tile += e_l < e ? tiles_l : 0;
-    num_tiles += tiles_l;
-  }
-  const int32_t row = below + __popc(peers & ((1u << lane) - 1u));
+  const FewRoutes n = number_few_routes(e, p.block_n, [&](int32_t l) { return expert_of[l]; });
+  const int32_t row = n.routes_below + __popc(n.peers & ((1u << lane) - 1u));
   if (lane < p.num_routes) p.route_row[lane] = e >= 0 ? row : -1;
   if (e >= 0) p.row_token[row] = lane / p.top_k;
-  for (int32_t j = 0; j < tiles; ++j) {
-    p.tiles[first_tile + j] = TokenTile{e, below + j * p.block_n};
-    p.tile_done[first_tile + j] = 0;  // the previous call has completed: nothing reads it now
+  for (int32_t j = 0; j < n.tiles; ++j) {
+    p.tiles[n.tiles_below + j] = TokenTile{e, n.routes_below + j * p.block_n};
+    p.tile_done[n.tiles_below + j] = 0;  // the previous call has completed: nothing reads it now
   }
-  if (lane == 0) *p.tile_count = num_tiles;
+  if (lane == 0) *p.tile_count = n.num_tiles;
 }
 
 // Launch order (a plan's run): activation dequantize, this kernel as its dependent launch, the
