@@ -169,8 +169,13 @@ class Mxfp4MoePlan final : public Plan {
     // Launch order: dequantize (ordinary), routing, GEMM1, GEMM2, finalize, each of the last four
     // a dependent launch that starts while its predecessor drains and waits (griddepcontrol.wait)
     // before reading its outputs. The routing kernel reads nothing the dequantize writes: it runs
-    // alongside it and waits for it only before completing, so GEMM1's wait covers both.
-    for (auto& r : route_) r.cfg.pdl = true;
+    // alongside it and waits for it only before completing, so GEMM1's wait covers both. With at
+    // most 32 routes the routing kernel (then GEMM1's gate: the lookahead has requested the first
+    // weights) goes first instead, and the dequantize, released at its start, waits for it
+    // before completing: the routing kernel no longer starts a dependent-launch latency late.
+    route_first_ = chunk_routes == 0 && routes <= moe::kMaxLookaheadRoutes;
+    for (auto& r : route_) r.cfg.pdl = !route_first_;
+    dequant_.cfg.pdl = route_first_;
     gemm1_.cfg.pdl = gemm2_.cfg.pdl = finalize_.cfg.pdl = true;
     *finalize_.params = moe::FinalizeParams{rows, route_row,
                                            p.weight_kind == int32_t(moe::RouteWeights::kPacked)
@@ -183,8 +188,9 @@ class Mxfp4MoePlan final : public Plan {
   void run(std::uintptr_t stream) const override {
     if (tokens_ == 0) return;
     runtime::ScopedDevice scope(device_);  // once for the five to seven launches
-    dequant_.launch_in_scope(stream);
+    if (!route_first_) dequant_.launch_in_scope(stream);
     for (int i = 0; i < route_launches_; ++i) route_[i].launch_in_scope(stream);
+    if (route_first_) dequant_.launch_in_scope(stream);
     gemm1_.launch_in_scope(stream);
     gemm2_.launch_in_scope(stream);
     finalize_.launch_in_scope(stream);
@@ -226,6 +232,7 @@ class Mxfp4MoePlan final : public Plan {
   runtime::BoundKernel<moe::RouteParams> route_[3];  // one kernel, or count / scan / place
   int route_launches_ = 1;
   runtime::BoundKernel<formats::DequantizeArgs> dequant_;
+  bool route_first_ = false;  // the routing kernel before the dequantize (at most 32 routes)
   runtime::BoundKernel<GemmParams> gemm1_, gemm2_;
   runtime::BoundKernel<moe::FinalizeParams> finalize_;
   std::string forms_;

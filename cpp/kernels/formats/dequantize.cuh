@@ -9,16 +9,11 @@
 
 namespace cake_moe::formats {
 
+// Chunk c (kChunk consecutive elements of one row) of a.q -> a.out.
 template <Fmt F, typename Out, bool kSwizzled>
-__device__ __forceinline__ void dequantize(const DequantizeArgs& a) {
+__device__ __forceinline__ void dequantize_chunk(const DequantizeArgs& a, int64_t c) {
   using namespace numerics;
   constexpr int kBlock = block_size(F);
-  // A dependent launch (the MoE routing kernel) may start at once: it reads nothing written here
-  // and waits for this grid before it completes. Without one this is a no-op.
-  ptx::allow_dependent_launch();
-  const int64_t chunks = a.rows * a.cols / kChunk;
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= chunks) return;
   const uint32_t r = a.chunks_per_row.div(uint32_t(c));
   const int64_t cols_sf = a.cols / kBlock;
   const uint32_t sc = a.chunks_per_row.mod(uint32_t(c), r) / (kBlock / kChunk);
@@ -43,6 +38,19 @@ __device__ __forceinline__ void dequantize(const DequantizeArgs& a) {
     }
   }
   store_chunk<Out>(a.out, c, v);
+}
+
+// In a family-B plan with more than 32 routes this runs first and the routing kernel, its
+// dependent launch, may start at once (it reads nothing written here and waits for this grid
+// before it completes). With at most 32 routes the routing kernel runs first and this kernel,
+// its dependent launch, waits for it before completing, so that GEMM1's wait on this grid covers
+// both. Standalone (no dependent launch, no prerequisite grid) both calls are no-ops.
+template <Fmt F, typename Out, bool kSwizzled>
+__device__ __forceinline__ void dequantize(const DequantizeArgs& a) {
+  ptx::allow_dependent_launch();
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c < a.rows * a.cols / kChunk) dequantize_chunk<F, Out, kSwizzled>(a, c);
+  ptx::grid_dependency_wait();
 }
 
 }  // namespace cake_moe::formats

@@ -163,7 +163,9 @@ __device__ __forceinline__ void route_few(const RouteParams& p) {
 
 // Launch order (a plan's run): activation dequantize, this kernel as its dependent launch, the
 // GEMMs. It reads nothing the dequantize writes, so it runs alongside it, and waits for it only
-// before completing: the GEMMs' dependency wait on this grid then covers both.
+// before completing: the GEMMs' dependency wait on this grid then covers both. With at most 32
+// routes the plan launches this kernel first (its wait is then a no-op) and the dequantize as
+// its dependent launch, which waits for it (formats/dequantize.cuh).
 __device__ __forceinline__ void route(const RouteParams& p) {
   ptx::allow_dependent_launch();  // GEMM1 may be scheduled; it waits for this grid to complete
   if (p.num_routes <= kMaxLookaheadRoutes) {
