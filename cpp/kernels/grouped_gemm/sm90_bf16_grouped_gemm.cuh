@@ -251,9 +251,7 @@ struct GroupedGemmKernel {
     uint64_t* empty_bar = full_bar + kStages;
     int32_t* table = reinterpret_cast<int32_t*>(smem + kOffTable);
 
-    // the warpgroup index through a constant-lane shuffle: the compiler then knows it is warp-uniform
-    // and keeps the per-warpgroup smem offsets (hence the wgmma descriptors) in uniform registers
-    const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+    const int warpgroup = ptx::warpgroup_index();  // warp-uniform for the compiler: uniform descriptors
     const int tid_wg = threadIdx.x % 128;
 
     if (threadIdx.x == 0) {

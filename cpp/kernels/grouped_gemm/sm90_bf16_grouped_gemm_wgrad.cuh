@@ -391,9 +391,7 @@ struct GroupedGemmWgradKernel {
     int32_t* bcast = reinterpret_cast<int32_t*>(smem + kOffBcast);
     uint64_t* table = reinterpret_cast<uint64_t*>(smem + kOffTable);
 
-    // the warpgroup index through a constant-lane shuffle: the compiler then knows it is warp-uniform
-    // and keeps the per-warpgroup smem offsets (hence the wgmma descriptors) in uniform registers
-    const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+    const int warpgroup = ptx::warpgroup_index();  // warp-uniform for the compiler: uniform descriptors
     const int tid_wg = threadIdx.x % 128;
 
     // workspace: [control 256 B][flags][FP32 tiles]
