@@ -141,7 +141,7 @@ class Mxfp4MoePlan final : public Plan {
     int32_t* done = tile_sync ? tile_done : nullptr;
     // With at most 32 routes a BN 8 GEMM1 with TMA weights names its tile's expert from the routes
     // and requests its first weight stages before its dependency wait (Mxfp4MoeGemm, lookahead).
-    const bool lookahead = routes <= moe::kMaxLookaheadRoutes && t1.looks_ahead;
+    const bool lookahead = routes <= moe::kMaxFewRoutes && t1.looks_ahead;
     // The CTAs resident from the start (by shared memory and threads per SM): a later CTA starts
     // after the routing kernel has finished, and its lookahead would only delay its exit (the
     // dependent GEMM2 launches once every GEMM1 CTA has passed its wait). Registers are left out:
@@ -173,7 +173,7 @@ class Mxfp4MoePlan final : public Plan {
     // most 32 routes the routing kernel (then GEMM1's gate: the lookahead has requested the first
     // weights) goes first instead, and the dequantize, released at its start, waits for it
     // before completing: the routing kernel no longer starts a dependent-launch latency late.
-    route_first_ = chunk_routes == 0 && routes <= moe::kMaxLookaheadRoutes;
+    route_first_ = chunk_routes == 0 && routes <= moe::kMaxFewRoutes;
     for (auto& r : route_) r.cfg.pdl = !route_first_;
     dequant_.cfg.pdl = route_first_;
     gemm1_.cfg.pdl = gemm2_.cfg.pdl = finalize_.cfg.pdl = true;

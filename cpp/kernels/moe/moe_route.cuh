@@ -131,7 +131,7 @@ __device__ __forceinline__ int32_t lookahead_tile_expert(const RouteLookahead& r
   return hit != 0u ? __shfl_sync(kAll, e, __ffs(hit) - 1) : -1;
 }
 
-// At most kMaxLookaheadRoutes routes (T = 1, 2 at top_k 16), where this kernel is on GEMM1's
+// At most kMaxFewRoutes routes (T = 1, 2 at top_k 16), where this kernel is on GEMM1's
 // critical path: warp 0 finds each route's expert, rank and tiles with one match, and the block
 // writes the offsets; one barrier instead of the general path's ten. The same outputs as the
 // general path with one warp of routes: rows in route order inside an expert, tiles in
@@ -168,7 +168,7 @@ __device__ __forceinline__ void route_few(const RouteParams& p) {
 // its dependent launch, which waits for it (formats/dequantize.cuh).
 __device__ __forceinline__ void route(const RouteParams& p) {
   ptx::allow_dependent_launch();  // GEMM1 may be scheduled; it waits for this grid to complete
-  if (p.num_routes <= kMaxLookaheadRoutes) {
+  if (p.num_routes <= kMaxFewRoutes) {
     route_few(p);
     ptx::grid_dependency_wait();  // complete only after the activation dequantize has
     return;

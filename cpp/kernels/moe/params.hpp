@@ -82,10 +82,13 @@ struct RouteParams {
   int32_t block_n;          // rows per token tile (the GEMM form's BN)
 };
 
+// At most this many routes (one warp's worth: T = 1, 2 at top_k 16) take the few-route paths:
+// the routing kernel's one-warp numbering (moe_route.cuh, route_few), its launch ahead of the
+// activation dequantize (the family-B plan), and the GEMM1 lookahead below.
+constexpr int32_t kMaxFewRoutes = 32;
 // What a GEMM needs to name its token tile's local expert from the routes themselves, before the
 // routing kernel has listed the tiles (moe_route.cuh, lookahead_tile_expert): at most
-// kMaxLookaheadRoutes routes. routes = 0: no lookahead.
-constexpr int32_t kMaxLookaheadRoutes = 32;
+// kMaxFewRoutes routes. routes = 0: no lookahead.
 struct RouteLookahead {
   const int32_t* topk_ids;  // as RouteParams::topk_ids (an input: no launch of the plan writes it)
   int32_t routes;           // T * k
