@@ -164,7 +164,7 @@ struct GroupedGemmKernel {
           const uint64_t da = ptx::make_desc_kmajor_sw128(a_addr + kk * 32);
           const uint64_t db = kBNMajor ? ptx::make_desc_mnmajor_sw128(b_addr + kk * 16 * 128, kBChunkBytes)
                                        : ptx::make_desc_kmajor_sw128(b_addr + kk * 32);
-          Mma::mma(acc, da, db, 1u);
+          Mma::mma(acc, da, db, 1u);  // bound: mma
         }
         ptx::wgmma_commit();
         ptx::reg_fence(acc);
@@ -217,7 +217,8 @@ struct GroupedGemmKernel {
         if (tid_wg == 0) {
 #pragma unroll
           for (int j = 0; j < kWgTileN / 64; ++j)
-            if (c0 + j * 64 < p.n_out) ptx::tma_store_2d(&p.tmap_d, sd + j * kDChunkBytes, c0 + j * 64, r0);
+            if (c0 + j * 64 < p.n_out)
+              ptx::tma_store_2d(&p.tmap_d, sd + j * kDChunkBytes, c0 + j * 64, r0);  // bound: store
           ptx::tma_store_commit();
         }
       } else {
@@ -232,7 +233,7 @@ struct GroupedGemmKernel {
           if (col < p.n_out) {
             const uint4 v = *reinterpret_cast<const uint4*>(sd + (u / 8) * kDChunkBytes + row * 128 +
                                                             (((u % 8) ^ (row % 8)) * 16));
-            *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r0 + row) * p.n_out + col) = v;
+            *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r0 + row) * p.n_out + col) = v;  // bound: store
           }
         }
       }

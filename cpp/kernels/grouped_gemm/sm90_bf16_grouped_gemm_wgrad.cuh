@@ -277,7 +277,7 @@ struct GroupedGemmWgradKernel {
           // LBO = 8 KB between 64-column boxes (B spans kBChunks of them).
           const uint64_t da = ptx::make_desc_mnmajor_sw128(a_addr + kk * 2048, kChunkBytes);
           const uint64_t db = ptx::make_desc_mnmajor_sw128(b_addr + kk * 2048, kChunkBytes);
-          Mma::mma(acc, da, db, 1u);
+          Mma::mma(acc, da, db, 1u);  // bound: mma
         }
         ptx::wgmma_commit();
         ptx::reg_fence(acc);
@@ -315,8 +315,8 @@ struct GroupedGemmWgradKernel {
             wgrad_detail::quad_transpose(x, q);
             wgrad_detail::quad_transpose(y, q);
             if (ok) {
-              ptx::st_v4_u32(out_row + col, x[0], y[0], x[1], y[1]);
-              ptx::st_v4_u32(out_row + col + 4, x[2], y[2], x[3], y[3]);
+              ptx::st_v4_u32(out_row + col, x[0], y[0], x[1], y[1]);  // bound: store
+              ptx::st_v4_u32(out_row + col + 4, x[2], y[2], x[3], y[3]);  // bound: store
             }
           } else {
             uint32_t v[4];
@@ -324,7 +324,7 @@ struct GroupedGemmWgradKernel {
             for (int b = 0; b < 4; ++b)
               v[b] = wgrad_detail::pack_bf16x2(acc[4 * (4 * j + b) + 2 * h], acc[4 * (4 * j + b) + 2 * h + 1]);
             wgrad_detail::quad_transpose(v, q);
-            if (ok) ptx::st_v4_u32(out_row + col, v[0], v[1], v[2], v[3]);
+            if (ok) ptx::st_v4_u32(out_row + col, v[0], v[1], v[2], v[3]);  // bound: store
           }
         }
       }
