@@ -1,4 +1,5 @@
-"""The kernel build's compile wrapper (tools/nvcc_checked.py) on a stand-in compiler."""
+"""Build and experiment tools: the kernel build's compile wrapper (tools/nvcc_checked.py) on a
+stand-in compiler, and the bound-experiment trees (ci/bound_tree.py)."""
 from __future__ import annotations
 
 import pathlib
@@ -58,3 +59,36 @@ def test_output_path_is_the_named_file_only():
     assert mod._output_path(["-odir", "d", "-o", "k.fatbin"]) == "k.fatbin"   # -odir is a directory
     assert mod._output_path(["--output-file=k.cubin"]) == "k.cubin"
     assert mod._output_path(["-odir", "d"]) is None
+
+
+def _bound_tree():
+    import importlib.util
+    path = pathlib.Path(__file__).resolve().parents[1] / "ci" / "bound_tree.py"
+    spec = importlib.util.spec_from_file_location("bound_tree", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bound_tree_empties_only_the_marked_statements():
+    src = ("  if (ok)\n"
+           "    store(x);  // bound: store\n"
+           "  mma(a, b);  // bound: mma\n"
+           "  keep(y);  // a comment\n")
+    text, n = _bound_tree().drop_marked(src, {"store"})
+    assert n == 1
+    # the `if` now guards an empty statement, not the line after it
+    assert text == ("  if (ok)\n"
+                    "    ;  // bound: dropped store\n"
+                    "  mma(a, b);  // bound: mma\n"
+                    "  keep(y);  // a comment\n")
+    assert _bound_tree().drop_marked(src, {"mma", "store"})[1] == 2
+
+
+def test_grouped_gemm_kernels_carry_the_bound_marks():
+    kernels = pathlib.Path(__file__).resolve().parents[1] / "cpp" / "kernels" / "grouped_gemm"
+    tool = _bound_tree()
+    for name in ("sm90_bf16_grouped_gemm.cuh", "sm90_bf16_grouped_gemm_wgrad.cuh"):
+        text = (kernels / name).read_text()
+        for mark in ("mma", "store"):
+            assert tool.drop_marked(text, {mark})[1] >= 1, (name, mark)
