@@ -131,8 +131,8 @@ class Mxfp4MoePlan final : public Plan {
                                         formats::DequantizeArgs{p.x, p.x_sf, nullptr, x_bf16, p.tokens, p.hidden, {}},
                                         p.device);
     // 3, 4. the GEMMs: grid = worst-case token tiles x m-blocks (idle CTAs exit at once)
-    // (moe::max_token_tiles sizes the workspace; no expert has more tiles than routes either)
-    const int64_t max_tiles = std::min(routes, routes / t1.bn + std::min<int64_t>(p.num_local, routes));
+    // (the bound for this form's BN; no list has more tiles than routes either)
+    const int64_t max_tiles = std::min(routes, moe::token_tiles_bound(routes, p.num_local, t1.bn));
     // With tile_sync, two one-CTA-per-item forms (mma.sync) synchronize per token tile: GEMM2's
     // CTAs wait for their tile's GEMM1 CTAs, not for all of GEMM1 (the persistent wgmma forms walk
     // items in their own order and keep the launch-wide wait).

@@ -158,6 +158,8 @@ struct GroupedGemmWgradKernel {
   // waits for the slot's free barrier (all 256 consumer threads arrive) before refilling it.
   // Barriers: full and empty of the stages, then the slots' free barriers.
   static constexpr uint32_t kOffMeta = kOffBar + 3 * kStages * 8;  // kStages decoded WgradUnit slots
+  // the producer numbers slots and phases from a 32-bit count of published units, which stays
+  // consistent across its wrap-around only for a power-of-two slot count
   static_assert((kStages & (kStages - 1)) == 0, "unit slots are numbered modulo kStages (a power of two)");
   static constexpr uint32_t kOffBcast = kOffMeta + ((kStages * sizeof(WgradUnit) + 15) / 16) * 16;
   static constexpr uint32_t kOffTable = kOffBcast + 16;

@@ -16,11 +16,15 @@ struct TokenTile {
   int32_t row0;     // first sorted row
 };
 
-// Upper bound on the token tiles of R routes over L experts for tiles of >= kMinBlockN rows:
-// every expert with a route contributes ceil(count / bn) <= count / bn + 1 tiles.
+// Upper bound on the token tiles of R routes over L experts for tiles of block_n rows: every
+// expert with a route contributes ceil(count / bn) <= count / bn + 1 tiles.
+CAKE_HD constexpr int64_t token_tiles_bound(int64_t routes, int64_t num_local, int64_t block_n) {
+  return routes / block_n + (num_local < routes ? num_local : routes);
+}
+// ... for every tile form (rows >= kMinBlockN): sizes the workspace's tile list.
 constexpr int32_t kMinBlockN = 8;
 CAKE_HD constexpr int64_t max_token_tiles(int64_t routes, int64_t num_local) {
-  return routes / kMinBlockN + (num_local < routes ? num_local : routes);
+  return token_tiles_bound(routes, num_local, kMinBlockN);
 }
 
 CAKE_HD constexpr int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
