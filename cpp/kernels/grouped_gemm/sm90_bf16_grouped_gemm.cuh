@@ -22,7 +22,10 @@
 //                    (kOverlap = 1 instead flushes tile i's epilogue while tile
 //                    i+1's first wgmma groups run; correct, but not faster on
 //                    the H200 measurements, so off by default.)
-//   scheduler        scheduler.cuh: per-CTA prefix of ragged tile counts.
+//   scheduler        scheduler.cuh: per-CTA prefix of ragged tile counts. The
+//                    producer decodes each tile and hands it to the consumers
+//                    with the tile's first stage (unit_slots.cuh), so they
+//                    start a tile without a decode of their own.
 //
 // Every output element is produced by one CTA with a fixed reduction order:
 // results are bitwise reproducible run to run.
@@ -40,6 +43,7 @@
 #include "common/ptx/wgmma.cuh"
 #include "grouped_gemm/params.cuh"
 #include "grouped_gemm/scheduler.cuh"
+#include "grouped_gemm/unit_slots.cuh"
 
 namespace cake_moe {
 namespace sm90 {
@@ -93,12 +97,14 @@ struct GroupedGemmKernel {
   static constexpr uint32_t kDBytesPerWG = 64 * kWgTileN * 2;
   static constexpr uint32_t kDChunkBytes = 64 * 64 * 2;  // 64 rows x 64 cols bf16 = one store box
   using Scheduler = RaggedTileScheduler<kBM, kBN, kRasterN, kTableSize>;
+  using Slots = UnitSlots<GroupTile, unit_slot_count(kStages), kNumConsumerWG * 128>;  // decoded tiles
 
   static constexpr uint32_t kOffA = 0;
   static constexpr uint32_t kOffB = kOffA + kStages * kABytes;
   static constexpr uint32_t kOffD = kOffB + kStages * kBBytes;
   static constexpr uint32_t kOffBar = kOffD + kNumConsumerWG * kDBytesPerWG;
-  static constexpr uint32_t kOffTable = kOffBar + 2 * kStages * 8;
+  static constexpr uint32_t kOffSlots = kOffBar + 2 * kStages * 8;
+  static constexpr uint32_t kOffTable = kOffSlots + Slots::kSmemBytes;
   static constexpr uint32_t kSmemUsed = kOffTable + Scheduler::kSmemBytes;
   // +1024: the dynamic smem base is aligned up to 1024 B at run time.
   static constexpr uint32_t kSmemBytes = kSmemUsed + 1024;
@@ -139,6 +145,15 @@ struct GroupedGemmKernel {
     uint64_t* empty_bar;
     int32_t k_blocks;
     uint32_t stage, phase;
+    Slots slots;
+    typename Slots::Reader tile_reader;
+
+    // The next tile, published by the producer with the tile's first stage (waited here; the
+    // mainloop's own wait on it then returns at once).
+    __device__ __forceinline__ GroupTile next_tile() {
+      ptx::mbar_wait_parity(&full_bar[stage], phase);
+      return tile_reader.read(slots);
+    }
 
     // Accumulate one tile into `acc`. With kFlushPrev, the epilogue of the
     // previous tile (held in `prev`) runs right after the first two k-blocks
@@ -251,6 +266,7 @@ struct GroupedGemmKernel {
     uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + kOffBar);
     uint64_t* empty_bar = full_bar + kStages;
     int32_t* table = reinterpret_cast<int32_t*>(smem + kOffTable);
+    const Slots tile_slots = Slots::at(smem + kOffSlots);
 
     const int warpgroup = ptx::warpgroup_index();  // warp-uniform for the compiler: uniform descriptors
     const int tid_wg = threadIdx.x % 128;
@@ -260,6 +276,7 @@ struct GroupedGemmKernel {
         ptx::mbar_init(&full_bar[s], 1);                       // producer's expect_tx arrival
         ptx::mbar_init(&empty_bar[s], kNumConsumerWG * 4);     // one arrival per consumer warp
       }
+      tile_slots.init();
       ptx::mbar_fence_init();
       ptx::tma_prefetch_desc(&p.tmap_a);
       ptx::tma_prefetch_desc(&p.tmap_b);
@@ -275,6 +292,7 @@ struct GroupedGemmKernel {
       ptx::setmaxnreg_dec<kProducerRegs>();
       if (tid_wg == 0) {
         uint32_t stage = 0, phase = 0;
+        typename Slots::Writer tiles;
         for (int32_t t = blockIdx.x; t < sched.total_tiles; t += gridDim.x) {
           const GroupTile tile = sched.tile(t);
           // dgrad: skip 64-column B chunks that lie wholly past Nout. Their smem
@@ -285,6 +303,7 @@ struct GroupedGemmKernel {
           const uint32_t tx_bytes = kABytes + (kBNMajor ? b_chunks * kBChunkBytes : kBBytes);
           for (int32_t kb = 0; kb < k_blocks; ++kb) {
             ptx::mbar_wait_parity(&empty_bar[stage], phase ^ 1u);
+            if (kb == 0) tiles.publish(tile_slots, tile);  // k_blocks >= 1: the host refuses K = 0
             uint8_t* sa = smem + kOffA + stage * kABytes;
             uint8_t* sb = smem + kOffB + stage * kBBytes;
             ptx::mbar_arrive_expect_tx(&full_bar[stage], tx_bytes);
@@ -324,6 +343,8 @@ struct GroupedGemmKernel {
       c.k_blocks = k_blocks;
       c.stage = 0;
       c.phase = 0;
+      c.slots = tile_slots;
+      c.tile_reader = {};
 
       const int32_t total = sched.total_tiles;
       const int32_t stride = gridDim.x;
@@ -335,7 +356,7 @@ struct GroupedGemmKernel {
         GroupTile prev = {0, 0, 0, 0};
         int32_t t = blockIdx.x;
         if (t < total) {
-          GroupTile cur = sched.tile(t);
+          GroupTile cur = c.next_tile();
           c.template mainloop<false>(acc0, acc1, prev, p);
           prev = cur;
           for (;;) {
@@ -344,7 +365,7 @@ struct GroupedGemmKernel {
               c.epilogue(acc0, prev, p);
               break;
             }
-            cur = sched.tile(t);
+            cur = c.next_tile();
             c.template mainloop<true>(acc1, acc0, prev, p);
             prev = cur;
             t += stride;
@@ -352,7 +373,7 @@ struct GroupedGemmKernel {
               c.epilogue(acc1, prev, p);
               break;
             }
-            cur = sched.tile(t);
+            cur = c.next_tile();
             c.template mainloop<true>(acc0, acc1, prev, p);
             prev = cur;
           }
@@ -360,7 +381,7 @@ struct GroupedGemmKernel {
       } else {
         float acc[kAccRegs];
         for (int32_t t = blockIdx.x; t < total; t += stride) {
-          const GroupTile tile = sched.tile(t);
+          const GroupTile tile = c.next_tile();
           c.template mainloop<false>(acc, acc, tile, p);
           c.epilogue(acc, tile, p);
         }

@@ -70,6 +70,7 @@
 #include "common/ptx/smem.cuh"
 #include "common/ptx/tma.cuh"
 #include "common/ptx/wgmma.cuh"
+#include "grouped_gemm/unit_slots.cuh"
 #include "grouped_gemm/wgrad_params.cuh"
 #include "grouped_gemm/wgrad_scheduler.cuh"
 
@@ -152,16 +153,10 @@ struct GroupedGemmWgradKernel {
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
   using Scheduler = WgradScheduler<kBM, kBN, kSplitQ, kMinChunkKB, kTableSize>;
   static constexpr uint32_t kOffBar = kStages * kStageBytes;
-  // Decoded units travel from the producer to the consumers through kStages slots of their own,
-  // one per unit in order (a unit holds at least one ring stage, so kStages slots never bind):
-  // the producer fills a slot before the arrival that completes the unit's first stage, and
-  // waits for the slot's free barrier (all 256 consumer threads arrive) before refilling it.
-  // Barriers: full and empty of the stages, then the slots' free barriers.
-  static constexpr uint32_t kOffMeta = kOffBar + 3 * kStages * 8;  // kStages decoded WgradUnit slots
-  // the producer numbers slots and phases from a 32-bit count of published units, which stays
-  // consistent across its wrap-around only for a power-of-two slot count
-  static_assert((kStages & (kStages - 1)) == 0, "unit slots are numbered modulo kStages (a power of two)");
-  static constexpr uint32_t kOffBcast = kOffMeta + ((kStages * sizeof(WgradUnit) + 15) / 16) * 16;
+  // decoded units, producer -> consumers (unit_slots.cuh)
+  using Slots = UnitSlots<WgradUnit, kStages, kNumConsumerWG * 128>;
+  static constexpr uint32_t kOffSlots = kOffBar + 2 * kStages * 8;
+  static constexpr uint32_t kOffBcast = kOffSlots + Slots::kSmemBytes;
   static constexpr uint32_t kOffTable = kOffBcast + 16;
   static constexpr uint32_t kSmemUsed = kOffTable + Scheduler::kSmemBytes;
   static constexpr uint32_t kSmemBytes = kSmemUsed + 1024;  // base aligned up to 1024 B at run time
@@ -198,26 +193,12 @@ struct GroupedGemmWgradKernel {
     uint32_t smem_base;
     uint64_t* full_bar;
     uint64_t* empty_bar;
-    uint64_t* unit_free;
-    uint32_t uslot;
-    const WgradUnit* meta;
+    Slots slots;
+    typename Slots::Reader unit_reader;
     int32_t* bcast;
     uint32_t stage, phase;
     uint32_t* flags;
     float* bufs;
-
-    // The next decoded unit. Every lane loads it and every thread frees the slot itself, so each
-    // load is ordered before the producer's next write to the slot. The __syncwarp tells the
-    // compiler that the warp is converged here (after the barrier's spin loop), so the loaded
-    // unit is warp-uniform: the mainloop's trip count, ring state and wgmma descriptors then stay
-    // in uniform registers (without it they do not: ~6% slower at large T).
-    __device__ __forceinline__ WgradUnit read_unit() {
-      const WgradUnit w = meta[uslot];
-      __syncwarp();
-      ptx::mbar_arrive(&unit_free[uslot]);
-      if (++uslot == kStages) uslot = 0;
-      return w;
-    }
 
     __device__ __forceinline__ void advance() {
       if (++stage == kStages) {
@@ -412,8 +393,7 @@ struct GroupedGemmWgradKernel {
 
     uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + kOffBar);
     uint64_t* empty_bar = full_bar + kStages;
-    uint64_t* unit_free = empty_bar + kStages;
-    WgradUnit* meta = reinterpret_cast<WgradUnit*>(smem + kOffMeta);
+    const Slots unit_slots = Slots::at(smem + kOffSlots);
     int32_t* bcast = reinterpret_cast<int32_t*>(smem + kOffBcast);
     uint64_t* table = reinterpret_cast<uint64_t*>(smem + kOffTable);
 
@@ -437,8 +417,8 @@ struct GroupedGemmWgradKernel {
       for (int s = 0; s < kStages; ++s) {
         ptx::mbar_init(&full_bar[s], 1);                    // producer's (expect_tx) arrival
         ptx::mbar_init(&empty_bar[s], kNumConsumerWG * 4);  // one arrival per consumer warp
-        ptx::mbar_init(&unit_free[s], kNumConsumerWG * 128);  // every consumer thread
       }
+      unit_slots.init();
       ptx::mbar_fence_init();
       ptx::tma_prefetch_desc(&p.tmap_g);
       ptx::tma_prefetch_desc(&p.tmap_x);
@@ -451,13 +431,7 @@ struct GroupedGemmWgradKernel {
       ptx::setmaxnreg_dec<kProducerRegs>();
       if (tid_wg == 0) {
         uint32_t stage = 0, phase = 0;
-        uint32_t published = 0;
-        auto publish = [&](const WgradUnit& w) {
-          const uint32_t slot = published % kStages;
-          ptx::mbar_wait_parity(&unit_free[slot], ((published / kStages) & 1u) ^ 1u);
-          meta[slot] = w;
-          ++published;
-        };
+        typename Slots::Writer units;
         const uint32_t total = static_cast<uint32_t>(sched.total_units);
         for (uint32_t iter = 0;; ++iter) {
           const uint32_t u = dynamic ? atomicAdd(&ctrl[0], 1u) : blockIdx.x + iter * gridDim.x;
@@ -466,7 +440,7 @@ struct GroupedGemmWgradKernel {
           if (w.kb == 0) {
             // empty group: no data, the consumers store zeros
             ptx::mbar_wait_parity(&empty_bar[stage], phase ^ 1u);
-            publish(w);
+            units.publish(unit_slots, w);
             ptx::mbar_arrive(&full_bar[stage]);
             if (++stage == kStages) {
               stage = 0;
@@ -481,7 +455,7 @@ struct GroupedGemmWgradKernel {
           const uint32_t tx = static_cast<uint32_t>(na + nb) * kChunkBytes;
           for (int32_t i = 0; i < w.kb; ++i) {
             ptx::mbar_wait_parity(&empty_bar[stage], phase ^ 1u);
-            if (i == 0) publish(w);
+            if (i == 0) units.publish(unit_slots, w);
             ptx::mbar_arrive_expect_tx(&full_bar[stage], tx);
             uint8_t* sa = smem + stage * kStageBytes;
             uint8_t* sb = sa + kABytes;
@@ -500,7 +474,7 @@ struct GroupedGemmWgradKernel {
         ptx::mbar_wait_parity(&empty_bar[stage], phase ^ 1u);
         WgradUnit end{};
         end.kb = -1;
-        publish(end);
+        units.publish(unit_slots, end);
         ptx::mbar_arrive(&full_bar[stage]);
         if (dynamic) {
           // the last CTA to finish taking units resets the counters for the next launch
@@ -526,9 +500,8 @@ struct GroupedGemmWgradKernel {
       c.smem_base = smem_base;
       c.full_bar = full_bar;
       c.empty_bar = empty_bar;
-      c.unit_free = unit_free;
-      c.uslot = 0;
-      c.meta = meta;
+      c.slots = unit_slots;
+      c.unit_reader = {};
       c.bcast = bcast;
       c.stage = 0;
       c.phase = 0;
@@ -537,7 +510,7 @@ struct GroupedGemmWgradKernel {
       float acc[kAccRegs];
       for (;;) {
         ptx::mbar_wait_parity(&full_bar[c.stage], c.phase);
-        const WgradUnit w = c.read_unit();
+        const WgradUnit w = c.unit_reader.read(c.slots);
         if (w.kb < 0) break;
         if (w.kb == 0) {
           if (c.lane == 0) ptx::mbar_arrive(&empty_bar[c.stage]);

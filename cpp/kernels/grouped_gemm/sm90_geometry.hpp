@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/host_device.hpp"
+#include "grouped_gemm/unit_slots_layout.hpp"
 
 namespace cake_moe::sm90 {
 
@@ -22,6 +23,7 @@ struct GroupedGemmGeometry {
     return uint32_t(stages) * uint32_t(bm + bn) * kBK * 2   // A and B stages
            + 2u * 64u * uint32_t(wg_tile_n()) * 2u          // two epilogue staging tiles
            + 2u * uint32_t(stages) * 8u                     // full/empty mbarriers
+           + unit_slots_smem_bytes(unit_slot_count(stages), 16u)  // decoded tiles (GroupTile)
            + uint32_t(table + 32) * 4u                      // scheduler prefix table
            + 1024u;                                         // run-time 1024-B alignment of the base
   }
