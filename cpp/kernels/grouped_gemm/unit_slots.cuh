@@ -24,6 +24,8 @@ namespace sm90 {
 
 template <typename Unit, int kSlots, int kReaders>
 struct UnitSlots {
+  // the writer numbers slots and phases from a 32-bit count of published units, which stays
+  // consistent across its wrap-around only for a power-of-two slot count
   static_assert(kSlots > 0 && (kSlots & (kSlots - 1)) == 0, "slots are numbered modulo kSlots (a power of two)");
   static_assert(sizeof(Unit) % 4 == 0, "units are whole words");
   // shared memory: kSlots free barriers, then kSlots units (16-B multiple in all)
