@@ -328,7 +328,7 @@ print(worst)
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])
-@pytest.mark.parametrize("tile", ["128x128", "128x256", "64x128"])
+@pytest.mark.parametrize("tile", ["128x128", "128x256", "64x128", "128x192"])
 def test_every_sm90_tile_form(op, tile):
     x, w, g, offs = _problem(PATTERNS["ragged6"], 200, 264, seed=4)
     if op == "fwd":

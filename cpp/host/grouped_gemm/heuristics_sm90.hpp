@@ -13,7 +13,7 @@ struct Sm90Tile {
 };
 
 // The forms compiled for sm_90a (cpp/kernels/forms.py, SM90_GG_TILES).
-inline constexpr Sm90Tile kSm90Tiles[] = {{128, 128, 5}, {128, 256, 3}, {64, 128, 8}};
+inline constexpr Sm90Tile kSm90Tiles[] = {{128, 128, 5}, {128, 256, 3}, {64, 128, 8}, {128, 192, 4}};
 
 // Expected cost of a tile width for the dgrad: whole waves of persistent CTAs over the tiles,
 // times each tile's work, with 128x256's better efficiency per FLOP (0.93). The host does not

@@ -85,7 +85,8 @@ struct GroupedGemmKernel {
   static_assert(kBM == 64 || kBM == 128, "BM: one m64 wgmma per consumer warpgroup (128) or a shared m64 (64)");
   static_assert(kWgM * kWgN == kNumConsumerWG, "consumer warpgroups must tile the CTA tile exactly");
   static_assert(kBN % 64 == 0 && kBN <= 256, "BN: multiple of 64 (TMA store / N-major chunks), TMA box <= 256");
-  static_assert(kWgTileN == 64 || kWgTileN == 128 || kWgTileN == 256, "wgmma N instantiated for 64/128/256");
+  static_assert(kWgTileN == 64 || kWgTileN == 128 || kWgTileN == 192 || kWgTileN == 256,
+                "wgmma N instantiated for 64/128/192/256");
   static_assert(kWgTileN % 64 == 0, "a warpgroup's N range must be whole 64-column chunks (N-major LBO, stores)");
   static_assert(kStages >= 2, "need at least double buffering");
   static_assert(kRasterN >= 1, "raster width");

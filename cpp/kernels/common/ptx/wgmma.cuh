@@ -90,16 +90,19 @@ __device__ __forceinline__ uint64_t make_desc_mnmajor_sw128(uint32_t smem_byte_a
 #define CAKE_WGMMA_ACC16(b) CAKE_WGMMA_ACC8(b), CAKE_WGMMA_ACC8((b) + 8)
 #define CAKE_WGMMA_ACC32(b) CAKE_WGMMA_ACC16(b), CAKE_WGMMA_ACC16((b) + 16)
 #define CAKE_WGMMA_ACC64 CAKE_WGMMA_ACC32(0), CAKE_WGMMA_ACC32(32)
-#define CAKE_WGMMA_ACC128 CAKE_WGMMA_ACC64, CAKE_WGMMA_ACC32(64), CAKE_WGMMA_ACC32(96)
+#define CAKE_WGMMA_ACC96 CAKE_WGMMA_ACC64, CAKE_WGMMA_ACC32(64)
+#define CAKE_WGMMA_ACC128 CAKE_WGMMA_ACC96, CAKE_WGMMA_ACC32(96)
 #define CAKE_WGMMA_D16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define CAKE_WGMMA_D32 CAKE_WGMMA_D16 ", " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define CAKE_WGMMA_D64                                                                          \
   CAKE_WGMMA_D32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define CAKE_WGMMA_D128                                                                         \
+#define CAKE_WGMMA_D96                                                                          \
   CAKE_WGMMA_D64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define CAKE_WGMMA_D128                                                                         \
+  CAKE_WGMMA_D96 ", " \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
@@ -135,6 +138,18 @@ struct WgmmaBf16SSAB<128, TransA, TransB> {
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" CAKE_WGMMA_D64 "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
         : CAKE_WGMMA_ACC64
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransA), "n"(TransB));
+  }
+};
+
+template <int TransA, int TransB>
+struct WgmmaBf16SSAB<192, TransA, TransB> {
+  static constexpr int kAccRegs = 96;
+  __device__ __forceinline__ static void mma(float (&d)[96], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {" CAKE_WGMMA_D96 "}, %96, %97, p, 1, 1, %99, %100;\n}\n"
+        : CAKE_WGMMA_ACC96
         : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransA), "n"(TransB));
   }
 };
@@ -215,8 +230,10 @@ using WgmmaBf16SS = WgmmaBf16SSAB<N, 0, TransB>;
 #undef CAKE_WGMMA_ACC16
 #undef CAKE_WGMMA_ACC32
 #undef CAKE_WGMMA_ACC64
+#undef CAKE_WGMMA_ACC96
 #undef CAKE_WGMMA_ACC128
 #undef CAKE_WGMMA_D16
 #undef CAKE_WGMMA_D32
 #undef CAKE_WGMMA_D64
+#undef CAKE_WGMMA_D96
 #undef CAKE_WGMMA_D128
