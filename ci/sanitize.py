@@ -10,6 +10,7 @@ import cake_moe
 from cake_moe import formats
 from cake_moe.reference import formats as ref
 from cake_moe.reference import grouped_gemm as gref
+from cake_moe.bench.grouped_gemm import SM90_TILES
 
 torch.manual_seed(0)
 bad = 0
@@ -53,6 +54,13 @@ def run_grouped_gemm() -> None:
         w = (torch.randn(len(sizes), n, k, device="cuda") * 0.05).bfloat16()
         check(gref.rel_rms(cake_moe.grouped_gemm_fwd(x, w, offs), gref.fwd(x, w, offs)) < 6e-3, "gg fwd")
         check(gref.rel_rms(cake_moe.grouped_gemm_dgrad(g, w, offs), gref.dgrad(g, w, offs)) < 6e-3, "gg dgrad")
+        # every sm_90a tile form, not only the chosen one (the portable runs leave them to the native ones)
+        if torch.cuda.get_device_capability() == (9, 0) and not os.environ.get("CAKE_MOE_GG_FORCE_PORTABLE"):
+            for tile in SM90_TILES:
+                y = cake_moe.prepare_grouped_gemm_fwd(x, w, offs, form=f"gg_sm90_fwd_{tile}").launch()
+                check(gref.rel_rms(y, gref.fwd(x, w, offs)) < 6e-3, f"gg fwd {tile}")
+                dx = cake_moe.prepare_grouped_gemm_dgrad(g, w, offs, form=f"gg_sm90_dgrad_{tile}").launch()
+                check(gref.rel_rms(dx, gref.dgrad(g, w, offs)) < 6e-3, f"gg dgrad {tile}")
         for variant in ("det", "fast"):
             dw = cake_moe.grouped_gemm_wgrad(g, x, offs, variant=variant)
             check(gref.rel_rms(dw, gref.wgrad(g, x, offs)) < 6e-3, f"gg wgrad {variant}")
