@@ -88,20 +88,20 @@ static void test_fast_divmod() {
 
 // The sm_90a grouped-GEMM tile choice on rows of the benchmark grid whose fastest tile was
 // measured by a clear margin (H200, 132 SMs; dgrad: the 2026-12-01 sweep with 128x192,
-// bench/results/2026-12-01_h200_grouped_gemm_sweep_128x192.json; fwd: the earlier sweep,
-// bench/results/2026-12-01_h200_grouped_gemm.json).
+// bench/results/2026-12-01_h200_grouped_gemm_sweep_128x192.json, and the same-call A/B of the
+// default path, ..._grouped_gemm_128x192_ab.md; fwd: the earlier sweep, ..._grouped_gemm.json).
 static void test_grouped_gemm_tiles() {
   using grouped_gemm::choose_sm90_tile;
   const int sms = 132;
   struct Row { int64_t rows; int32_t groups, n_out; bool dgrad; int bn; };
   const Row rows[] = {
       {4096, 8, 1536, true, 256},     // dgrad (2048,1536,8) w2: 51.7 vs 54.2 (128) / 56.5 (192) us
-      {4096, 8, 2048, true, 192},     // dgrad (2048,1536,8) w13: 83.8 vs 97.7 (128) us
+      {4096, 8, 2048, true, 192},     // dgrad (2048,1536,8) w13: 83.8 vs 97.7 (128) us; A/B x1.409 vs x1.251
       {4096, 9, 2048, true, 128},     // dgrad (4096,2048,9) w2: 128.0 vs 145.3 (192) us
       {4096, 16, 2048, true, 128},    // dgrad (2048,768,16) w13: 54.0 vs 58.4 (192) us
-      {16384, 8, 7168, true, 192},    // dgrad (7168,2048,8) w13: 1375 vs 1494 (256) us
-      {65536, 8, 2048, true, 192},    // dgrad (7168,2048,8) w2: 2648 vs 2927 (256) us
-      {65536, 9, 2048, true, 192},    // dgrad (4096,2048,9) w2: 1491 vs 1681 (256) us
+      {4096, 8, 7168, true, 256},     // dgrad (7168,2048,8) w13: x1.169 vs x1.153 (192) in the A/B
+      {16384, 16, 2048, true, 256},   // dgrad (2048,768,16) w13: x1.089 vs x1.078 (192) in the A/B
+      {65536, 8, 2048, true, 256},    // dgrad (7168,2048,8) w2: x1.068 vs x1.022 (192) in the A/B
       {4096, 8, 3072, false, 128},    // fwd (2048,1536,8) w13: 96.6 vs 107.6 us
       {65536, 8, 4096, false, 256},   // fwd (7168,2048,8) w13: 5914 vs 6287 us
   };
