@@ -118,54 +118,27 @@ __device__ __forceinline__ uint64_t make_desc_mnmajor_sw128(uint32_t smem_byte_a
 template <int N, int TransA, int TransB>
 struct WgmmaBf16SSAB;
 
-template <int TransA, int TransB>
-struct WgmmaBf16SSAB<64, TransA, TransB> {
-  static constexpr int kAccRegs = 32;
-  __device__ __forceinline__ static void mma(float (&d)[32], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" CAKE_WGMMA_D32 "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : CAKE_WGMMA_ACC32(0)
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransA), "n"(TransB));
-  }
-};
-
-template <int TransA, int TransB>
-struct WgmmaBf16SSAB<128, TransA, TransB> {
-  static constexpr int kAccRegs = 64;
-  __device__ __forceinline__ static void mma(float (&d)[64], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" CAKE_WGMMA_D64 "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
-        : CAKE_WGMMA_ACC64
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransA), "n"(TransB));
-  }
-};
-
-template <int TransA, int TransB>
-struct WgmmaBf16SSAB<192, TransA, TransB> {
-  static constexpr int kAccRegs = 96;
-  __device__ __forceinline__ static void mma(float (&d)[96], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {" CAKE_WGMMA_D96 "}, %96, %97, p, 1, 1, %99, %100;\n}\n"
-        : CAKE_WGMMA_ACC96
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransA), "n"(TransB));
-  }
-};
-
-template <int TransA, int TransB>
-struct WgmmaBf16SSAB<256, TransA, TransB> {
-  static constexpr int kAccRegs = 128;
-  __device__ __forceinline__ static void mma(float (&d)[128], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" CAKE_WGMMA_D128
-        "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
-        : CAKE_WGMMA_ACC128
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransA), "n"(TransB));
-  }
-};
+// One specialization per N: the shapes differ only in N, the accumulator count R and the
+// operand numbers after the accumulators (R: desc_a, R+1: desc_b, R+2: scale_d, R+3/R+4: the
+// transpose immediates), given here as literals IA..ITB for the asm string.
+#define CAKE_WGMMA_SS_SHAPE(N, R, ACC, D, IA, IB, IS, ITA, ITB)                                             \
+  template <int TransA, int TransB>                                                                        \
+  struct WgmmaBf16SSAB<N, TransA, TransB> {                                                                \
+    static constexpr int kAccRegs = R;                                                                     \
+    __device__ __forceinline__ static void mma(float (&d)[R], uint64_t desc_a, uint64_t desc_b,           \
+                                               uint32_t scale_d) {                                         \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                                      \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" D "}, %" #IA ", %" #IB     \
+                   ", p, 1, 1, %" #ITA ", %" #ITB ";\n}\n"                                                  \
+                   : ACC                                                                                   \
+                   : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransA), "n"(TransB));                     \
+    }                                                                                                      \
+  };
+CAKE_WGMMA_SS_SHAPE(64, 32, CAKE_WGMMA_ACC32(0), CAKE_WGMMA_D32, 32, 33, 34, 35, 36)
+CAKE_WGMMA_SS_SHAPE(128, 64, CAKE_WGMMA_ACC64, CAKE_WGMMA_D64, 64, 65, 66, 67, 68)
+CAKE_WGMMA_SS_SHAPE(192, 96, CAKE_WGMMA_ACC96, CAKE_WGMMA_D96, 96, 97, 98, 99, 100)
+CAKE_WGMMA_SS_SHAPE(256, 128, CAKE_WGMMA_ACC128, CAKE_WGMMA_D128, 128, 129, 130, 131, 132)
+#undef CAKE_WGMMA_SS_SHAPE
 
 // ---- wgmma.mma_async m64nNk16 bf16 x bf16 -> f32, A from registers (RS form) --
 // A is this warpgroup's 64 x 16 tile as four bf16x2 registers per thread, in the
