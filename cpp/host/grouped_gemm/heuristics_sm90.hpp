@@ -15,12 +15,12 @@ struct Sm90Tile {
 // The forms compiled for sm_90a (cpp/kernels/forms.py, SM90_GG_TILES).
 inline constexpr Sm90Tile kSm90Tiles[] = {{128, 128, 5}, {128, 256, 3}, {64, 128, 8}, {128, 192, 4}};
 
-// Expected cost of a tile width for the dgrad: whole waves of persistent CTAs over the tiles,
-// times each tile's work, with the wider tiles' better efficiency per FLOP (they read fewer
-// operand bytes per FLOP: 128x192 0.87, 128x256 0.93 of 128x128's time per FLOP, fitted to the
-// 2026-12-01 H200 sweeps of the grid). The host does not know the group sizes: each group is taken
-// to end in half a partial 128-row tile.
-inline double sm90_dgrad_cost(int64_t rows, int32_t num_groups, int32_t n_out, int bn, int sms) {
+// Expected cost of a tile width: whole waves of persistent CTAs over the tiles, times each tile's
+// work, with the wider tiles' better efficiency per FLOP (they read fewer operand bytes per FLOP:
+// 128x192 0.87, 128x256 0.93 of 128x128's time per FLOP, fitted to the 2026-12-01 H200 sweeps of
+// the grid). The host does not know the group sizes: each group is taken to end in half a partial
+// 128-row tile.
+inline double sm90_tile_cost(int64_t rows, int32_t num_groups, int32_t n_out, int bn, int sms) {
   const double tiles = (double(rows) / 128.0 + 0.5 * num_groups) * double((n_out + bn - 1) / bn);
   const double waves = std::ceil(tiles / double(sms > 0 ? sms : 1));
   const double per_flop = bn == 256 ? 0.93 : bn == 192 ? 0.87 : 1.0;
@@ -28,25 +28,20 @@ inline double sm90_dgrad_cost(int64_t rows, int32_t num_groups, int32_t n_out, i
 }
 
 // Measured on the H200 (see docs/grouped_gemm.md). 64-row tiles pay off only when groups average
-// a few dozen rows, where a 128-row tile would be mostly padding. fwd: 128x256 leads once each
-// group has thousands of rows, 128x128 below (128x192 wins some fwd rows and loses others by as
-// much, with no rule from host-side facts that separates them). dgrad: the wave count decides.
-// 128x192 is taken only on groups of fewer than 1024 rows and at a clear margin (cost below 0.9 of
-// the others'): there it won by 9-13% in a same-call A/B of the default path, while on longer
-// groups, or within a few percent of 128x256's cost, it lost 1-7% in that A/B although the tile
-// sweep had it ahead (bench/results/2026-12-01_h200_grouped_gemm_128x192_ab.md).
+// a few dozen rows, where a 128-row tile would be mostly padding. Between 128 and 256 columns the
+// fwd goes by the rows per group (128x256 once each group has thousands of rows), the dgrad by the
+// wave cost above. 128x192 then replaces that choice only on groups of fewer than 1024 rows and at
+// a clear margin (cost below 0.9 of it): there it won by 9-16% in same-call A/Bs of the default
+// path, while on longer groups, or within a few percent of 128x256's cost, it lost 1-7% although
+// the tile sweep had it ahead (bench/results/2026-12-01_h200_grouped_gemm_128x192_ab.md).
 inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out, bool dgrad, int sms) {
   const int64_t per_group = num_groups > 0 ? rows / num_groups : rows;
   if (per_group < 96) return kSm90Tiles[2];
-  if (dgrad) {
-    Sm90Tile best = kSm90Tiles[0];
-    const auto cost = [&](const Sm90Tile& t) { return sm90_dgrad_cost(rows, num_groups, n_out, t.bn, sms); };
-    if (cost(kSm90Tiles[1]) < cost(best)) best = kSm90Tiles[1];
-    if (per_group < 1024 && cost(kSm90Tiles[3]) < 0.9 * cost(best)) best = kSm90Tiles[3];
-    return best;
-  }
-  if (per_group >= 2048 && n_out >= 512) return kSm90Tiles[1];
-  return kSm90Tiles[0];
+  const auto cost = [&](const Sm90Tile& t) { return sm90_tile_cost(rows, num_groups, n_out, t.bn, sms); };
+  Sm90Tile best = kSm90Tiles[0];
+  if (dgrad ? cost(kSm90Tiles[1]) < cost(best) : per_group >= 2048 && n_out >= 512) best = kSm90Tiles[1];
+  if (per_group < 1024 && cost(kSm90Tiles[3]) < 0.9 * cost(best)) best = kSm90Tiles[3];
+  return best;
 }
 
 }  // namespace cake_moe::grouped_gemm
