@@ -31,8 +31,8 @@ inline double sm90_tile_cost(int64_t rows, int32_t num_groups, int32_t n_out, in
 // a few dozen rows, where a 128-row tile would be mostly padding. Between 128 and 256 columns the
 // fwd goes by the rows per group (128x256 once each group has thousands of rows), the dgrad by the
 // wave cost above. 128x192 then replaces that choice only on groups of fewer than 1024 rows and at
-// a clear margin (cost below 0.9 of it): there it won by 9-16% in same-call A/Bs of the default
-// path, while on longer groups, or within a few percent of 128x256's cost, it lost 1-7% although
+// a clear margin (cost below 0.85 of it): at 0.78 it won by 9-16% in every same-call A/B of the
+// default path; at 0.87-0.96 it won or lost up to 5%, and on longer groups it lost 1-7% although
 // the tile sweep had it ahead (bench/results/2026-12-01_h200_grouped_gemm_128x192_ab.md).
 inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out, bool dgrad, int sms) {
   const int64_t per_group = num_groups > 0 ? rows / num_groups : rows;
@@ -40,7 +40,7 @@ inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out
   const auto cost = [&](const Sm90Tile& t) { return sm90_tile_cost(rows, num_groups, n_out, t.bn, sms); };
   Sm90Tile best = kSm90Tiles[0];
   if (dgrad ? cost(kSm90Tiles[1]) < cost(best) : per_group >= 2048 && n_out >= 512) best = kSm90Tiles[1];
-  if (per_group < 1024 && cost(kSm90Tiles[3]) < 0.9 * cost(best)) best = kSm90Tiles[3];
+  if (per_group < 1024 && cost(kSm90Tiles[3]) < 0.85 * cost(best)) best = kSm90Tiles[3];
   return best;
 }
 
