@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 
@@ -13,6 +14,9 @@ from cake_moe.reference import grouped_gemm as ref
 
 from .conftest import poison_
 from .grouped_gemm_cases import LAYERS, PATTERNS, bf16, offsets, random_sizes
+
+# the new-process checks import the case helpers from here, whatever the working directory
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 pytestmark = pytest.mark.gpu
 
@@ -135,7 +139,7 @@ def test_det_bitwise_repeatable_streams_graphs_processes():
     assert torch.equal(_on_side_stream(lambda: cake_moe.grouped_gemm_fwd(x, w, offs)), y0)
     assert torch.equal(_replayed(cake_moe.prepare_grouped_gemm_fwd(x, w, offs)), y0)
     code = (
-        "import torch, cake_moe, hashlib, sys; sys.path.insert(0, 'tests');"
+        f"import torch, cake_moe, hashlib, sys; sys.path.insert(0, {TESTS_DIR!r});"
         "from grouped_gemm_cases import bf16, offsets, random_sizes;"
         "s = random_sizes(6000, 8, seed=11); r = sum(s);"
         "x = bf16(r, 1024, seed=5); w = bf16(8, 512, 1024, seed=6, scale=0.05);"
@@ -298,9 +302,8 @@ def test_grouped_mm_autograd_and_compile():
 
 def test_portable_forms_on_this_gpu():
     """The mma.sync forms that serve arches without a native form, run here on sm_90a."""
-    code = """
-import sys, torch, cake_moe
-sys.path.insert(0, 'tests')
+    code = f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n" + """
+import torch, cake_moe
 from grouped_gemm_cases import PATTERNS, bf16, offsets
 from cake_moe.reference import grouped_gemm as ref
 worst = 0.0
