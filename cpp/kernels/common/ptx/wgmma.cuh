@@ -150,47 +150,25 @@ CAKE_WGMMA_SS_SHAPE(256, 128, CAKE_WGMMA_ACC128, CAKE_WGMMA_D128, 128, 129, 130,
 template <int N, int TransB>
 struct WgmmaBf16RS;
 
-template <int TransB>
-struct WgmmaBf16RS<32, TransB> {
-  static constexpr int kAccRegs = 16;
-  __device__ __forceinline__ static void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b,
-                                             uint32_t scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" CAKE_WGMMA_D16
-        "}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
-        : CAKE_WGMMA_ACC16(0)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TransB));
-  }
-};
-
-template <int TransB>
-struct WgmmaBf16RS<64, TransB> {
-  static constexpr int kAccRegs = 32;
-  __device__ __forceinline__ static void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
-                                             uint32_t scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" CAKE_WGMMA_D32
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-        : CAKE_WGMMA_ACC32(0)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TransB));
-  }
-};
-
-template <int TransB>
-struct WgmmaBf16RS<128, TransB> {
-  static constexpr int kAccRegs = 64;
-  __device__ __forceinline__ static void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
-                                             uint32_t scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" CAKE_WGMMA_D64
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-        : CAKE_WGMMA_ACC64
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TransB));
-  }
-};
+// As for the SS form: operands after the R accumulators are the four A registers (IA0..IA3),
+// desc_b (IB), scale_d (IS) and the transpose immediate (ITB).
+#define CAKE_WGMMA_RS_SHAPE(N, R, ACC, D, IA0, IA1, IA2, IA3, IB, IS, ITB)                                \
+  template <int TransB>                                                                                    \
+  struct WgmmaBf16RS<N, TransB> {                                                                          \
+    static constexpr int kAccRegs = R;                                                                     \
+    __device__ __forceinline__ static void mma(float (&d)[R], const uint32_t (&a)[4], uint64_t desc_b,    \
+                                               uint32_t scale_d) {                                         \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                                      \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" D "}, {%" #IA0 ", %" #IA1  \
+                   ", %" #IA2 ", %" #IA3 "}, %" #IB ", p, 1, 1, %" #ITB ";\n}\n"                              \
+                   : ACC                                                                                   \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TransB));   \
+    }                                                                                                      \
+  };
+CAKE_WGMMA_RS_SHAPE(32, 16, CAKE_WGMMA_ACC16(0), CAKE_WGMMA_D16, 16, 17, 18, 19, 20, 21, 22)
+CAKE_WGMMA_RS_SHAPE(64, 32, CAKE_WGMMA_ACC32(0), CAKE_WGMMA_D32, 32, 33, 34, 35, 36, 37, 38)
+CAKE_WGMMA_RS_SHAPE(128, 64, CAKE_WGMMA_ACC64, CAKE_WGMMA_D64, 64, 65, 66, 67, 68, 69, 70)
+#undef CAKE_WGMMA_RS_SHAPE
 
 // K-major A: the forward and the input gradient.
 template <int N, int TransB>
