@@ -44,7 +44,8 @@ def _call(name: str, *args, out=None):
     return getattr(_ops, name + "_impl")(*args, out=out)
 
 
-def mxfp8_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str = ROUND_UP, out=None):
+def mxfp8_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str = ROUND_UP,
+                   out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP8 quantization along the last dim (blocks of 32, UE8M0 scales).
 
     Returns ``(q, scale)``: q float8_e4m3fn with x's shape; scale uint8.
@@ -52,7 +53,8 @@ def mxfp8_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str =
     return _call("mxfp8_quantize", x, swizzled, _rule(scale_rule), out=out)
 
 
-def mxfp4_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str = ROUND_UP, out=None):
+def mxfp4_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str = ROUND_UP,
+                   out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP4 quantization along the last dim (E2M1 packed two per byte, low nibble first).
 
     Returns ``(q, scale)``: q uint8 ``[..., K/2]``; scale uint8 UE8M0.
@@ -60,7 +62,8 @@ def mxfp4_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str =
     return _call("mxfp4_quantize", x, swizzled, _rule(scale_rule), out=out)
 
 
-def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, *, swizzled: bool = False, out=None):
+def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, *, swizzled: bool = False,
+                   out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4 quantization (blocks of 16, E4M3 scales) with FP32 encode scale ``global_scale``
     (a one-element tensor on x's device; see :func:`nvfp4_global_scale`).
 
@@ -70,15 +73,16 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, *, swizzled: boo
 
 
 def mxfp8_dequantize(q: torch.Tensor, scale: torch.Tensor, *, swizzled: bool = False,
-                     dtype: torch.dtype = torch.bfloat16, out=None) -> torch.Tensor:
+                     dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None) -> torch.Tensor:
     return _call("mxfp8_dequantize", q, scale, swizzled, dtype, out=out)
 
 
 def mxfp4_dequantize(q: torch.Tensor, scale: torch.Tensor, *, swizzled: bool = False,
-                     dtype: torch.dtype = torch.bfloat16, out=None) -> torch.Tensor:
+                     dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None) -> torch.Tensor:
     return _call("mxfp4_dequantize", q, scale, swizzled, dtype, out=out)
 
 
 def nvfp4_dequantize(q: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, *,
-                     swizzled: bool = False, dtype: torch.dtype = torch.bfloat16, out=None) -> torch.Tensor:
+                     swizzled: bool = False, dtype: torch.dtype = torch.bfloat16,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     return _call("nvfp4_dequantize", q, scale, global_scale, swizzled, dtype, out=out)

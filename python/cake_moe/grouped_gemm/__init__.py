@@ -38,7 +38,8 @@ def _no_out_under_compile(out, name):
         raise ValueError(f"{name}: out= is not supported under torch.compile")
 
 
-def grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None):
+def grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """``Y[g_e] = X[g_e] @ W[e]^T``; x [sum_m, K], w [E, N, K] bf16 -> [sum_m, N] bf16."""
     if _compiling():
         _no_out_under_compile(out, "grouped_gemm_fwd")
@@ -46,7 +47,8 @@ def grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: 
     return _ops.fwd_impl(x, w, offs, out)
 
 
-def grouped_gemm_dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None):
+def grouped_gemm_dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
     """``dX[g_e] = G[g_e] @ W[e]``; g [sum_m, N], w [E, N, K] -> [sum_m, K] bf16."""
     if _compiling():
         _no_out_under_compile(out, "grouped_gemm_dgrad")
@@ -56,7 +58,7 @@ def grouped_gemm_dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out
 
 def grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None,
                        out_dtype: torch.dtype = torch.bfloat16, num_groups: int | None = None,
-                       variant: str | None = None):
+                       variant: str | None = None) -> torch.Tensor:
     """``dW[e] = G[g_e]^T @ X[g_e]``; g [sum_m, N], x [sum_m, K] -> [E, N, K] in ``out_dtype``.
 
     ``num_groups`` disambiguates offs [E] from m_indptr [E+1] (default: offs is [E]).
@@ -74,7 +76,8 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: st
     return torch.ops.cake_moe.grouped_mm(x, w, offs, _config.grouped_gemm_variant(variant))
 
 
-def grouped_mm_bf16(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor, out: torch.Tensor | None = None):
+def grouped_mm_bf16(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Forward with the ``m_indptr`` [E+1] convention: a [cum_m, K], b [E, N, K] -> [cum_m, N]."""
     if m_indptr.dim() != 1 or m_indptr.numel() != b.shape[0] + 1:
         raise ValueError(f"m_indptr must have E+1={b.shape[0] + 1} entries, got shape {tuple(m_indptr.shape)}")
