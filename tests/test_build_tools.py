@@ -92,3 +92,26 @@ def test_grouped_gemm_kernels_carry_the_bound_marks():
         text = (kernels / name).read_text()
         for mark in ("mma", "store"):
             assert tool.drop_marked(text, {mark})[1] >= 1, (name, mark)
+
+
+def test_sm90_tile_lists_agree():
+    """The sm_90a fwd/dgrad tiles are named in three layers: the compiled forms (forms.py), the
+    host's tile choice (heuristics_sm90.hpp, which also resolves `form=` names) and the Python
+    tile list the sweep, the sanitizer run and the GPU tests walk. A tile missing from one of
+    them would be built but never chosen, refused by name, or never tested."""
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "cpp" / "kernels"))
+    try:
+        import forms
+    finally:
+        sys.path.pop(0)
+    from cake_moe.bench.grouped_gemm import SM90_TILES
+
+    built = {(bm, bn, st) for bm, bn, st in forms.SM90_GG_TILES}
+    header = (root / "cpp" / "host" / "grouped_gemm" / "heuristics_sm90.hpp").read_text()
+    table = re.search(r"kSm90Tiles\[\]\s*=\s*\{(.*?)\};", header, re.S).group(1)
+    host = {tuple(int(v) for v in m) for m in re.findall(r"\{(\d+),\s*(\d+),\s*(\d+)\}", table)}
+    assert host == built
+    assert sorted(SM90_TILES) == sorted(f"{bm}x{bn}" for bm, bn, _ in built)

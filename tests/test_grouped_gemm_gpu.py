@@ -11,6 +11,7 @@ import torch
 
 import cake_moe
 from cake_moe.reference import grouped_gemm as ref
+from cake_moe.bench.grouped_gemm import SM90_TILES  # every sm_90a fwd/dgrad tile form
 
 from .conftest import poison_
 from .grouped_gemm_cases import LAYERS, PATTERNS, bf16, offsets, random_sizes
@@ -331,7 +332,7 @@ print(worst)
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])
-@pytest.mark.parametrize("tile", ["128x128", "128x256", "64x128", "128x192"])
+@pytest.mark.parametrize("tile", SM90_TILES)
 def test_every_sm90_tile_form(op, tile):
     x, w, g, offs = _problem(PATTERNS["ragged6"], 200, 264, seed=4)
     if op == "fwd":
