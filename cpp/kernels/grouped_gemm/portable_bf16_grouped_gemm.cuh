@@ -30,7 +30,7 @@
 //     ceil(Nout/128)); every CTA builds the inclusive prefix sum of the
 //     per-group tile counts in shared memory from the device offsets (no host
 //     sync, no preparation launch) and maps a tile index to its group by
-//     binary search (PortableRaggedScheduler below).
+//     binary search (RaggedTileScheduler, scheduler.cuh).
 //   wgrad: E x ceil(N/128) x ceil(K/128) tiles (empty groups included, they
 //     store zeros); each tile reduces its group's rows in order.
 //
@@ -45,7 +45,7 @@
 #include "common/ptx/sm80.cuh"
 #include "grouped_gemm/group_rows.cuh"
 #include "grouped_gemm/portable_params.hpp"
-#include "grouped_gemm/portable_scheduler.cuh"
+#include "grouped_gemm/scheduler.cuh"
 
 namespace cake_moe {
 namespace portable {
@@ -96,7 +96,7 @@ struct PortableGroupedGemm {
   static constexpr uint32_t kOffA = 0;
   static constexpr uint32_t kOffB = kStages * kABytes;
   static constexpr uint32_t kOffTable = kOffB + kStages * kBBytes;
-  using Scheduler = PortableRaggedScheduler<kBM, kBN, kTableSize>;
+  using Scheduler = RaggedTileScheduler<kBM, kBN, 0, kTableSize>;  // no raster bands
   static constexpr uint32_t kSmemBytes = kOffTable + Scheduler::kSmemBytes;
   static_assert(kABytes + kBBytes == Cfg::kStageBytes && kSmemBytes == Cfg::kSmemBytes, "smem budget");
   static_assert(kBK == 32, "the K-major swizzle assumes 64-byte rows (4 chunks)");
@@ -329,7 +329,7 @@ struct PortableGroupedGemm {
       sched.init(reinterpret_cast<int32_t*>(portable_gg_smem + kOffTable), p.offs, p.num_groups, p.sum_m,
                  p.offs_has_leading_zero, n_out);
       for (int32_t t = blockIdx.x; t < sched.total_tiles; t += gridDim.x) {
-        const PortableTile tile = sched.tile(t);
+        const GroupTile tile = sched.tile(t);
         zero(acc);
         // A: element (r, j) = act[m0 + r][j]
         const Operand a{act + static_cast<int64_t>(tile.m0) * k_red, k_red, tile.row_end - tile.m0};

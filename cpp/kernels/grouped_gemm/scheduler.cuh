@@ -1,4 +1,5 @@
-// Persistent ragged tile scheduler for the sm_90a grouped GEMM.
+// Persistent ragged tile scheduler of the grouped GEMM fwd / dgrad (the sm_90a kernels and the
+// portable mma.sync ones).
 //
 // The tile space is the union over groups e of ceil(m_e / BM) x ceil(Nout / BN)
 // output tiles, where m_e is the row count of group e read from `offs` on the
@@ -18,6 +19,7 @@
 // is swept m-tile by m-tile with the n-tiles of the band innermost. CTAs that
 // run together therefore cover about (132 / kRasterN) m-tiles x kRasterN
 // n-tiles of one expert, sharing both the A rows and the weight tiles in L2.
+// kRasterN = 0: no bands, all n-tiles of an m-tile innermost (the portable forms).
 #pragma once
 
 #include <cstdint>
@@ -25,10 +27,7 @@
 #include "common/block_scan.cuh"
 #include "grouped_gemm/group_rows.cuh"
 
-#include "grouped_gemm/params.cuh"
-
 namespace cake_moe {
-namespace sm90 {
 
 struct GroupTile {
   int32_t group;    // expert index e
@@ -39,7 +38,7 @@ struct GroupTile {
 
 template <int kBM, int kBN, int kRasterN, int kTableSize>
 struct RaggedTileScheduler {
-  static_assert(kBM > 0 && kBN > 0 && kRasterN > 0, "positive tile shape and raster width");
+  static_assert(kBM > 0 && kBN > 0 && kRasterN >= 0, "positive tile shape, raster width (0: no bands)");
   static_assert(kTableSize % 32 == 0 && kTableSize / 32 <= 32,
                 "the two-level scan handles at most 32 chunks of 32 slots");
   // Shared memory the scheduler needs: the slot table plus 32 chunk totals.
@@ -65,14 +64,16 @@ struct RaggedTileScheduler {
 
   // Collective: every thread of the CTA must call it (it contains
   // __syncthreads). smem_table holds kTableSize + 32 int32.
-  __device__ __forceinline__ void init(int32_t* smem_table, const GroupedGemmParams& p) {
+  // offs_: the device-side group ends; capacity_: rows of the operand (groups are clamped to it).
+  __device__ __forceinline__ void init(int32_t* smem_table, const int32_t* offs_, int32_t num_groups_,
+                                       int32_t capacity_, int32_t leading_zero_, int32_t n_out) {
     int32_t* chunk_total = smem_table + kTableSize;
     table = smem_table;
-    offs = p.offs;
-    num_groups = max(p.num_groups, 0);
-    capacity = max(p.sum_m_capacity, 0);
-    leading_zero = p.offs_has_leading_zero;
-    n_tiles_n = (max(p.n_out, 0) + kBN - 1) / kBN;
+    offs = offs_;
+    num_groups = max(num_groups_, 0);
+    capacity = max(capacity_, 0);
+    leading_zero = leading_zero_;
+    n_tiles_n = (max(n_out, 0) + kBN - 1) / kBN;
     span = num_groups > 0 ? (num_groups + kTableSize - 1) / kTableSize : 1;
     num_slots = (num_groups + span - 1) / span;
 
@@ -104,13 +105,19 @@ struct RaggedTileScheduler {
       local -= count;
       ++e;
     }
-    // raster inside the group: bands of kRasterN n-tiles (last band narrower)
-    const int32_t band_tiles = kRasterN * m_tiles;
-    const int32_t band = local / band_tiles;
-    const int32_t rem = local - band * band_tiles;
-    const int32_t width = min(kRasterN, n_tiles_n - band * kRasterN);
-    const int32_t m_idx = rem / width;
-    const int32_t n_idx = band * kRasterN + (rem - m_idx * width);
+    int32_t m_idx, n_idx;
+    if constexpr (kRasterN == 0) {
+      m_idx = local / n_tiles_n;
+      n_idx = local - m_idx * n_tiles_n;
+    } else {
+      // raster inside the group: bands of kRasterN n-tiles (last band narrower)
+      const int32_t band_tiles = kRasterN * m_tiles;
+      const int32_t band = local / band_tiles;
+      const int32_t rem = local - band * band_tiles;
+      const int32_t width = min(kRasterN, n_tiles_n - band * kRasterN);
+      m_idx = rem / width;
+      n_idx = band * kRasterN + (rem - m_idx * width);
+    }
 
     GroupTile t;
     t.group = e;
@@ -121,5 +128,4 @@ struct RaggedTileScheduler {
   }
 };
 
-}  // namespace sm90
 }  // namespace cake_moe

@@ -284,7 +284,8 @@ struct GroupedGemmKernel {
       ptx::tma_prefetch_desc(&p.tmap_d);
     }
     Scheduler sched;
-    sched.init(table, p);  // collective; its __syncthreads also publish the barrier init
+    // collective; its __syncthreads also publish the barrier init
+    sched.init(table, p.offs, p.num_groups, p.sum_m_capacity, p.offs_has_leading_zero, p.n_out);
 
     const int32_t k_blocks = (p.k_red + kBK - 1) / kBK;
 
