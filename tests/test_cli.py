@@ -57,18 +57,21 @@ def test_grouped_gemm_summary_per_form_geomeans():
     """The family-A sweep report: the geomean over torch of every swept form, on its own rows."""
     from cake_moe.bench import grouped_gemm as bench_gg
 
-    def row(t, ours, torch_ms, tiles):
+    def row(t, ours, torch_ms, dense_ms, tiles):
         return {"op": "wgrad", "layer": [2048, 768, 16], "weight": "w13", "T": t, "groups": "random",
-                "form": "gg_sm90_wgrad_det", "ours_ms": ours, "torch_ms": torch_ms, "speedup_vs_torch": torch_ms / ours,
+                "form": "gg_sm90_wgrad_det", "ours_ms": ours, "torch_ms": torch_ms, "dense_ms": dense_ms,
+                "speedup_vs_torch": torch_ms / ours,
                 "fraction_of_dense": 0.9, "rows_per_expert": t / 16, "tiles_ms": tiles,
                 "best_tile_speedup": torch_ms / min(tiles.values())}
 
-    rows = [row(4096, 1.0, 1.0, {"128x256": 1.0, "128x256_c2": 0.5}),
-            row(65536, 2.0, 1.0, {"128x256": 2.0, "128x256_c2": 1.0})]
+    rows = [row(4096, 1.0, 1.0, 0.5, {"128x256": 1.0, "128x256_c2": 0.5}),
+            row(65536, 2.0, 1.0, 4.0, {"128x256": 2.0, "128x256_c2": 1.0})]
     geo = bench_gg.sweep_geomeans(rows)
     assert geo["128x256"][0] == pytest.approx(0.5 ** 0.5) and geo["128x256"][1] == 2
     assert geo["128x256_c2"][0] == pytest.approx(2.0 ** 0.5) and geo["128x256_c2"][1] == 2
     s = bench_gg.summary(rows)
+    # the dense reference takes the faster of ours and dense per row: 1 / 0.5 and 1 / 2
+    assert "at dense cuBLAS speed on every row x1.000" in s
     assert ("wgrad sweep, geomean over torch per form (rows where it ran): 128x256 x0.707 (2 rows), "
             "128x256_c2 x1.414 (2 rows)") in s
 

@@ -136,6 +136,12 @@ def summary(rows: list[dict]) -> str:
         best = [r["best_tile_speedup"] for r in rs if r.get("best_tile_speedup")]
         oracle = (f"; best tile per row would give x{math.exp(sum(map(math.log, best)) / len(best)):.3f}"
                   if best else "")
+        # what the geomean would be if every row ran as fast as one dense cuBLAS mm of its total
+        # size (or as fast as it does, where it is faster): how much room the grid leaves
+        at_dense = [r["torch_ms"] / min(r["ours_ms"], r["dense_ms"]) for r in rs
+                    if math.isfinite(r.get("dense_ms", math.nan))]
+        oracle += (f"; at dense cuBLAS speed on every row x{math.exp(sum(map(math.log, at_dense)) / len(at_dense)):.3f}"
+                   if at_dense else "")
         lines.append(f"{op}: geomean x{geo:.3f} over torch._grouped_mm ({len(rs)} rows){oracle}, worst x"
                      f"{worst['speedup_vs_torch']:.2f} ({worst['layer']} {worst['weight']} T={worst['T']} "
                      f"{worst['groups']}); >=4096 rows/expert: {min(big, default=float('nan')):.2f}-"
