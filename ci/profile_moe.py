@@ -21,9 +21,9 @@ from cake_moe.bench import mxfp4_moe as b
 from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
 
 
-def kernel_times(plan, runs: int) -> list[tuple[str, float]]:
-    """(kernel name, mean device microseconds per run) of one plan's launches, or of a list of
-    plans run in turn (``runs`` runs in all)."""
+def cuda_events(plan, runs: int) -> list:
+    """The CUDA kernel events of ``runs`` runs of one plan, or of a list of plans run in turn
+    (as the benchmark does, so that the weights come from DRAM)."""
     from torch.profiler import ProfilerActivity, profile
     plans = plan if isinstance(plan, list) else [plan]
     torch.cuda.synchronize()
@@ -31,27 +31,21 @@ def kernel_times(plan, runs: int) -> list[tuple[str, float]]:
         for i in range(runs):
             plans[i % len(plans)].run()
         torch.cuda.synchronize()
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def kernel_times(plan, runs: int) -> list[tuple[str, float]]:
+    """(kernel name, mean device microseconds per run) of the launches of `runs` runs."""
     totals: dict[str, float] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] = totals.get(event.name, 0.0) + event.time_range.elapsed_us()
+    for event in cuda_events(plan, runs):
+        totals[event.name] = totals.get(event.name, 0.0) + event.time_range.elapsed_us()
     return sorted(((name, us / runs) for name, us in totals.items()), key=lambda kv: -kv[1])
 
 
 def timeline(plan, runs: int) -> list[tuple[str, float, float]]:
     """(kernel name, start, end) in microseconds from the first kernel's start, of the last of
-    `runs` back-to-back runs: shows the gaps and the dependent-launch overlaps between kernels.
-    `plan` may be a list of plans (different routings), run in turn as the benchmark does so that
-    the weights come from DRAM."""
-    from torch.profiler import ProfilerActivity, profile
-    plans = plan if isinstance(plan, list) else [plan]
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(runs):
-            plans[i % len(plans)].run()
-        torch.cuda.synchronize()
-    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    `runs` back-to-back runs: shows the gaps and the dependent-launch overlaps between kernels."""
+    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in cuda_events(plan, runs))
     # the launches of the last run: five, or seven with the routing over several CTAs
     last = events[-(len(events) // runs):]
     t0 = last[0][0]
