@@ -3,7 +3,7 @@
 // once to the output type.
 #pragma once
 #include "common/numerics.cuh"
-#include "common/ptx/sm80.cuh"
+#include "common/ptx/grid_dependency.cuh"
 #include "formats/args.hpp"
 #include "formats/chunk_io.cuh"
 

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "common/ptx/sm80.cuh"
+#include "common/ptx/grid_dependency.cuh"
 #include "moe/params.hpp"
 
 namespace cake_moe::moe {

@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "common/block_scan.cuh"
-#include "common/ptx/sm80.cuh"
+#include "common/ptx/grid_dependency.cuh"
 #include "moe/params.hpp"
 
 namespace cake_moe::moe {

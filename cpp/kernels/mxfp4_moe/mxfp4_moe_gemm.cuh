@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "common/ptx/global_mem.cuh"
+#include "common/ptx/grid_dependency.cuh"
 #include "common/ptx/mbarrier.cuh"
 #include "common/ptx/sm80.cuh"
 #include "moe/moe_route.cuh"

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/ptx/grid_dependency.cuh"
 #include "common/ptx/mbarrier.cuh"
 #include "common/ptx/sm80.cuh"
 #include "common/ptx/wgmma.cuh"

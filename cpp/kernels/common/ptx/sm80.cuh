@@ -1,4 +1,4 @@
-// Thin wrappers of the sm_80+ (and a few sm_90+) instructions the portable kernels are built from: 16/4-byte
+// Thin wrappers of the sm_80+ instructions the portable kernels are built from: 16/4-byte
 // cp.async (zero-filling when predicated off), ldmatrix and the BF16 mma.sync. Every sm_90+
 // part executes them, so kernels made of these run on every built arch.
 #pragma once
@@ -52,11 +52,5 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-// Programmatic dependent launch (sm_90+): a kernel launched with the programmatic-serialization
-// attribute may start while its predecessor drains; it must wait before reading what the
-// predecessor wrote. Without the attribute both are no-ops.
-__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 }  // namespace cake_moe::ptx
