@@ -154,7 +154,7 @@ struct GroupedGemmWgradKernel {
   using Scheduler = WgradScheduler<kBM, kBN, kSplitQ, kMinChunkKB, kTableSize>;
   static constexpr uint32_t kOffBar = kStages * kStageBytes;
   // decoded units, producer -> consumers (unit_slots.cuh)
-  using Slots = UnitSlots<WgradUnit, kStages, kNumConsumerWG * 128>;
+  using Slots = UnitSlots<WgradUnit, unit_slot_count(kStages), kNumConsumerWG * 128>;
   static constexpr uint32_t kOffSlots = kOffBar + 2 * kStages * 8;
   static constexpr uint32_t kOffBcast = kOffSlots + Slots::kSmemBytes;
   static constexpr uint32_t kOffTable = kOffBcast + 16;
