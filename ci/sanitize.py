@@ -70,12 +70,12 @@ def run_mxfp4_moe() -> None:
     """Family B on small shapes (H=256, I=128, E=8, top_k=2; an EP rank with remote experts),
     with ids outside [0, E) (never dereferenced), both route-weight dtypes, the packed form, the
     per-tile GEMM1 -> GEMM2 sync (the table's at T = 1, forced over several tiles), the routing
-    over several CTAs (16384 routes) and the prefill tile form (wgmma on sm_90a: its cp.async ->
+    over several CTAs (16384 routes) and the prefill tile forms (wgmma on sm_90a: their cp.async ->
     wgmma ring and amax exchange); the FP64 reference runs on the CPU (fast under the sanitizer)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from mxfp4_moe_cases import make_case, named_layer, reference
     sm90 = torch.cuda.get_device_capability() == (9, 0)
-    wg_prefill, wg_mid = ("wg128", "wg128x4") if sm90 else ("n64", "n64")
+    wg_prefill, wg_mid, wg_wide = ("wg128", "wg128x4", "wg160x3") if sm90 else ("n64", "n64", "n64")
     for name, runs in (("h256_e8_k2", (("balanced", 17, torch.float32, None, None),
                                         ("oob", 17, torch.bfloat16, None, None), ("oob", 17, None, None, None),
                                         ("dup", 1, torch.float32, None, None),   # T = 1: the table's tile sync
@@ -84,7 +84,8 @@ def run_mxfp4_moe() -> None:
                        ("h384_ep_k8", (("balanced", 17, torch.bfloat16, None, None),
                                        ("remote", 17, torch.float32, None, None),
                                        ("zipf", 2048, torch.float32, None, None),   # routing over 4 CTAs
-                                       ("balanced", 200, torch.float32, wg_mid, None)))):
+                                       ("balanced", 200, torch.float32, wg_mid, None),
+                                       ("zipf", 300, torch.float32, wg_wide, None)))):
         layer = named_layer(name)
         bank = {k: v.cpu() for k, v in layer.bank.items()}
         for regime, t, dtype, tile, sync in runs:

@@ -210,9 +210,12 @@ def test_decide_contract_rows():
                        "moe_finalize")
     assert w.decide(3).tile == "n8_narrow4" and w.decide(3).forms[2] == "mxfp4_moe_gemm1_n8_narrow4"
     assert w.decide(5).tile == "n8" and w.decide(5).forms[2] == "mxfp4_moe_gemm1_n8"
-    d = w.decide(16384)
+    d = w.decide(12288)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "prefill", 128, "wg128x4")
     assert d.forms[2:4] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm2_wg128x4")
+    d = w.decide(16384)
+    assert (d.supported, d.path, d.block_n, d.tile) == (True, "prefill", 160, "wg160x3")
+    assert d.forms[2:4] == ("mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm2_wg160x3")
 
 
 _TP8 = (CONTRACT["top_k"], CONTRACT["num_experts"], CONTRACT["hidden_size"], TP8["intermediate_shard"])
@@ -221,8 +224,10 @@ _TP8 = (CONTRACT["top_k"], CONTRACT["num_experts"], CONTRACT["hidden_size"], TP8
 def test_decide_resident_rows_for_a_short_gemm2():
     """A four-warpgroup GEMM2 with K = the intermediate shard <= 512 keeps the token rows
     resident (tp8's 384); GEMM1, longer shards and the two-warpgroup wg128 keep their form."""
-    d = CakeMxfp4MoEWrapper(**CONTRACT, **TP8).decide(16384)
-    assert d.forms[2:4] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm2_wg128x4_rb")
+    w = CakeMxfp4MoEWrapper(**CONTRACT, **TP8)
+    assert w.decide(12288).forms[2:4] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm2_wg128x4_rb")
+    assert w.decide(16384).forms[2:4] == ("mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm2_wg160x3_rb")
+    assert _decide.gemm_tiles("wg160x3", 7168, 3072) == ("wg160x3", "wg160x3")
     assert _decide.gemm_tiles("wg128x4", 7168, 512) == ("wg128x4", "wg128x4_rb")
     assert _decide.gemm_tiles("wg128x4", 512, 640) == ("wg128x4", "wg128x4")
     assert _decide.gemm_tiles("wg64x4", 7168, 384) == ("wg64x4", "wg64x4_rb")
@@ -263,11 +268,37 @@ def test_decide_short_shard_thresholds_on_sm90(t, path, tile):
                                    (8, 64, 384, 640), (32, 1024, 128, 128)])
 def test_decide_token_tiles_grow_with_t(shape, sm90):
     """Whatever the shard, the token-tile size never shrinks as T grows (the crossovers are
-    ordered), and every T is served."""
+    ordered), and every T is served. The one exception is the prefill choice between 128- and
+    160-token tiles, which follows the expected tile counts (wide_tiles_pay) both ways."""
     sizes = [_decide.decide(t, *shape, sm90=sm90) for t in range(1, 6000, 7)]
     assert all(d.supported for d in sizes)
-    block_ns = [d.block_n for d in sizes]
+    block_ns = [min(d.block_n, 128) for d in sizes]
     assert block_ns == sorted(block_ns)
+    for t, d in zip(range(1, 6000, 7), sizes):
+        load = _decide.routes_per_expert(t, *shape[:2])
+        assert (d.block_n == 160) == (sm90 and d.block_n >= 128 and _decide.wide_tiles_pay(load))
+
+
+# tp8 (T * k / E = T / 56 routes per expert): the faster prefill form per T, kernel time per run
+# on the H200 (bench/results/2026-12-01_h200_mxfp4_moe_wg160x3.md)
+_WIDE_MEASURED = {4096: "wg128x4", 6144: "wg128x4", 8192: "wg160x3", 10240: "wg128x4", 12288: "wg128x4",
+                  16384: "wg160x3", 19456: "wg128x4", 24576: "wg160x3"}
+
+
+@pytest.mark.parametrize("t,tile", sorted(_WIDE_MEASURED.items()))
+def test_decide_wide_prefill_tiles_where_they_measured_faster(t, tile):
+    """160-token tiles where they cut an expert's tiles by enough to pay for their ~1.2x cost per
+    tile (tp8 T = 16384: two tiles of 292 routes instead of three), 128 elsewhere."""
+    assert _decide.decide(t, *_TP8, sm90=True).tile == tile
+    assert _decide.decide(t, *_TP8, sm90=False).tile == "n64"   # the portable forms are unchanged
+
+
+def test_expected_tiles():
+    assert _decide.expected_tiles(0, 128) == 0.0
+    assert _decide.expected_tiles(40.0, 128) == pytest.approx(1.0, abs=1e-6)   # never 0 or 2 routes past 128
+    assert _decide.expected_tiles(292.6, 128) == pytest.approx(2.98, abs=0.01)
+    assert _decide.expected_tiles(292.6, 160) == pytest.approx(2.05, abs=0.01)
+    assert _decide.expected_tiles(1e6, 160) == pytest.approx(1e6 / 160 + 0.5, abs=0.01)
 
 
 def test_decide_short_k_form_for_a_tp_shard():
@@ -292,12 +323,12 @@ def test_every_token_count_is_supported():
 
 
 @pytest.mark.parametrize("tile,bn", [("n8", 8), ("n8_narrow", 8), ("n32", 32), ("n64", 64), ("wg128", 128),
-                                     ("wg128x4", 128), ("wg64x4", 64), ("wg32x4", 32)])
+                                     ("wg128x4", 128), ("wg64x4", 64), ("wg32x4", 32), ("wg160x3", 160)])
 def test_decide_forced_tile(tile, bn):
     d = _decide.decide(20000, *_TP8, sm90=True, tile=tile)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "forced", bn, tile)
     gemm2 = "n8_shortk" if tile.startswith("n8") else tile    # K = 384 <= SHORT_K
-    gemm2 = f"{tile}_rb" if tile in ("wg128x4", "wg64x4", "wg32x4") else gemm2   # K = 384 <= RESIDENT_K
+    gemm2 = f"{tile}_rb" if tile in ("wg128x4", "wg64x4", "wg32x4", "wg160x3") else gemm2   # K = 384 <= RESIDENT_K
     assert d.forms[2:4] == (f"mxfp4_moe_gemm1_{tile}", f"mxfp4_moe_gemm2_{gemm2}")
 
 

@@ -152,12 +152,14 @@ MXFP4_MOE_TILINGS = (("n8", 8, "DecodeTiling", 256), ("n8_narrow", 8, "DecodeNar
                      ("n8_narrow4", 8, "DecodeNarrow4Tiling", 128),
                      ("n8_shortk", 8, "DecodeShortKTiling", 128),
                      ("n32", 32, "MidTiling", 128), ("n64", 64, "PrefillTiling", 128))
-# One kernel (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh) on two or four MMA warpgroups.
+# One kernel (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh) on two, three or four MMA warpgroups.
 MXFP4_MOE_SM90_TILINGS = (("wg128", 128, "Sm90PrefillTiling", 256), ("wg128x4", 128, "Sm90Prefill4WgTiling", 512),
                           ("wg64x4", 64, "Sm90Mid4WgTiling", 512), ("wg32x4", 32, "Sm90Mid32Tiling", 512),
                           ("wg128x4_rb", 128, "Sm90Prefill4WgResidentBTiling", 512, (2,)),
                           ("wg64x4_rb", 64, "Sm90Mid4WgResidentBTiling", 512, (2,)),
-                          ("wg32x4_rb", 32, "Sm90Mid32ResidentBTiling", 512, (2,)))
+                          ("wg32x4_rb", 32, "Sm90Mid32ResidentBTiling", 512, (2,)),
+                          ("wg160x3", 160, "Sm90Prefill160Tiling", 384),
+                          ("wg160x3_rb", 160, "Sm90Prefill160ResidentBTiling", 384, (2,)))
 
 
 def _mxfp4_moe_forms() -> list[Form]:

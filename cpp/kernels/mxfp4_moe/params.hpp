@@ -60,7 +60,10 @@ struct Tiling {
   static constexpr int kWRowBytes = kKStage / 2;      // prepared FP4 bytes per row per stage
   static constexpr int kSfRowBytes = kKStage / 32;
   static constexpr int kBRowBytes = kKStage * 2;      // BF16 activations per row per stage
-  static constexpr int kStageBytes = kBM * (kWRowBytes + kSfRowBytes) + kBN * kBRowBytes;
+  // A stage: the weight rows, their scales, then the token rows from a 1024-byte boundary (the
+  // swizzle atom of the sm_90a B tiles; every 64-row multiple of 256 rows is one already).
+  static constexpr int kBOffset = (kBM * (kWRowBytes + kSfRowBytes) + 1023) / 1024 * 1024;
+  static constexpr int kStageBytes = kBOffset + kBN * kBRowBytes;
   static constexpr int kAccPerLane = 4 * (kBN / 8) * 4;  // 4 m16 blocks x n8 blocks x 4
   // token rows resident over a tile's items (Sm90Tiling's GEMM2 forms): none here
   static constexpr bool kResidentB = false;
@@ -74,7 +77,8 @@ struct Tiling {
   static constexpr int kBarOffset = kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
   static constexpr int kSmemBytes = kTmaWeights ? kBarOffset + 8 * (kStages + 1) + 1024 : kBarOffset;
   static_assert(!kTmaWeights || kWBoxBytes == 128 || kWBoxBytes == 64, "a weight box is one 64- or 128-byte swizzle row");
-  static_assert(!kTmaWeights || (kBM * kWRowBytes % 1024 == 0 && kStageBytes % 1024 == 0),
+  static_assert(!kTmaWeights || (kBM * kWRowBytes % 1024 == 0 && kStageBytes % 1024 == 0 &&
+                                  kBOffset == kBM * (kWRowBytes + kSfRowBytes)),
                 "every stage's weight tile starts on a 1024-byte swizzle atom");
   static_assert(kBN % 8 == 0 && kBN >= moe::kMinBlockN, "token tiles are whole n8 blocks");
   static_assert(kWRowBytes % 64 == 0, "weight rows are whole 64-byte units per stage");
@@ -84,20 +88,24 @@ struct Tiling {
   static constexpr int b_offset(int row, int chunk) { return row * kBRowBytes + 16 * (chunk ^ (row & 7)); }
 };
 
-// sm_90a wgmma forms (sm90_mxfp4_moe_gemm.cuh): a CTA computes 256 weight rows x kBN token rows
-// by RS wgmma m64nNk16 (dequantized weights from registers as A, the token rows from shared
-// memory as B), on two warpgroups (two m16 blocks per warp) or four (one per warp: four warps per
-// scheduler hide more of the conversion's latencies). A stage's token rows are two K-major tiles
-// (one per 64-wide K half) in the 128-byte swizzle wgmma reads: kBN rows x 128 B, 8-row atoms.
-// Past the ring: each warp's per-row MXFP8 amax partials for the GEMM1 epilogue. The first two
-// warpgroups issue the copies (LoaderTiling: the stage loader's view).
+// sm_90a wgmma forms (sm90_mxfp4_moe_gemm.cuh): a CTA computes kRowGroups x 64 weight rows x kBN
+// token rows by RS wgmma m64nNk16 (dequantized weights from registers as A, the token rows from
+// shared memory as B), on two warpgroups (two m16 blocks per warp) or one warpgroup per 64-row
+// group (one m16 block per warp: four warps per scheduler hide more of the conversion's
+// latencies). A stage's token rows are two K-major tiles (one per 64-wide K half) in the
+// 128-byte swizzle wgmma reads: kBN rows x 128 B, 8-row atoms. Past the ring: each warp's per-row
+// MXFP8 amax partials for the GEMM1 epilogue. The first two warpgroups issue the copies
+// (LoaderTiling: the stage loader's view).
 // kResidentB (GEMM2 of a short shard, K <= kStages * 128): a CTA walks a contiguous range of
 // items, so consecutive items share a token tile; the tile's rows for every stage stay in the
 // slots' token-row areas (stage ks in slot ks) while only the weights stream through the ring.
-template <int kBN_, int kWarpGroups_, bool kResidentB_ = false>
-struct Sm90Tiling : Tiling<kBN_, 4, 1, 4> {
-  using Base = Tiling<kBN_, 4, 1, 4>;
-  using LoaderTiling = Sm90Tiling<kBN_, 2>;
+// Three row groups (192 weight rows) on three warpgroups leave 168 registers per thread, room
+// for the 80 accumulators of a 160-token tile: an expert's routes then take fewer tiles (292
+// routes: two instead of three), and each weight is converted once per tile.
+template <int kBN_, int kWarpGroups_, bool kResidentB_ = false, int kRowGroups = 4>
+struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4> {
+  using Base = Tiling<kBN_, kRowGroups, 1, 4>;
+  using LoaderTiling = Sm90Tiling<kBN_, 2, false, kRowGroups>;
   static constexpr int kWarpGroups = kWarpGroups_;
   static constexpr bool kResidentB = kResidentB_;
   static constexpr int kMaxResidentK = Base::kStages * Base::kKStage;
@@ -109,9 +117,9 @@ struct Sm90Tiling : Tiling<kBN_, 4, 1, 4> {
     return (chunk / 8) * kBTileBytes + row * 128 + 16 * ((chunk % 8) ^ (row & 7));
   }
   static_assert(Base::kKStage == 128, "a stage is two 64-wide K halves");
-  static_assert(kWarpGroups == 2 || kWarpGroups == 4, "a warp owns two or one m16 blocks of 16 * 16 rows");
-  static_assert(Base::kBM * (Base::kWRowBytes + Base::kSfRowBytes) % 1024 == 0 && Base::kStageBytes % 1024 == 0 &&
-                    kBTileBytes % 1024 == 0,
+  static_assert(kWarpGroups == 2 || kWarpGroups == kRowGroups,
+                "two warpgroups (a warp owns two m16 blocks) or one per 64-row group (one m16 block)");
+  static_assert(Base::kBOffset % 1024 == 0 && Base::kStageBytes % 1024 == 0 && kBTileBytes % 1024 == 0,
                 "every B tile starts on a 1024-byte swizzle atom");
   static_assert(kSmemBytes <= 232448, "fits the sm_90 shared memory of one CTA");
 };
@@ -122,6 +130,8 @@ using Sm90Mid32Tiling = Sm90Tiling<32, 4>;        // wg32x4
 using Sm90Prefill4WgResidentBTiling = Sm90Tiling<128, 4, true>;  // wg128x4_rb (GEMM2, K <= 512)
 using Sm90Mid4WgResidentBTiling = Sm90Tiling<64, 4, true>;       // wg64x4_rb
 using Sm90Mid32ResidentBTiling = Sm90Tiling<32, 4, true>;        // wg32x4_rb
+using Sm90Prefill160Tiling = Sm90Tiling<160, 3, false, 3>;       // wg160x3
+using Sm90Prefill160ResidentBTiling = Sm90Tiling<160, 3, true, 3>;  // wg160x3_rb
 
 // The shipped tilings (forms.py instantiates them; the decision table in Python picks one per
 // GEMM by expected rows per expert and K). Decode streams each expert's weights once with 8-row token tiles,

@@ -2,8 +2,8 @@
 // wgmma as its register operand A (RS form); the routed token rows are B, gathered by cp.async
 // into the 128-byte-swizzled K-major tiles wgmma reads from shared memory.
 //
-// A work item (token tile t, m-block mb) is weight rows [mb * 256, +256) x the tile's 128 sorted
-// rows; the grid is persistent (one CTA per SM walks the items). Two tilings (params.hpp):
+// A work item (token tile t, m-block mb) is weight rows [mb * kBM, +kBM) x the tile's kBN sorted
+// rows; the grid is persistent (one CTA per SM walks the items). Three tilings (params.hpp):
 // - `wg128`, two warpgroups: warpgroup g owns prepared 64-row groups 2g and 2g + 1; warp w of it
 //   owns half w % 2 (two m16 blocks, 32 rows) of group 2g + w / 2, so one k16 step is two
 //   m64n128k16 wgmmas (wgmma i takes m16 block i of every warp's half);
@@ -11,6 +11,9 @@
 //   k16 step and 64 accumulators per thread. Four warps per scheduler instead of two hide more of
 //   the conversion's latencies (Nsight on wg128: issue slots 34% busy, stalls spread over
 //   fixed-latency waits, dispatch, instruction fetch and shared-memory loads); 7-10% faster.
+// - `wg160x3`, three warpgroups on 192 weight rows, a warp per m16 block as in wg128x4: the 168
+//   registers per thread of a 384-thread CTA hold the 80 accumulators of 160-token tiles, which
+//   cover an expert's routes in fewer tiles where its count just passes a multiple of 128.
 // N = 128 halves the dequantization per multiply-add against N = 64; the price is the GEMM1
 // epilogue: an MXFP8 block (32 intermediate columns = one group) spans two or four warps, whose
 // per-row amax partials meet in shared memory.
@@ -145,8 +148,8 @@ struct Sm90Mxfp4MoeGemm {
     // n8 blocks g and g + 8 (a byte per row), the other lanes read them by shuffle.
     constexpr int kOwn = (kNBlocks + 7) / 8;  // n8 blocks whose scales a lane computes
     constexpr int kSources = kNBlocks < 8 ? kNBlocks : 8;
-    static_assert(kOwn <= 2, "a lane's codes fit one word");
-    uint32_t own = 0;
+    constexpr int kWords = (2 * kOwn + 3) / 4;  // a lane's codes, a byte per row, in words
+    uint32_t own[kWords] = {};
 #pragma unroll
     for (int i = 0; i < kOwn; ++i) {
 #pragma unroll
@@ -160,19 +163,22 @@ struct Sm90Mxfp4MoeGemm {
           float to_elem;
           formats::detail::block_scale<formats::Fmt::kMxfp8>(amax, int32_t(formats::ScaleRule::kRoundUp), 0.0f, code,
                                                              to_elem);
-          own |= code << (8 * (2 * i + c));
+          own[(2 * i + c) / 4] |= code << (8 * ((2 * i + c) % 4));
         }
       }
     }
 #pragma unroll
     for (int src = 0; src < kSources; ++src) {
-      const uint32_t codes = __shfl_sync(0xFFFFFFFFu, own, src * 4 + q);
+      uint32_t codes[kWords];
+#pragma unroll
+      for (int v = 0; v < kWords; ++v) codes[v] = __shfl_sync(0xFFFFFFFFu, own[v], src * 4 + q);
 #pragma unroll
       for (int i = 0; i < kOwn; ++i) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int nb = src + 8 * i, row = nb * 8 + 2 * q + c;
-          const uint32_t code = (codes >> (8 * (2 * i + c))) & 0xFFu;
+          if (nb >= kNBlocks) continue;
+          const uint32_t code = (codes[(2 * i + c) / 4] >> (8 * ((2 * i + c) % 4))) & 0xFFu;
           store_act(p, t, j, row, code, acc, nb, c);
         }
       }

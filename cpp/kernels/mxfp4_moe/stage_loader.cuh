@@ -45,7 +45,7 @@ struct Mxfp4MoeStageLoader {
     uint8_t* base;
     __device__ uint8_t* w(int slot) const { return base + slot * Cfg::kStageBytes; }
     __device__ uint8_t* sf(int slot) const { return w(slot) + kBM * Cfg::kWRowBytes; }
-    __device__ uint8_t* b(int slot) const { return sf(slot) + kBM * Cfg::kSfRowBytes; }
+    __device__ uint8_t* b(int slot) const { return w(slot) + Cfg::kBOffset; }
   };
 
   // The fixed part of each thread's share of a stage load: its copies repeat every stage at the
@@ -54,15 +54,23 @@ struct Mxfp4MoeStageLoader {
   static constexpr int kBChunks = Cfg::kBRowBytes / 16;   // 16-byte activation chunks per row
   static constexpr int kWIters = kBM * kWChunks / kThreads;
   static constexpr int kWRowStep = kThreads / kWChunks;
-  static constexpr int kSfIters = kBM * Cfg::kWarpsK / kThreads;
+  // Scale words: one per row and K-split warp. Fewer than the copying threads (192 rows over 256
+  // threads) leave the last round partial: a copy past the tile's rows is not issued.
+  static constexpr bool kSfPartial = kBM * Cfg::kWarpsK % kThreads != 0;
+  static constexpr int kSfIters = (kBM * Cfg::kWarpsK + kThreads - 1) / kThreads;
   static constexpr int kSfRowStep = kThreads / Cfg::kWarpsK;
   static constexpr int kBIters = kBN * kBChunks / kThreads > 0 ? kBN * kBChunks / kThreads : 1;
   static constexpr int kBRowStep = kThreads / kBChunks;
   static_assert(kThreads % kWChunks == 0 && kThreads % Cfg::kWarpsK == 0 && kThreads % kBChunks == 0,
                 "every thread copies whole columns of a stage");
-  static_assert(kBM * kWChunks % kThreads == 0 && kBM * Cfg::kWarpsK % kThreads == 0 &&
-                kBN * kBChunks % kThreads == 0, "a stage is an exact number of copy rounds");
+  static_assert(kBM * kWChunks % kThreads == 0 && (!kSfPartial || kSfIters == 1) && kBN * kBChunks % kThreads == 0,
+                "a stage is an exact number of copy rounds (the scales: or one partial round)");
   static_assert(kWRowStep % 4 == 0, "w_chunk repeats every 4 rows: a thread's rows share one swizzle");
+
+  // Scale copy j of this thread lies past the tile's kBM rows (the partial round only).
+  __device__ static __forceinline__ bool sf_past_tile(int j) {
+    return kSfPartial && int(threadIdx.x) / Cfg::kWarpsK + j * kSfRowStep >= kBM;
+  }
 
   // An activation copy's source is a 32-bit chunk index and its destination a fixed offset, so
   // that a stage costs one add and one wide multiply-add per copy (a row index took ~18
@@ -149,6 +157,7 @@ struct Mxfp4MoeStageLoader {
     const uint8_t* sf_src = l.sf_src + k0 / 32;
 #pragma unroll
     for (int j = 0; j < kSfIters; ++j) {
+      if (sf_past_tile(j)) continue;
       const bool ok = sf_k_ok && j < l.sf_rows;
       ptx::cp_async_4(sf_base + j * kSfRowStep * Cfg::kSfRowBytes, ok ? sf_src + j * l.sf_step : l.sf_src, ok);
     }
@@ -244,8 +253,9 @@ struct Mxfp4MoeStageLoader {
     const int sf_off = sf_k_ok ? k0 / 32 : 0;
 #pragma unroll
     for (int j = 0; j < kSfIters; ++j)
-      ptx::cp_async_4(sf_base + j * kSfRowStep * Cfg::kSfRowBytes, l.sf_src[j] + sf_off,
-                      sf_k_ok && (l.valid >> (kSfBit + j) & 1u));
+      if (!sf_past_tile(j))
+        ptx::cp_async_4(sf_base + j * kSfRowStep * Cfg::kSfRowBytes, l.sf_src[j] + sf_off,
+                        sf_k_ok && (l.valid >> (kSfBit + j) & 1u));
     const uint32_t b_base = ptx::smem_addr(sm.b(slot));
     const bool b_k_ok = k0 + l.b_k < p.k;
     const int b_off = b_k_ok ? k0 : 0;

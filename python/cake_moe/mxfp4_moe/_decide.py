@@ -6,6 +6,7 @@ a rank sees its share of them), which sets how many token rows a GEMM tile shoul
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 ROUTE_FORM = "moe_route"
@@ -54,11 +55,22 @@ SM90_MID_WG_MIN_LOAD = 24
 # (I = 3072) in the same runs kept the thresholds above (6.9: wg32x4 1.12x over n8; 27.4: wg64x4
 # 1.50x over wg32x4; 54.9: wg128x4 1.21x over wg64x4).
 SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 and wg64x4
-SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4")
+SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3")
 # Token rows per tile of every form the table (or a caller's `tile=`) can name.
 BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n8_narrow4": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
-                               "wg64x4": 64, "wg32x4": 32}
+                               "wg64x4": 64, "wg32x4": 32, "wg160x3": 160}
 SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg128x4"], "wg128x4")
+# The prefill GEMMs' time follows the number of token tiles per expert: each tile converts the
+# expert's weights once. `wg160x3` (160-token tiles on three warpgroups, 192 weight rows per
+# item) costs ~1.2x `wg128x4` per tile and takes fewer tiles where an expert's routes just pass a
+# multiple of 128 (292 routes: two tiles instead of three). Measured on the H200, kernel time per
+# run at T = 2048..24576 in both contract layouts (bench/results/
+# 2026-12-01_h200_mxfp4_moe_wg160x3.md): with equal tile counts wg160x3 is 1.16-1.25x slower; with
+# fewer it wins by up to 1.28x (tp8 T = 8192: 5724 vs 7315 us; T = 16384: 10447 vs 11744). The
+# rule below (expected tiles under Poisson-spread counts, wg160x3 when 1.3x its tiles are still
+# fewer) picked the faster form on all 16 measured rows.
+SM90_WIDE_PREFILL = ("prefill", 160, "wg160x3")
+WIDE_TILE_COST = 1.3
 SM90_MID_PREFILL = (SM90_MID_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg64x4"], "wg64x4")
 SM90_MID = "wg32x4"  # the mid rows' form on sm_90 (BN 32, like n32)
 TILES: tuple[str, ...] = tuple(BLOCK_N_OF)
@@ -69,7 +81,7 @@ SHORT_K = 1024
 # rows resident in shared memory (every stage of K in its own ring slot) and walks a contiguous
 # range of items, so consecutive items reuse the rows and only the weights stream: `<tile>_rb`.
 RESIDENT_K = 512
-RESIDENT_TILES: tuple[str, ...] = ("wg128x4", "wg64x4", "wg32x4")
+RESIDENT_TILES: tuple[str, ...] = ("wg128x4", "wg64x4", "wg32x4", "wg160x3")
 # Up to this many routes per expert a plan whose GEMMs are both mma.sync forms synchronizes GEMM1
 # -> GEMM2 per token tile (GEMM2's CTAs stream their first weight stages while GEMM1 finishes,
 # then wait only for their own tile). Measured on the H200, same run (bench/results/
@@ -119,6 +131,20 @@ def routes_per_expert(num_tokens: int, top_k: int, num_experts: int) -> float:
     return num_tokens * top_k / num_experts
 
 
+def expected_tiles(load: float, block_n: int) -> float:
+    """Expected token tiles of one expert whose route count is Poisson with mean ``load``."""
+    if load <= 0:
+        return 0.0
+    spread = 8.0 * math.sqrt(load) + 2.0
+    lo, hi = max(0, int(load - spread)), int(load + spread) + 1
+    return sum(math.exp(n * math.log(load) - load - math.lgamma(n + 1)) * -(-n // block_n) for n in range(lo, hi))
+
+
+def wide_tiles_pay(load: float) -> bool:
+    """Whether the 160-token prefill tiles (wg160x3) beat the 128-token ones at ``load``."""
+    return WIDE_TILE_COST * expected_tiles(load, SM90_WIDE_PREFILL[1]) < expected_tiles(load, SM90_PREFILL[2])
+
+
 def _sm90_form(load: float, inter: int) -> tuple[str, int, str]:
     """(path, block_n, tile) of an sm_90 device for ``load`` routes per expert."""
     if inter <= RESIDENT_K:
@@ -126,7 +152,7 @@ def _sm90_form(load: float, inter: int) -> tuple[str, int, str]:
     else:
         decode_max, mid_max, wg64_max = TILE_TABLE[0][0], SM90_MID_WG_MIN_LOAD, PREFILL_WG_MIN_LOAD
     if load > wg64_max:
-        return SM90_PREFILL[1:]
+        return SM90_WIDE_PREFILL if wide_tiles_pay(load) else SM90_PREFILL[1:]
     if load > mid_max:
         return SM90_MID_PREFILL[1:]
     if load > decode_max:
