@@ -50,6 +50,6 @@ def wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, leading_zero: bo
 def rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
     """||got - want|| / ||want|| over the finite entries of `want` (FP64)."""
     mask = torch.isfinite(want)
-    a, b = got.detach().double().to(want.device)[mask], want[mask]
+    a, b = got.detach().double().to(want.device)[mask], want.detach()[mask]
     denom = b.norm()
     return float((a - b).norm() / denom) if denom > 0 else float((a - b).norm())
