@@ -75,7 +75,7 @@ def run_mxfp4_moe() -> None:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from mxfp4_moe_cases import make_case, named_layer, reference
     sm90 = torch.cuda.get_device_capability() == (9, 0)
-    wg_prefill, wg_mid, wg_wide = ("wg128", "wg128x4", "wg160x3") if sm90 else ("n64", "n64", "n64")
+    wg_prefill, wg_mid, wg_wide, wg_narrow = ("wg128", "wg128x4", "wg160x3", "wg96x4") if sm90 else ("n64",) * 4
     for name, runs in (("h256_e8_k2", (("balanced", 17, torch.float32, None, None),
                                         ("oob", 17, torch.bfloat16, None, None), ("oob", 17, None, None, None),
                                         ("dup", 1, torch.float32, None, None),   # T = 1: the table's tile sync
@@ -85,7 +85,8 @@ def run_mxfp4_moe() -> None:
                                        ("remote", 17, torch.float32, None, None),
                                        ("zipf", 2048, torch.float32, None, None),   # routing over 4 CTAs
                                        ("balanced", 200, torch.float32, wg_mid, None),
-                                       ("zipf", 300, torch.float32, wg_wide, None)))):
+                                       ("zipf", 300, torch.float32, wg_wide, None),
+                                       ("zipf", 300, torch.float32, wg_narrow, None)))):
         layer = named_layer(name)
         bank = {k: v.cpu() for k, v in layer.bank.items()}
         for regime, t, dtype, tile, sync in runs:

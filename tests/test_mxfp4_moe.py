@@ -253,10 +253,13 @@ def test_decide_thresholds(t, path, bn, sm90):
 
 @pytest.mark.parametrize("t,path,tile", [(336, "decode", "n8"), (560, "decode", "n8"), (561, "mid", "wg32x4"),
                                          (1792, "mid", "wg32x4"), (1793, "prefill", "wg64x4"),
-                                         (3584, "prefill", "wg64x4"), (3585, "prefill", "wg128x4")])
+                                         (3584, "prefill", "wg64x4"), (3585, "prefill", "wg96x4"),
+                                         (4800, "prefill", "wg96x4"), (5376, "prefill", "wg128x4")])
 def test_decide_short_shard_thresholds_on_sm90(t, path, tile):
     """A shard <= RESIDENT_K (tp8: 384) moves the sm_90 limits to 10, 32 and 64 routes per expert
-    (T = 560, 1792, 3584 at T*k/E = T/56); other arches keep 6, 24 (n32 / n64)."""
+    (T = 560, 1792, 3584 at T*k/E = T/56), and past 64 the 96-token tiles serve while an
+    expert's routes fit one of them (up to ~85: T = 4800; 96 at T = 5376 takes wg128x4); other
+    arches keep 6, 24 (n32 / n64)."""
     d = _decide.decide(t, *_TP8, sm90=True)
     assert (d.path, d.tile, d.block_n) == (path, tile, _decide.BLOCK_N_OF[tile])
     portable = _decide.decide(t, *_TP8)
@@ -281,14 +284,16 @@ def test_decide_token_tiles_grow_with_t(shape, sm90):
 
 # tp8 (T * k / E = T / 56 routes per expert): the faster prefill form per T, kernel time per run
 # on the H200 (bench/results/2026-12-01_h200_mxfp4_moe_wg160x3.md)
-_WIDE_MEASURED = {4096: "wg128x4", 6144: "wg128x4", 8192: "wg160x3", 10240: "wg128x4", 12288: "wg128x4",
+_WIDE_MEASURED = {3072: "wg64x4", 4096: "wg96x4", 5120: "wg128x4", 6144: "wg128x4", 8192: "wg160x3", 10240: "wg128x4", 12288: "wg128x4",
                   16384: "wg160x3", 19456: "wg128x4", 24576: "wg160x3"}
 
 
 @pytest.mark.parametrize("t,tile", sorted(_WIDE_MEASURED.items()))
 def test_decide_wide_prefill_tiles_where_they_measured_faster(t, tile):
     """160-token tiles where they cut an expert's tiles by enough to pay for their ~1.2x cost per
-    tile (tp8 T = 16384: two tiles of 292 routes instead of three), 128 elsewhere."""
+    tile (tp8 T = 16384: two tiles of 292 routes instead of three), 96-token tiles while one
+    holds an expert's routes (T = 4096: 73), 128 elsewhere (at T = 5120, 91 routes, the two
+    measured within 1%)."""
     assert _decide.decide(t, *_TP8, sm90=True).tile == tile
     assert _decide.decide(t, *_TP8, sm90=False).tile == "n64"   # the portable forms are unchanged
 
@@ -323,12 +328,13 @@ def test_every_token_count_is_supported():
 
 
 @pytest.mark.parametrize("tile,bn", [("n8", 8), ("n8_narrow", 8), ("n32", 32), ("n64", 64), ("wg128", 128),
-                                     ("wg128x4", 128), ("wg64x4", 64), ("wg32x4", 32), ("wg160x3", 160)])
+                                     ("wg128x4", 128), ("wg64x4", 64), ("wg32x4", 32), ("wg160x3", 160),
+                                     ("wg96x4", 96)])
 def test_decide_forced_tile(tile, bn):
     d = _decide.decide(20000, *_TP8, sm90=True, tile=tile)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "forced", bn, tile)
     gemm2 = "n8_shortk" if tile.startswith("n8") else tile    # K = 384 <= SHORT_K
-    gemm2 = f"{tile}_rb" if tile in ("wg128x4", "wg64x4", "wg32x4", "wg160x3") else gemm2   # K = 384 <= RESIDENT_K
+    gemm2 = f"{tile}_rb" if tile in _decide.RESIDENT_TILES else gemm2   # K = 384 <= RESIDENT_K
     assert d.forms[2:4] == (f"mxfp4_moe_gemm1_{tile}", f"mxfp4_moe_gemm2_{gemm2}")
 
 
@@ -679,7 +685,7 @@ def test_plan_binding_passes_the_dicts_largest_codes(fake_ext):
 
 
 def test_plan_binding_fp32_weights_and_tile(fake_ext):
-    w, a = _cpu_wrapper_args(t=300)   # 300 * 2 / 8 = 75 routes per expert -> prefill (BN 128)
+    w, a = _cpu_wrapper_args(t=400)   # 400 * 2 / 8 = 100 routes per expert -> prefill (BN 128)
     a["topk_weights"] = a["topk_weights"].float()
     plan = _call(w, a)
     (args, kwargs), = fake_ext.calls

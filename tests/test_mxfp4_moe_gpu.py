@@ -32,7 +32,7 @@ pytestmark = pytest.mark.gpu
 BUDGET = 5e-3
 
 CONTRACT_TOKENS = [1, 2, 16, 17, 128, 129, 1024, 1025, 4096, 16384]
-TILE_FORMS = ("n8", "n8_narrow", "n8_narrow4", "n32", "n64", "wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3")
+TILE_FORMS = ("n8", "n8_narrow", "n8_narrow4", "n32", "n64", "wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
 FORMS = ("fp32", "bf16", "packed")
 _FORM_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "packed": None}
 
@@ -154,7 +154,7 @@ def test_scale_codes_above_128_every_tile_form(wide_scale_layer, t, tile):
     _check(case, got, reference(case, layer.bank))
 
 
-SM90_TILE_FORMS = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3")
+SM90_TILE_FORMS = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
 
 
 @pytest.mark.parametrize("t", [17, 1025])

@@ -159,7 +159,8 @@ MXFP4_MOE_SM90_TILINGS = (("wg128", 128, "Sm90PrefillTiling", 256), ("wg128x4", 
                           ("wg64x4_rb", 64, "Sm90Mid4WgResidentBTiling", 512, (2,)),
                           ("wg32x4_rb", 32, "Sm90Mid32ResidentBTiling", 512, (2,)),
                           ("wg160x3", 160, "Sm90Prefill160Tiling", 384),
-                          ("wg160x3_rb", 160, "Sm90Prefill160ResidentBTiling", 384, (2,)))
+                          ("wg160x3_rb", 160, "Sm90Prefill160ResidentBTiling", 384, (2,)),
+                          ("wg96x4", 96, "Sm90Mid96Tiling", 512), ("wg96x4_rb", 96, "Sm90Mid96ResidentBTiling", 512, (2,)))
 
 
 def _mxfp4_moe_forms() -> list[Form]:

@@ -73,8 +73,11 @@ TilingInfo tiling_for(const std::string& tile) {
   if (tile == "wg32x4_rb") return info<Sm90Mid32ResidentBTiling>("wg32x4_rb", true);
   if (tile == "wg160x3") return info<Sm90Prefill160Tiling>("wg160x3", true);
   if (tile == "wg160x3_rb") return info<Sm90Prefill160ResidentBTiling>("wg160x3_rb", true);
+  if (tile == "wg96x4") return info<Sm90Mid96Tiling>("wg96x4", true);
+  if (tile == "wg96x4_rb") return info<Sm90Mid96ResidentBTiling>("wg96x4_rb", true);
   throw ValueError("tile must be n8, n8_narrow, n8_narrow4, n8_shortk, n32, n64, wg128, wg128x4, wg64x4, wg32x4, "
-                   "wg160x3 or one of their GEMM2 forms wg128x4_rb, wg64x4_rb, wg32x4_rb, wg160x3_rb, got " + tile);
+                   "wg160x3, wg96x4 or one of their GEMM2 forms wg128x4_rb, wg64x4_rb, wg32x4_rb, wg160x3_rb, "
+                   "wg96x4_rb, got " + tile);
 }
 
 class Mxfp4MoePlan final : public Plan {

@@ -132,6 +132,8 @@ using Sm90Mid4WgResidentBTiling = Sm90Tiling<64, 4, true>;       // wg64x4_rb
 using Sm90Mid32ResidentBTiling = Sm90Tiling<32, 4, true>;        // wg32x4_rb
 using Sm90Prefill160Tiling = Sm90Tiling<160, 3, false, 3>;       // wg160x3
 using Sm90Prefill160ResidentBTiling = Sm90Tiling<160, 3, true, 3>;  // wg160x3_rb
+using Sm90Mid96Tiling = Sm90Tiling<96, 4>;                        // wg96x4
+using Sm90Mid96ResidentBTiling = Sm90Tiling<96, 4, true>;         // wg96x4_rb
 
 // The shipped tilings (forms.py instantiates them; the decision table in Python picks one per
 // GEMM by expected rows per expert and K). Decode streams each expert's weights once with 8-row token tiles,

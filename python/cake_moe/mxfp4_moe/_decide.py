@@ -55,10 +55,10 @@ SM90_MID_WG_MIN_LOAD = 24
 # (I = 3072) in the same runs kept the thresholds above (6.9: wg32x4 1.12x over n8; 27.4: wg64x4
 # 1.50x over wg32x4; 54.9: wg128x4 1.21x over wg64x4).
 SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 and wg64x4
-SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3")
+SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
 # Token rows per tile of every form the table (or a caller's `tile=`) can name.
 BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n8_narrow4": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
-                               "wg64x4": 64, "wg32x4": 32, "wg160x3": 160}
+                               "wg64x4": 64, "wg32x4": 32, "wg160x3": 160, "wg96x4": 96}
 SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg128x4"], "wg128x4")
 # The prefill GEMMs' time follows the number of token tiles per expert: each tile converts the
 # expert's weights once. `wg160x3` (160-token tiles on three warpgroups, 192 weight rows per
@@ -69,8 +69,15 @@ SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg128x4"], "wg128x4"
 # fewer it wins by up to 1.28x (tp8 T = 8192: 5724 vs 7315 us; T = 16384: 10447 vs 11744). The
 # rule below (expected tiles under Poisson-spread counts, wg160x3 when 1.3x its tiles are still
 # fewer) picked the faster form on all 16 measured rows.
-SM90_WIDE_PREFILL = ("prefill", 160, "wg160x3")
-WIDE_TILE_COST = 1.3
+# `wg96x4` (96-token tiles, four warpgroups) costs ~0.8x `wg128x4` per tile (tp8, one tile per
+# expert: T = 3072 2999 vs 3805 us, T = 4096 3127 vs 3921; bench/results/
+# 2026-12-01_h200_mxfp4_moe_wg96.md), so a short shard takes it while an expert's routes fit one
+# 96-row tile (tp8 T = 4096: 73 routes). The long shard keeps wg128x4 there: the only long-shard
+# rank measured (the benchmark's ep8, whose experts see 1.43x T*k/E: 105 routes at T = 4096)
+# needs two 96-row tiles and ran 1.35x slower.
+PREFILL_TILE_COST = {"wg96x4": 0.85, "wg128x4": 1.0, "wg160x3": 1.3}  # per tile, with a margin over the measured
+WIDE_TILE_COST = PREFILL_TILE_COST["wg160x3"]
+NARROW_PREFILL_MAX_LOAD = 96
 SM90_MID_PREFILL = (SM90_MID_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg64x4"], "wg64x4")
 SM90_MID = "wg32x4"  # the mid rows' form on sm_90 (BN 32, like n32)
 TILES: tuple[str, ...] = tuple(BLOCK_N_OF)
@@ -81,7 +88,7 @@ SHORT_K = 1024
 # rows resident in shared memory (every stage of K in its own ring slot) and walks a contiguous
 # range of items, so consecutive items reuse the rows and only the weights stream: `<tile>_rb`.
 RESIDENT_K = 512
-RESIDENT_TILES: tuple[str, ...] = ("wg128x4", "wg64x4", "wg32x4", "wg160x3")
+RESIDENT_TILES: tuple[str, ...] = ("wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
 # Up to this many routes per expert a plan whose GEMMs are both mma.sync forms synchronizes GEMM1
 # -> GEMM2 per token tile (GEMM2's CTAs stream their first weight stages while GEMM1 finishes,
 # then wait only for their own tile). Measured on the H200, same run (bench/results/
@@ -142,7 +149,13 @@ def expected_tiles(load: float, block_n: int) -> float:
 
 def wide_tiles_pay(load: float) -> bool:
     """Whether the 160-token prefill tiles (wg160x3) beat the 128-token ones at ``load``."""
-    return WIDE_TILE_COST * expected_tiles(load, SM90_WIDE_PREFILL[1]) < expected_tiles(load, SM90_PREFILL[2])
+    return WIDE_TILE_COST * expected_tiles(load, BLOCK_N_OF["wg160x3"]) < expected_tiles(load, BLOCK_N_OF["wg128x4"])
+
+
+def prefill_tile(load: float, short_shard: bool) -> str:
+    """The sm_90a prefill form of least expected cost (PREFILL_TILE_COST x expected tiles)."""
+    forms = ["wg128x4", "wg160x3"] + (["wg96x4"] if short_shard and load <= NARROW_PREFILL_MAX_LOAD else [])
+    return min(forms, key=lambda f: PREFILL_TILE_COST[f] * expected_tiles(load, BLOCK_N_OF[f]))
 
 
 def _sm90_form(load: float, inter: int) -> tuple[str, int, str]:
@@ -152,7 +165,8 @@ def _sm90_form(load: float, inter: int) -> tuple[str, int, str]:
     else:
         decode_max, mid_max, wg64_max = TILE_TABLE[0][0], SM90_MID_WG_MIN_LOAD, PREFILL_WG_MIN_LOAD
     if load > wg64_max:
-        return SM90_WIDE_PREFILL if wide_tiles_pay(load) else SM90_PREFILL[1:]
+        tile = prefill_tile(load, inter <= RESIDENT_K)
+        return "prefill", BLOCK_N_OF[tile], tile
     if load > mid_max:
         return SM90_MID_PREFILL[1:]
     if load > decode_max:

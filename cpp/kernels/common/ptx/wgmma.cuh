@@ -89,6 +89,7 @@ __device__ __forceinline__ uint64_t make_desc_mnmajor_sw128(uint32_t smem_byte_a
       "+f"(d[(b) + 6]), "+f"(d[(b) + 7])
 #define CAKE_WGMMA_ACC16(b) CAKE_WGMMA_ACC8(b), CAKE_WGMMA_ACC8((b) + 8)
 #define CAKE_WGMMA_ACC32(b) CAKE_WGMMA_ACC16(b), CAKE_WGMMA_ACC16((b) + 16)
+#define CAKE_WGMMA_ACC48 CAKE_WGMMA_ACC32(0), CAKE_WGMMA_ACC16(32)
 #define CAKE_WGMMA_ACC64 CAKE_WGMMA_ACC32(0), CAKE_WGMMA_ACC32(32)
 #define CAKE_WGMMA_ACC80 CAKE_WGMMA_ACC64, CAKE_WGMMA_ACC16(64)
 #define CAKE_WGMMA_ACC96 CAKE_WGMMA_ACC64, CAKE_WGMMA_ACC32(64)
@@ -96,6 +97,7 @@ __device__ __forceinline__ uint64_t make_desc_mnmajor_sw128(uint32_t smem_byte_a
 #define CAKE_WGMMA_D16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define CAKE_WGMMA_D32 CAKE_WGMMA_D16 ", " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define CAKE_WGMMA_D48 CAKE_WGMMA_D32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define CAKE_WGMMA_D64                                                                          \
   CAKE_WGMMA_D32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
@@ -170,6 +172,7 @@ struct WgmmaBf16RS;
   };
 CAKE_WGMMA_RS_SHAPE(32, 16, CAKE_WGMMA_ACC16(0), CAKE_WGMMA_D16, 16, 17, 18, 19, 20, 21, 22)
 CAKE_WGMMA_RS_SHAPE(64, 32, CAKE_WGMMA_ACC32(0), CAKE_WGMMA_D32, 32, 33, 34, 35, 36, 37, 38)
+CAKE_WGMMA_RS_SHAPE(96, 48, CAKE_WGMMA_ACC48, CAKE_WGMMA_D48, 48, 49, 50, 51, 52, 53, 54)
 CAKE_WGMMA_RS_SHAPE(128, 64, CAKE_WGMMA_ACC64, CAKE_WGMMA_D64, 64, 65, 66, 67, 68, 69, 70)
 CAKE_WGMMA_RS_SHAPE(160, 80, CAKE_WGMMA_ACC80, CAKE_WGMMA_D80, 80, 81, 82, 83, 84, 85, 86)
 #undef CAKE_WGMMA_RS_SHAPE
@@ -184,12 +187,14 @@ using WgmmaBf16SS = WgmmaBf16SSAB<N, 0, TransB>;
 #undef CAKE_WGMMA_ACC8
 #undef CAKE_WGMMA_ACC16
 #undef CAKE_WGMMA_ACC32
+#undef CAKE_WGMMA_ACC48
 #undef CAKE_WGMMA_ACC64
 #undef CAKE_WGMMA_ACC80
 #undef CAKE_WGMMA_ACC96
 #undef CAKE_WGMMA_ACC128
 #undef CAKE_WGMMA_D16
 #undef CAKE_WGMMA_D32
+#undef CAKE_WGMMA_D48
 #undef CAKE_WGMMA_D64
 #undef CAKE_WGMMA_D80
 #undef CAKE_WGMMA_D96
