@@ -61,7 +61,8 @@ struct Tiling {
   static constexpr int kSfRowBytes = kKStage / 32;
   static constexpr int kBRowBytes = kKStage * 2;      // BF16 activations per row per stage
   // A stage: the weight rows, their scales, then the token rows from a 1024-byte boundary (the
-  // swizzle atom of the sm_90a B tiles; every 64-row multiple of 256 rows is one already).
+  // swizzle atom of the sm_90a B tiles). Padding appears only for 192 weight rows (13056 bytes of
+  // weights and scales -> 13312); every other tiling's offset is already a multiple of 1024.
   static constexpr int kBOffset = (kBM * (kWRowBytes + kSfRowBytes) + 1023) / 1024 * 1024;
   static constexpr int kStageBytes = kBOffset + kBN * kBRowBytes;
   static constexpr int kAccPerLane = 4 * (kBN / 8) * 4;  // 4 m16 blocks x n8 blocks x 4
