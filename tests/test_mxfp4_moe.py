@@ -272,14 +272,15 @@ def test_decide_short_shard_thresholds_on_sm90(t, path, tile):
 def test_decide_token_tiles_grow_with_t(shape, sm90):
     """Whatever the shard, the token-tile size never shrinks as T grows (the crossovers are
     ordered), and every T is served. The one exception is the prefill choice between 128- and
-    160-token tiles, which follows the expected tile counts (wide_tiles_pay) both ways."""
+    160-token tiles, which follows the expected tile costs (prefill_tile) both ways."""
     sizes = [_decide.decide(t, *shape, sm90=sm90) for t in range(1, 6000, 7)]
     assert all(d.supported for d in sizes)
     block_ns = [min(d.block_n, 128) for d in sizes]
     assert block_ns == sorted(block_ns)
     for t, d in zip(range(1, 6000, 7), sizes):
         load = _decide.routes_per_expert(t, *shape[:2])
-        assert (d.block_n == 160) == (sm90 and d.block_n >= 128 and _decide.wide_tiles_pay(load))
+        short = shape[3] <= _decide.RESIDENT_K
+        assert (d.block_n == 160) == (sm90 and d.block_n >= 128 and _decide.prefill_tile(load, short) == "wg160x3")
 
 
 # tp8 (T * k / E = T / 56 routes per expert): the faster prefill form per T, kernel time per run

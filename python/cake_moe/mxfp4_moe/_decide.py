@@ -59,7 +59,6 @@ SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3"
 # Token rows per tile of every form the table (or a caller's `tile=`) can name.
 BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n8_narrow4": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
                                "wg64x4": 64, "wg32x4": 32, "wg160x3": 160, "wg96x4": 96}
-SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg128x4"], "wg128x4")
 # The prefill GEMMs' time follows the number of token tiles per expert: each tile converts the
 # expert's weights once. `wg160x3` (160-token tiles on three warpgroups, 192 weight rows per
 # item) costs ~1.2x `wg128x4` per tile and takes fewer tiles where an expert's routes just pass a
@@ -67,8 +66,8 @@ SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg128x4"], "wg128x4"
 # run at T = 2048..24576 in both contract layouts (bench/results/
 # 2026-12-01_h200_mxfp4_moe_wg160x3.md): with equal tile counts wg160x3 is 1.16-1.25x slower; with
 # fewer it wins by up to 1.28x (tp8 T = 8192: 5724 vs 7315 us; T = 16384: 10447 vs 11744). The
-# rule below (expected tiles under Poisson-spread counts, wg160x3 when 1.3x its tiles are still
-# fewer) picked the faster form on all 16 measured rows.
+# rule of prefill_tile (expected tiles under Poisson-spread counts times the per-tile cost below)
+# picked the faster form on all 16 measured rows.
 # `wg96x4` (96-token tiles, four warpgroups) costs ~0.8x `wg128x4` per tile (tp8, one tile per
 # expert: T = 3072 2999 vs 3805 us, T = 4096 3127 vs 3921; bench/results/
 # 2026-12-01_h200_mxfp4_moe_wg96.md), so a short shard takes it while an expert's routes fit one
@@ -76,7 +75,6 @@ SM90_PREFILL = (PREFILL_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg128x4"], "wg128x4"
 # rank measured (the benchmark's ep8, whose experts see 1.43x T*k/E: 105 routes at T = 4096)
 # needs two 96-row tiles and ran 1.35x slower.
 PREFILL_TILE_COST = {"wg96x4": 0.85, "wg128x4": 1.0, "wg160x3": 1.3}  # per tile, with a margin over the measured
-WIDE_TILE_COST = PREFILL_TILE_COST["wg160x3"]
 NARROW_PREFILL_MAX_LOAD = 96
 SM90_MID_PREFILL = (SM90_MID_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg64x4"], "wg64x4")
 SM90_MID = "wg32x4"  # the mid rows' form on sm_90 (BN 32, like n32)
@@ -145,11 +143,6 @@ def expected_tiles(load: float, block_n: int) -> float:
     spread = 8.0 * math.sqrt(load) + 2.0
     lo, hi = max(0, int(load - spread)), int(load + spread) + 1
     return sum(math.exp(n * math.log(load) - load - math.lgamma(n + 1)) * -(-n // block_n) for n in range(lo, hi))
-
-
-def wide_tiles_pay(load: float) -> bool:
-    """Whether the 160-token prefill tiles (wg160x3) beat the 128-token ones at ``load``."""
-    return WIDE_TILE_COST * expected_tiles(load, BLOCK_N_OF["wg160x3"]) < expected_tiles(load, BLOCK_N_OF["wg128x4"])
 
 
 def prefill_tile(load: float, short_shard: bool) -> str:
