@@ -19,9 +19,10 @@
 //                    (the hardware clips the N tail), otherwise by predicated
 //                    16-byte stores limited to the group's rows and [0, Nout).
 //                    The producer keeps prefetching the next tile meanwhile.
-//                    (kOverlap = 1 instead flushes tile i's epilogue while tile
-//                    i+1's first wgmma groups run; correct, but not faster on
-//                    the H200 measurements, so off by default.)
+//                    (Flushing tile i's epilogue under tile i+1's first wgmma
+//                    groups, with two accumulator sets, was correct and not
+//                    faster on the H200: the staging stores compete with wgmma
+//                    for shared memory. Removed; it is in the history.)
 //   scheduler        scheduler.cuh: per-CTA prefix of ragged tile counts. The
 //                    producer decodes each tile and hands it to the consumers
 //                    with the tile's first stage (unit_slots.cuh), so they
@@ -51,14 +52,8 @@ namespace sm90 {
 enum class GroupedGemmOp : int { kFwd = 0, kDgrad = 1 };
 
 // kRasterN: n-tiles per raster band of the scheduler (L2 reuse).
-// kOverlap: 1 = run tile i's epilogue while tile i+1's first wgmma groups are
-// in flight (two accumulator sets, only for <= 64 accumulator registers per
-// thread); 0 = epilogue after the mainloop. Measured on the H200 (2026-11-30)
-// it was not a win (the staging stores compete with wgmma for shared memory),
-// so the default is 0.
 // kTableSize: scheduler smem slots (groups per slot grow beyond it).
-template <GroupedGemmOp kOp, int kBM, int kBN, int kStages, int kRasterN = 8, int kOverlap = 0,
-          int kTableSize = 1024>
+template <GroupedGemmOp kOp, int kBM, int kBN, int kStages, int kRasterN = 8, int kTableSize = 1024>
 struct GroupedGemmKernel {
   // ---- tiling -----------------------------------------------------------------
   // 64 bf16 = 128 bytes: exactly one row of the 128-byte swizzle atom, so one TMA
@@ -72,10 +67,6 @@ struct GroupedGemmKernel {
   static constexpr int kWgTileN = kBN / kWgN;         // wgmma N of one warpgroup
   static constexpr bool kBNMajor = kOp == GroupedGemmOp::kDgrad;
   static constexpr int kAccRegs = kWgTileN / 2;
-  // Epilogue of tile i overlapped with the mainloop of tile i+1 (two
-  // accumulator sets); needs 2 * kAccRegs registers, so only for n <= 128.
-  static constexpr bool kOverlapEpilogue = kOverlap > 0;
-  static_assert(!kOverlapEpilogue || kAccRegs <= 64, "two accumulator sets of >64 registers do not fit");
   // the form's parameters, for hosts and harnesses
   static constexpr GroupedGemmOp kOperation = kOp;
   static constexpr int kBlockM = kBM;
@@ -156,17 +147,11 @@ struct GroupedGemmKernel {
       return tile_reader.read(slots);
     }
 
-    // Accumulate one tile into `acc`. With kFlushPrev, the epilogue of the
-    // previous tile (held in `prev`) runs right after the first two k-blocks
-    // of this tile are issued: it only touches `prev`, never the registers of
-    // the wgmma groups in flight.
-    template <bool kFlushPrev>
-    __device__ __forceinline__ void mainloop(float (&acc)[kAccRegs], float (&prev)[kAccRegs],
-                                             const GroupTile& prev_tile, const GroupedGemmParams& p) {
+    // Accumulate one tile into `acc`.
+    __device__ __forceinline__ void mainloop(float (&acc)[kAccRegs]) {
 #pragma unroll
       for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
       ptx::reg_fence(acc);
-      const int32_t flush_kb = k_blocks > 1 ? 1 : 0;
       uint32_t prev_stage = 0;
       for (int32_t kb = 0; kb < k_blocks; ++kb) {
         ptx::mbar_wait_parity(&full_bar[stage], phase);
@@ -184,9 +169,6 @@ struct GroupedGemmKernel {
         }
         ptx::wgmma_commit();
         ptx::reg_fence(acc);
-        if constexpr (kFlushPrev) {
-          if (kb == flush_kb) epilogue(prev, prev_tile, p);
-        }
         // keep this k-block's group in flight; the previous one is done now
         ptx::wgmma_wait<1>();
         ptx::reg_fence(acc);
@@ -196,9 +178,6 @@ struct GroupedGemmKernel {
           stage = 0;
           phase ^= 1u;
         }
-      }
-      if constexpr (kFlushPrev) {
-        if (k_blocks == 0) epilogue(prev, prev_tile, p);
       }
       ptx::wgmma_wait<0>();
       ptx::reg_fence(acc);
@@ -350,43 +329,11 @@ struct GroupedGemmKernel {
 
       const int32_t total = sched.total_tiles;
       const int32_t stride = gridDim.x;
-      if constexpr (kOverlapEpilogue) {
-        // Two accumulator sets: tile i accumulates into one while the other
-        // still holds tile i-1, whose epilogue runs once tile i's first wgmma
-        // groups are queued (see mainloop), so the tensor cores stay busy.
-        float acc0[kAccRegs], acc1[kAccRegs];
-        GroupTile prev = {0, 0, 0, 0};
-        int32_t t = blockIdx.x;
-        if (t < total) {
-          GroupTile cur = c.next_tile();
-          c.template mainloop<false>(acc0, acc1, prev, p);
-          prev = cur;
-          for (;;) {
-            t += stride;
-            if (t >= total) {
-              c.epilogue(acc0, prev, p);
-              break;
-            }
-            cur = c.next_tile();
-            c.template mainloop<true>(acc1, acc0, prev, p);
-            prev = cur;
-            t += stride;
-            if (t >= total) {
-              c.epilogue(acc1, prev, p);
-              break;
-            }
-            cur = c.next_tile();
-            c.template mainloop<true>(acc0, acc1, prev, p);
-            prev = cur;
-          }
-        }
-      } else {
-        float acc[kAccRegs];
-        for (int32_t t = blockIdx.x; t < total; t += stride) {
-          const GroupTile tile = c.next_tile();
-          c.template mainloop<false>(acc, acc, tile, p);
-          c.epilogue(acc, tile, p);
-        }
+      float acc[kAccRegs];
+      for (int32_t t = blockIdx.x; t < total; t += stride) {
+        const GroupTile tile = c.next_tile();
+        c.mainloop(acc);
+        c.epilogue(acc, tile, p);
       }
       // outstanding TMA stores must complete before the CTA (and its smem) goes away
       if (tid_wg == 0) ptx::tma_store_wait_all<0>();
