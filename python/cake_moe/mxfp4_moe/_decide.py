@@ -6,6 +6,7 @@ a rank sees its share of them), which sets how many token rows a GEMM tile shoul
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -136,13 +137,20 @@ def routes_per_expert(num_tokens: int, top_k: int, num_experts: int) -> float:
     return num_tokens * top_k / num_experts
 
 
+@functools.lru_cache(maxsize=1024)
 def expected_tiles(load: float, block_n: int) -> float:
-    """Expected token tiles of one expert whose route count is Poisson with mean ``load``."""
+    """Expected token tiles of one expert whose route count is Poisson with mean ``load`` (the
+    counts within 8 standard deviations; each term from the previous one, one ``exp`` per call)."""
     if load <= 0:
         return 0.0
     spread = 8.0 * math.sqrt(load) + 2.0
     lo, hi = max(0, int(load - spread)), int(load + spread) + 1
-    return sum(math.exp(n * math.log(load) - load - math.lgamma(n + 1)) * -(-n // block_n) for n in range(lo, hi))
+    p = math.exp(lo * math.log(load) - load - math.lgamma(lo + 1))
+    total = 0.0
+    for n in range(lo, hi):
+        total += p * -(-n // block_n)
+        p *= load / (n + 1)
+    return total
 
 
 def prefill_tile(load: float, short_shard: bool) -> str:
