@@ -60,6 +60,12 @@ def test_check_grouped_dims():
     (lambda x, w, g, o: cake_moe.grouped_gemm_wgrad(g, x, o, out_dtype=torch.float16), "out_dtype"),
     (lambda x, w, g, o: cake_moe.grouped_gemm_wgrad(g, x, o, num_groups=7), "entries"),
     (lambda x, w, g, o: cake_moe.grouped_mm_bf16(x, w, o), "m_indptr"),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_wgrad(g, x, [2, 7, 8]), "offs must be a torch.Tensor"),
+    (lambda x, w, g, o: cake_moe.grouped_mm([1.0], w, o), "x must be a torch.Tensor"),
+    (lambda x, w, g, o: cake_moe.grouped_mm_bf16(x, None, o), "b must be a torch.Tensor"),
+    (lambda x, w, g, o: cake_moe.grouped_mm_bf16(x, w[0], o), "3-D"),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x.t(), w, o), "x must be contiguous|columns"),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x, w, o, out=x[:, :32]), "contiguous"),
 ])
 def test_bad_arguments(call, match):
     x, w, g, offs = _cpu_problem([2, 5, 1])
@@ -108,3 +114,37 @@ def test_autograd_on_cpu_matches_reference():
     assert ref.rel_rms(x.grad, ref.dgrad(g[:rows], w.detach(), offs)) < 6e-3
     assert w.grad.dtype == torch.bfloat16
     assert ref.rel_rms(w.grad, ref.wgrad(g[:rows], x.detach(), offs)) < 6e-3
+
+
+def test_one_shot_ops_take_row_strided_operands():
+    """x, g and w need a unit last-axis stride only (SPEC §6): column slices give the results
+    of their contiguous copies; prepared launches bind tensors in place and refuse them."""
+    x, w, g, offs = _cpu_problem([3, 0, 5], n=32, k=64)
+    xs = torch.cat([x, x[:, :16]], dim=1)[:, :64]            # rows 80 elements apart
+    ws = torch.cat([w, w[:, :8]], dim=1)[:, :32]              # experts 40 rows apart
+    gs = torch.cat([g, g[:, :8]], dim=1)[:, :32]
+    assert not (xs.is_contiguous() or ws.is_contiguous() or gs.is_contiguous())
+    assert torch.equal(cake_moe.grouped_gemm_fwd(xs, ws, offs)[:8], cake_moe.grouped_gemm_fwd(x, w, offs)[:8])
+    assert torch.equal(cake_moe.grouped_gemm_dgrad(gs, ws, offs)[:8], cake_moe.grouped_gemm_dgrad(g, w, offs)[:8])
+    assert torch.equal(cake_moe.grouped_gemm_wgrad(gs, xs, offs), cake_moe.grouped_gemm_wgrad(g, x, offs))
+    with pytest.raises(ValueError, match="binds it in place"):
+        cake_moe.prepare_grouped_gemm_fwd(xs, w, offs)
+    with pytest.raises(ValueError, match="binds it in place"):
+        cake_moe.prepare_grouped_gemm_wgrad(gs, x, offs)
+
+
+def test_inputs_may_share_memory_outputs_may_not():
+    x, w, g, offs = _cpu_problem([3, 0, 5], n=64, k=64)
+    dw = cake_moe.grouped_gemm_wgrad(x, x, offs, out_dtype=torch.float32)      # X^T X per group
+    assert ref.rel_rms(dw, ref.wgrad(x, x, offs)) < 1e-5
+    buf = torch.zeros(x.numel() * 2, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out and x overlap"):
+        cake_moe.grouped_gemm_fwd(x, w, offs, out=x.view(-1)[:x.shape[0] * 64].view(-1, 64))
+    out = buf[:x.shape[0] * 64].view(-1, 64)
+    cake_moe.grouped_gemm_fwd(x, w, offs, out=out)                             # next to x, not over it
+    assert torch.equal(out[:8], cake_moe.grouped_gemm_fwd(x, w, offs)[:8])
+
+
+def test_top_level_exports():
+    for name in cake_moe.grouped_gemm.__all__:
+        assert getattr(cake_moe, name) is getattr(cake_moe.grouped_gemm, name), name

@@ -34,21 +34,23 @@ def shape(t: torch.Tensor, name: str, expected: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")
 
 
-def no_overlap(*named: tuple[str, torch.Tensor]) -> None:
-    """Outputs must not share memory with each other or with inputs."""
-    spans = []
-    for name, t in named:
-        if t is None or t.numel() == 0:
-            continue
-        start = t.data_ptr()
-        spans.append((start, start + t.numel() * t.element_size(), name))
-    spans.sort()
-    reach, owner = -1, ""
-    for start, end, name in spans:
-        if start < reach:
-            raise ValueError(f"{owner} and {name} overlap in memory")
-        if end > reach:
-            reach, owner = end, name
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes [first, last + 1) a tensor's elements occupy (any strides >= 0)."""
+    start = t.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
+def no_overlap(outputs: Iterable[tuple[str, torch.Tensor | None]],
+               inputs: Iterable[tuple[str, torch.Tensor | None]] = ()) -> None:
+    """Outputs must share no memory with each other or with any input; inputs may share memory
+    with each other (they are only read)."""
+    outs = [(name, _span(t)) for name, t in outputs if t is not None and t.numel()]
+    ins = [(name, _span(t)) for name, t in inputs if t is not None and t.numel()]
+    for i, (name, (start, end)) in enumerate(outs):
+        for other, (o_start, o_end) in outs[i + 1:] + ins:
+            if start < o_end and o_start < end:
+                raise ValueError(f"{name} and {other} overlap in memory")
 
 
 def multiple(value: int, of: int, what: str) -> None:

@@ -64,7 +64,7 @@ def _outputs(out, shapes_dtypes, device, inputs):
     for t, name, (shape, dtype) in zip(out, names, shapes_dtypes):
         _validate.tensor(t, name, dtypes=(dtype,), device=device, align=16)
         _validate.shape(t, name, shape)
-    _validate.no_overlap(*zip(names, out), *inputs)
+    _validate.no_overlap(zip(names, out), inputs)
     return out
 
 

@@ -33,6 +33,13 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
+def _tensors(**named) -> None:
+    """ValueError (naming the argument) for a non-tensor, before anything reads it."""
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
 def _no_out_under_compile(out, name):
     if out is not None:
         raise ValueError(f"{name}: out= is not supported under torch.compile")
@@ -63,6 +70,7 @@ def grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, out
 
     ``num_groups`` disambiguates offs [E] from m_indptr [E+1] (default: offs is [E]).
     """
+    _tensors(g=g, x=x, offs=offs)
     e = offs.numel() if num_groups is None else num_groups
     if _compiling():
         _no_out_under_compile(out, "grouped_gemm_wgrad")
@@ -73,12 +81,16 @@ def grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, out
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: str | None = None) -> torch.Tensor:
     """Autograd grouped GEMM: ``y = grouped_gemm_fwd(x, w, offs)``; the backward computes x.grad
     with dgrad and w.grad with wgrad in w's dtype, running the variant of this forward."""
+    _tensors(x=x, w=w, offs=offs)
     return torch.ops.cake_moe.grouped_mm(x, w, offs, _config.grouped_gemm_variant(variant))
 
 
 def grouped_mm_bf16(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Forward with the ``m_indptr`` [E+1] convention: a [cum_m, K], b [E, N, K] -> [cum_m, N]."""
+    _tensors(a=a, b=b, m_indptr=m_indptr)
+    if b.dim() != 3:
+        raise ValueError(f"b must be 3-D [E, N, K], got shape {tuple(b.shape)}")
     if m_indptr.dim() != 1 or m_indptr.numel() != b.shape[0] + 1:
         raise ValueError(f"m_indptr must have E+1={b.shape[0] + 1} entries, got shape {tuple(m_indptr.shape)}")
     return grouped_gemm_fwd(a, b, m_indptr, out)

@@ -52,7 +52,19 @@ def _offsets(offs, num_groups: int, device: torch.device) -> bool:
 
 
 def _bf16(t, name: str, ndim: int, device=None) -> torch.Tensor:
-    return _validate.tensor(t, name, dtypes=(torch.bfloat16,), ndim=ndim, device=device, align=16)
+    _validate.tensor(t, name, dtypes=(torch.bfloat16,), ndim=ndim, device=device, contiguous=False, align=16)
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous: a prepared launch binds it in place (the one-shot ops "
+                         "accept any tensor with unit last-axis stride)")
+    return t
+
+
+def _packed(t):
+    """A one-shot operand with rows of unit stride but gaps between them (a column slice such as
+    ``h[:, :n]``) becomes a contiguous copy; anything else is left for validation to judge."""
+    if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.stride(-1) == 1 and not t.is_contiguous():
+        return t.contiguous()
+    return t
 
 
 class GroupedGemmLaunch:
@@ -149,7 +161,7 @@ def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str) -> Groupe
     check_grouped_dims(n, k, num_groups=e, max_rows=a.shape[0])
     lz = _offsets(offs, e, a.device)
     out = _out(out, (a.shape[0], out_cols), torch.bfloat16, a.device)
-    _validate.no_overlap(("out", out), (a_name, a), ("w", w), ("offs", offs))
+    _validate.no_overlap([("out", out)], [(a_name, a), ("w", w), ("offs", offs)])
     if a.device.type != "cuda":
         reference = ref.fwd if op == "fwd" else ref.dgrad
         return _cpu_launch(op, out, lambda: reference(a, w, offs, lz))
@@ -197,7 +209,7 @@ def prepare_grouped_gemm_wgrad(g, x, offs, out=None, out_dtype=torch.bfloat16, n
     check_grouped_dims(n, k, num_groups=e, max_rows=g.shape[0])
     v = _config.grouped_gemm_variant(variant)
     out = _out(out, (e, n, k), out_dtype, g.device)
-    _validate.no_overlap(("out", out), ("g", g), ("x", x), ("offs", offs))
+    _validate.no_overlap([("out", out)], [("g", g), ("x", x), ("offs", offs)])
     if g.device.type != "cuda":
         return _cpu_launch("wgrad", out, lambda: ref.wgrad(g, x, offs, lz))
     _runtime.require_served(g.device, "grouped_gemm_wgrad")
@@ -224,15 +236,16 @@ def prepare_grouped_gemm_wgrad(g, x, offs, out=None, out_dtype=torch.bfloat16, n
 # ---------------------------------------------------------------------------------------------
 
 def fwd_impl(x, w, offs, out=None):
-    return prepare_grouped_gemm_fwd(x, w, offs, out).launch()
+    return prepare_grouped_gemm_fwd(_packed(x), _packed(w), offs, out).launch()
 
 
 def dgrad_impl(g, w, offs, out=None):
-    return prepare_grouped_gemm_dgrad(g, w, offs, out).launch()
+    return prepare_grouped_gemm_dgrad(_packed(g), _packed(w), offs, out).launch()
 
 
 def wgrad_impl(g, x, offs, num_groups, out_dtype, variant, out=None):
-    return prepare_grouped_gemm_wgrad(g, x, offs, out, out_dtype, num_groups, variant, workspace=_PER_STREAM).launch()
+    return prepare_grouped_gemm_wgrad(_packed(g), _packed(x), offs, out, out_dtype, num_groups, variant,
+                                      workspace=_PER_STREAM).launch()
 
 
 def _register() -> None:

@@ -322,11 +322,8 @@ class CakeMxfp4MoEWrapper:
                    "beta": beta, "linear_beta": linear_beta, "workspace": workspace, "output": output}
         self._check_tensors(tensors, num_tokens)
         present = [(name, t) for name, t in tensors.items() if t is not None]
-        _validate.no_overlap(("output", output), ("workspace", workspace))
-        for name, t in present:
-            if name not in ("output", "workspace"):
-                _validate.no_overlap(("output", output), (name, t))
-                _validate.no_overlap(("workspace", workspace), (name, t))
+        _validate.no_overlap([("output", output), ("workspace", workspace)],
+                             [(name, t) for name, t in present if name not in ("output", "workspace")])
         for name, t in present:
             if t.device != self.device:
                 raise ValueError(f"{name} is on {t.device}, expected {self.device} (the wrapper's device)")
