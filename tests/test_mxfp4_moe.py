@@ -459,7 +459,7 @@ def test_wrapper_defaults_and_layouts():
     (dict(local_expert_offset=-1), "local_expert_offset"),
     (dict(num_local_experts=0), "num_local_experts"),
     (dict(hidden_size=True), "hidden_size"), (dict(intermediate_size=3072.0), "intermediate_size"),
-    (dict(sm_count=0), "sm_count"), (dict(device="cpu"), "CUDA device"),
+    (dict(sm_count=0), "sm_count"), (dict(device="meta"), "CUDA device or the CPU"),
 ])
 def test_wrapper_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -786,3 +786,92 @@ def test_check_mode_counts_bad_ids(fake_ext, monkeypatch, packed):
     assert len(plan._plan.streams) == runs, "nothing is launched after a failed check"
     monkeypatch.delenv("CAKE_MOE_CHECK")
     plan.run()                                   # without the debug mode the kernels drop them
+
+
+# --- CPU plans and the torch.library op ------------------------------------------------------
+
+def _cpu_layer(name: str, t: int, *, regime: str = "balanced", weights_dtype=torch.float32, seed: int = 3):
+    """(plan, case, bank) of a general geometry on a CPU wrapper (the reference runs)."""
+    from .mxfp4_moe_cases import GENERAL, make_case, random_weights
+    geom = GENERAL[name]
+    bank = random_weights(geom, seed=seed, device="cpu")
+    case = make_case(geom, t, regime, seed=seed + 1, device="cpu", weights_dtype=weights_dtype)
+    args, kw = geom.wrapper_args()
+    moe = CakeMxfp4MoEWrapper(*args, **kw, device="cpu")
+    prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+    out = torch.full((t, geom.hidden), float("nan"), dtype=torch.bfloat16)
+    plan = moe.plan(case.x, case.x_sf, case.topk_ids, case.topk_weights, prepared, beta=case.beta,
+                    linear_beta=case.linear_beta, workspace=torch.empty(moe.get_workspace_size(t), dtype=torch.uint8),
+                    output=out)
+    return plan, case, bank
+
+
+@pytest.mark.parametrize("name,regime,weights_dtype", [("h256_e8_k2", "balanced", torch.float32),
+                                                        ("h384_ep_k8", "oob", torch.bfloat16),
+                                                        ("h256_tp_k4", "dup", None)])
+def test_cpu_plan_runs_the_reference(name, regime, weights_dtype):
+    """A CPU wrapper's plan takes the same arguments and checks, and run() writes the FP64
+    reference of its bound tensors (expert parallel, tensor parallel, packed routes)."""
+    from .mxfp4_moe_cases import reference
+    plan, case, bank = _cpu_layer(name, 6, regime=regime, weights_dtype=weights_dtype)
+    assert plan.forms == "cpu-reference" and plan.output.isnan().all(), "plan() on CPU runs nothing"
+    assert torch.equal(plan.run(), reference(case, bank))
+    case.topk_ids.copy_(case.topk_ids.flip(0))                  # new routes written in place
+    assert torch.equal(plan.run(), reference(case, bank))
+
+
+def test_cpu_wrapper_refuses_other_devices():
+    with pytest.raises(ValueError, match="CUDA device or the CPU"):
+        CakeMxfp4MoEWrapper(E, K, H, I, device="meta")
+    plan, case, _ = _cpu_layer("h256_e8_k2", 3)
+    assert plan.run().device.type == "cpu"
+
+
+def test_run_with_copies_what_is_not_bound():
+    """The op's path: tensors other than the bound ones are copied in (and the output out)."""
+    plan, case, bank = _cpu_layer("h256_e8_k2", 4)
+    want = plan.run().clone()
+    other = torch.empty_like(plan.output)
+    x_bytes = case.x.view(torch.uint8)
+    saved = x_bytes.clone()
+    x_bytes.zero_()                                             # the bound x now holds zeros
+    got = plan.run_with(saved.clone(), case.x_sf.clone(), case.topk_ids.clone(), case.topk_weights.clone(), other)
+    assert got is other and torch.equal(other, want) and torch.equal(x_bytes, saved)
+    with pytest.raises(ValueError, match="topk_ids must match the bound tensor"):
+        plan.run_with(saved, case.x_sf, case.topk_ids[:2], case.topk_weights, other)
+    with pytest.raises(ValueError, match="topk_weights: the plan was made with it"):
+        plan.run_with(saved, case.x_sf, case.topk_ids, None, other)
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.float32, None])
+def test_torch_library_opcheck_on_cpu(weights_dtype):
+    plan, case, _ = _cpu_layer("h256_e8_k2", 5, weights_dtype=weights_dtype)
+    torch.library.opcheck(torch.ops.cake_moe.mxfp4_moe_run.default,
+                          (plan._number, case.x.view(torch.uint8), case.x_sf, case.topk_ids, case.topk_weights,
+                           plan.output))
+
+
+def test_compiled_run_fullgraph_on_cpu():
+    """torch.compile(fullgraph=True) of a function calling plan.run(): the same bits as eager,
+    and new routes written into the bound tensor are picked up."""
+    from .mxfp4_moe_cases import reference
+    plan, case, bank = _cpu_layer("h256_e8_k2", 5)
+
+    def step(p):
+        return p.run().float() * 2
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(plan), reference(case, bank).float() * 2)
+    case.topk_ids.copy_(case.topk_ids.roll(1, 0))
+    assert torch.equal(compiled(plan), reference(case, bank).float() * 2)
+
+
+def test_a_collected_plan_is_forgotten():
+    plan, case, _ = _cpu_layer("h256_e8_k2", 2)
+    number, args = plan._number, (case.x.view(torch.uint8), case.x_sf, case.topk_ids, case.topk_weights)
+    out = plan.output
+    del plan
+    import gc
+    gc.collect()
+    with pytest.raises(ValueError, match=f"no live Mxfp4MoEPlan has number {number}"):
+        torch.ops.cake_moe.mxfp4_moe_run(number, *args, out)

@@ -12,7 +12,7 @@ import os
 import torch
 
 from .. import _runtime, _validate
-from . import _decide
+from . import _decide, _ops
 from ._decide import PlanDecision
 from ._prepare import LAYOUT, scale_code_max
 
@@ -86,6 +86,8 @@ class Mxfp4MoEPlan:
     capturable in a CUDA graph. It reads the values in the bound tensors at run time, so new
     tokens, routes or weights written in place are picked up by the next run (or replay); new
     scales need their largest codes (``w1_sf_max`` / ``w2_sf_max``, when bound) written too.
+    Under ``torch.compile`` :meth:`run` is the op ``cake_moe::mxfp4_moe_run`` (``fullgraph=True``
+    works); a plan made on a CPU wrapper runs the FP64 reference instead of the kernels.
 
     With ``CAKE_MOE_CHECK=1`` in the environment (a debug mode), every run outside graph
     capture first synchronises and raises ValueError if an expert id is outside [0, E), or if a
@@ -93,18 +95,23 @@ class Mxfp4MoEPlan:
     """
 
     def __init__(self, plan, *, decision: PlanDecision, device: torch.device, num_tokens: int, num_experts: int,
-                 output: torch.Tensor, topk_ids: torch.Tensor, packed: bool, keep: tuple[torch.Tensor, ...],
+                 output: torch.Tensor, inputs: tuple[torch.Tensor | None, ...], keep: tuple[torch.Tensor, ...],
                  code_max: tuple[tuple[str, torch.Tensor, torch.Tensor], ...] = ()):
         self._plan = plan
+        self._reference = isinstance(plan, _ops.ReferencePlan)   # a CPU wrapper's plan: no stream
         self._device = device
         self._num_experts = num_experts
-        self._topk_ids = topk_ids
-        self._packed = packed
+        # x (as its bytes: float8 tensors cannot be compared by the op checks), x_sf, topk_ids,
+        # topk_weights (None: packed routes)
+        self._inputs = (_runtime.as_bytes(inputs[0]), *inputs[1:])
+        self._topk_ids = inputs[2]
+        self._packed = inputs[3] is None
         self._keep = keep        # the extension holds raw pointers: the tensors live as long as the plan
         self._code_max = code_max  # (name, scales [L, rows, cols], largest codes [L]) bound to the kernels
         self.decision = decision
         self.num_tokens = num_tokens
         self.output = output
+        self._number = _ops.register(self)   # how the torch.library op finds this plan
 
     @property
     def forms(self) -> str:
@@ -129,11 +136,36 @@ class Mxfp4MoEPlan:
 
     def run(self) -> torch.Tensor:
         """Enqueue the layer on the current stream; returns the bound output tensor."""
+        if torch.compiler.is_compiling():
+            torch.ops.cake_moe.mxfp4_moe_run(self._number, *self._inputs, self.output)
+            return self.output
         if _check_mode() and not _capturing():
             self._check_ids()
             self._check_code_max()
-        self._plan.run(_runtime.stream_handle(self._device))
+        self._plan.run(0 if self._reference else _runtime.stream_handle(self._device))
         return self.output
+
+    def run_with(self, x: torch.Tensor, x_sf: torch.Tensor, topk_ids: torch.Tensor,
+                 topk_weights: torch.Tensor | None, output: torch.Tensor) -> torch.Tensor:
+        """:meth:`run` on the given tensors: each one that is not the bound tensor (same shape
+        and dtype; ``x`` may be given as its uint8 bytes) is copied into it first, and the bound
+        output into ``output`` after. The op ``cake_moe::mxfp4_moe_run`` runs this; with the
+        bound tensors it is :meth:`run`."""
+        given = (_runtime.as_bytes(x) if isinstance(x, torch.Tensor) else x, x_sf, topk_ids, topk_weights, output)
+        for name, t, bound in zip(("x", "x_sf", "topk_ids", "topk_weights", "output"), given,
+                                  (*self._inputs, self.output)):
+            if (t is None) != (bound is None):
+                raise ValueError(f"{name}: the plan was made {'without' if bound is None else 'with'} it")
+            if t is not None and (t.shape != bound.shape or t.dtype != bound.dtype):
+                raise ValueError(f"{name} must match the bound tensor: {tuple(bound.shape)} {bound.dtype}, "
+                                 f"got {tuple(t.shape)} {t.dtype}")
+        for t, bound in zip(given[:4], self._inputs):
+            if t is not None and (t.data_ptr(), t.stride()) != (bound.data_ptr(), bound.stride()):
+                bound.copy_(t)
+        self.run()
+        if (output.data_ptr(), output.stride()) != (self.output.data_ptr(), self.output.stride()):
+            output.copy_(self.output)
+        return output
 
     def __repr__(self) -> str:
         return (f"Mxfp4MoEPlan(num_tokens={self.num_tokens}, path={self.decision.path!r}, "
@@ -152,6 +184,8 @@ class CakeMxfp4MoEWrapper:
     The SM count is read once here, from ``device`` (default: the current CUDA device); without
     a visible CUDA device the host-only default is 132 (H100 SXM / H200). ``plan()`` refuses a
     device whose SM count differs. ``decide`` and ``get_workspace_size`` are host only.
+    ``device="cpu"`` makes plans of CPU tensors that run the FP64 reference (tests, CPU-only
+    machines): same API and checks, no kernels.
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
@@ -183,20 +217,23 @@ class CakeMxfp4MoEWrapper:
         self.num_experts, self.top_k, self.hidden_size, self.intermediate_size = e, k, h, i
         self.num_local_experts, self.local_expert_offset, self.intermediate_shard = num_local, offset, shard
         self.device = self._resolve_device(device)
+        self._reference = self.device.type == "cpu"   # plans run the FP64 reference
+        on_gpu = torch.cuda.is_available() and not self._reference
         if sm_count is None:
-            sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                        if torch.cuda.is_available() else HOST_ONLY_SM_COUNT)
+            sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count if on_gpu else \
+                HOST_ONLY_SM_COUNT
         self.sm_count = _positive_int(sm_count, "sm_count")
-        self.capability = (tuple(torch.cuda.get_device_capability(self.device)) if torch.cuda.is_available()
-                           else HOST_ONLY_CAPABILITY)
+        self.capability = tuple(torch.cuda.get_device_capability(self.device)) if on_gpu else HOST_ONLY_CAPABILITY
 
     @staticmethod
     def _resolve_device(device) -> torch.device:
         if device is None:
             return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
         dev = torch.device(device)
+        if dev.type == "cpu":
+            return torch.device("cpu")
         if dev.type != "cuda":
-            raise ValueError(f"device must be a CUDA device, got {dev}")
+            raise ValueError(f"device must be a CUDA device or the CPU, got {dev}")
         if dev.index is None:
             return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
         return dev
@@ -273,7 +310,8 @@ class CakeMxfp4MoEWrapper:
                 continue
             _validate.tensor(tensors[name], name, dtypes=dtypes, ndim=len(shape), align=align)
             _validate.shape(tensors[name], name, shape)
-        ws = _validate.tensor(tensors["workspace"], "workspace", dtypes=(torch.uint8,), ndim=1, align=WORKSPACE_ALIGN)
+        ws = _validate.tensor(tensors["workspace"], "workspace", dtypes=(torch.uint8,), ndim=1,
+                              align=0 if self._reference else WORKSPACE_ALIGN)   # the reference does not use it
         need = self.get_workspace_size(t)
         if ws.numel() < need:
             raise ValueError(f"workspace must hold at least {need} bytes for {t} tokens "
@@ -286,7 +324,8 @@ class CakeMxfp4MoEWrapper:
              tile_sync: bool | None = None, w1_sf_max: torch.Tensor | None = None,
              w2_sf_max: torch.Tensor | None = None) -> Mxfp4MoEPlan:
         """Validate and bind caller-owned buffers for ``T = x.shape[0]`` tokens, load the kernels
-        and run once (a warm-up that writes ``output``). Call it outside graph capture.
+        and run once (a warm-up that writes ``output``; a CPU wrapper's plan runs nothing here).
+        Call it outside graph capture.
 
         x [T, H] float8_e4m3fn with x_sf [T, H/32] uint8 (UE8M0); topk_ids [T, top_k] int32
         global expert ids; topk_weights [T, top_k] bf16 or fp32, or None when topk_ids holds
@@ -327,6 +366,15 @@ class CakeMxfp4MoEWrapper:
         for name, t in present:
             if t.device != self.device:
                 raise ValueError(f"{name} is on {t.device}, expected {self.device} (the wrapper's device)")
+        inputs = (x, x_sf, topk_ids, topk_weights)
+        keep = tuple(t for _, t in present)
+        if self._reference:
+            bound = _ops.ReferencePlan(x=x, x_sf=x_sf, topk_ids=topk_ids, topk_weights=topk_weights, w1=w1, w1_sf=w1_sf,
+                                       w2=w2, w2_sf=w2_sf, beta=beta, linear_beta=linear_beta, output=output,
+                                       num_experts=self.num_experts, num_local_experts=self.num_local_experts,
+                                       local_expert_offset=self.local_expert_offset)
+            return Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
+                                num_experts=self.num_experts, output=output, inputs=inputs, keep=keep)
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         if sms != self.sm_count:
             raise RuntimeError(f"{self.device} has {sms} SMs but this wrapper was configured for "
@@ -345,8 +393,7 @@ class CakeMxfp4MoEWrapper:
             local_offset=self.local_expert_offset, top_k=self.top_k, gemm1_tile=gemm1_tile, gemm2_tile=gemm2_tile,
             tile_sync=decision.tile_sync)
         plan = Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
-                            num_experts=self.num_experts, output=output, topk_ids=topk_ids,
-                            packed=topk_weights is None, keep=tuple(t for _, t in present),
+                            num_experts=self.num_experts, output=output, inputs=inputs, keep=keep,
                             code_max=(() if w1_sf_max is None else
                                       (("w1_sf_max", w1_sf, w1_sf_max), ("w2_sf_max", w2_sf, w2_sf_max))))
         plan.run()   # warm-up: loads the kernel images, checks the launch path
