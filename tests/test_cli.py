@@ -21,6 +21,19 @@ def test_bench_without_a_gpu_says_so(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().out
 
 
+def test_info_without_the_extension_says_so_in_one_line(monkeypatch, capsys):
+    from cake_moe import _runtime
+    monkeypatch.setattr(_runtime, "_ext", None)
+    monkeypatch.setattr(_runtime, "_EXT_IMPORT_ERROR", ImportError("stand-in"))
+    _runtime.manifest.cache_clear()
+    try:
+        assert cli.main(["info"]) == 2
+    finally:
+        _runtime.manifest.cache_clear()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "compiled extension (cake_moe._ext)" in err and "pip install ." in err
+
+
 def _row(layout, t, path, tile, us, frac, tflops, speedup, peer=None):
     return {"layout": layout, "T": t, "path": path, "tile": tile, "ours_us": us, "naive_us": us * speedup,
             "speedup": speedup, "routed_experts": 1.0, "bytes": 1e6, "eff_bw_frac": frac, "tflops": tflops,

@@ -6,6 +6,7 @@ kernel image are loaded on first use.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 from typing import Any
 
@@ -22,9 +23,13 @@ except ImportError as e:  # a source tree without a build: references still work
 def ext():
     """The compiled extension module; raises ImportError with the cause when it is missing."""
     if _ext is None:
+        # a module that is simply absent (a source tree without a build) needs no cause quoted;
+        # one that is present but fails to load (a missing library, an ABI mismatch) does
+        absent = importlib.util.find_spec(f"{__package__}._ext") is None
         raise ImportError(
-            "cake_moe's compiled extension (cake_moe._ext) is not available; install the package "
-            f"with `pip install .` ({_EXT_IMPORT_ERROR})")
+            "cake_moe's compiled extension (cake_moe._ext) is "
+            + ("not built here (a source tree?)" if absent else f"present but failed to load ({_EXT_IMPORT_ERROR})")
+            + "; install the package with `pip install .`")
     return _ext
 
 

@@ -96,7 +96,13 @@ def main(argv: list[str] | None = None) -> int:
                    "sync / nosync or form+sync: the per-tile GEMM1 -> GEMM2 sync forced on / off)")
     b.set_defaults(fn=cmd_bench)
     args = p.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except ImportError as e:    # no compiled extension: say so in one line, not a traceback
+        if "cake_moe._ext" not in str(e):
+            raise
+        print(f"cake-moe {args.cmd}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
