@@ -171,7 +171,8 @@ def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str) -> Groupe
     return GroupedGemmLaunch(op, plan, a.device, out, (a, w, offs))
 
 
-def prepare_grouped_gemm_fwd(x, w, offs, out=None, *, form: str = "") -> GroupedGemmLaunch:
+def prepare_grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None,
+                             *, form: str = "") -> GroupedGemmLaunch:
     """Y[g_e] = X[g_e] @ W[e]^T: x [sum_m, K], w [E, N, K] bf16, offs int32 [E] or [E+1].
 
     ``form`` forces a kernel form by name (``cake-moe info`` lists them; for tuning and
@@ -180,14 +181,17 @@ def prepare_grouped_gemm_fwd(x, w, offs, out=None, *, form: str = "") -> Grouped
     return _prepare_rows_op("fwd", x, "x", w, offs, out, form)
 
 
-def prepare_grouped_gemm_dgrad(g, w, offs, out=None, *, form: str = "") -> GroupedGemmLaunch:
+def prepare_grouped_gemm_dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None,
+                               *, form: str = "") -> GroupedGemmLaunch:
     """dX[g_e] = G[g_e] @ W[e]: g [sum_m, N], w [E, N, K] (read in place) -> dx [sum_m, K].
     ``form``: as in :func:`prepare_grouped_gemm_fwd`."""
     return _prepare_rows_op("dgrad", g, "g", w, offs, out, form)
 
 
-def prepare_grouped_gemm_wgrad(g, x, offs, out=None, out_dtype=torch.bfloat16, num_groups=None,
-                               variant: str | None = None, *, workspace=None, form: str = "") -> GroupedGemmLaunch:
+def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None,
+                               out_dtype: torch.dtype = torch.bfloat16, num_groups: int | None = None,
+                               variant: str | None = None, *, workspace: torch.Tensor | None = None,
+                               form: str = "") -> GroupedGemmLaunch:
     """dW[e] = G[g_e]^T @ X[g_e]: g [sum_m, N], x [sum_m, K] -> dw [E, N, K] (bf16 or fp32).
 
     ``num_groups`` tells offs [E] (cumulative ends) from [E+1] (m_indptr); without it offs is

@@ -190,7 +190,8 @@ class CakeMxfp4MoEWrapper:
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                  num_local_experts: int | None = None, local_expert_offset: int | None = None,
-                 intermediate_shard: int | None = None, sm_count: int | None = None, device=None):
+                 intermediate_shard: int | None = None, sm_count: int | None = None,
+                 device: torch.device | str | int | None = None):
         e = _positive_int(num_experts, "num_experts")
         k = _positive_int(top_k, "top_k")
         h = _positive_int(hidden_size, "hidden_size")
@@ -226,7 +227,7 @@ class CakeMxfp4MoEWrapper:
         self.capability = tuple(torch.cuda.get_device_capability(self.device)) if on_gpu else HOST_ONLY_CAPABILITY
 
     @staticmethod
-    def _resolve_device(device) -> torch.device:
+    def _resolve_device(device: torch.device | str | int | None) -> torch.device:
         if device is None:
             return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
         dev = torch.device(device)
@@ -318,7 +319,7 @@ class CakeMxfp4MoEWrapper:
                              f"(get_workspace_size), got {ws.numel()}")
 
     def plan(self, x: torch.Tensor, x_sf: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor | None,
-             w1, w1_sf: torch.Tensor | None = None, w2: torch.Tensor | None = None,
+             w1: torch.Tensor | dict, w1_sf: torch.Tensor | None = None, w2: torch.Tensor | None = None,
              w2_sf: torch.Tensor | None = None, *, beta: torch.Tensor, linear_beta: torch.Tensor,
              workspace: torch.Tensor, output: torch.Tensor, tile: str | None = None,
              tile_sync: bool | None = None, w1_sf_max: torch.Tensor | None = None,
