@@ -107,3 +107,14 @@ def test_grouped_gemm_bench_refuses_an_unknown_op():
     from cake_moe.bench import grouped_gemm as bench_gg
     with pytest.raises(ValueError, match="op must be"):
         bench_gg.op_callables("bwd", None, None, None, None)
+
+
+def test_mxfp4_moe_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [_row(layout, t, "decode", "n8", 40.0 * t, 0.6, 10.0 * t, 6.0, peer=50.0 * t if layout == "tp8" else None)
+            for layout in ("ep8", "tp8") for t in (1, 4, 16)]
+    rows.append(dict(_row("tp8", 4, "forced", "n64", 1.0, 0.1, 1.0, 1.0), gpu="G", date="D"))
+    for r in rows:
+        r.update(gpu="NVIDIA H200", date="2026-12-01")
+    path = tmp_path / "grid.png"
+    assert bench_moe.plot(rows, str(path)) and path.stat().st_size > 10_000

@@ -284,6 +284,45 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def plot(rows: list[dict], path: str) -> bool:
+    """Time, fraction of the copy bandwidth and TFLOP/s against T per layout (the decision
+    table's rows), with the PERF.md targets drawn in; False when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rs = [r for r in rows if "skipped" not in r and r["path"] != "forced"]
+    fig, (a_time, a_bw, a_tf) = plt.subplots(1, 3, figsize=(16, 4.5))
+    for layout in sorted({r["layout"] for r in rs}):
+        lr = sorted((r for r in rs if r["layout"] == layout), key=lambda r: r["T"])
+        ts = [r["T"] for r in lr]
+        a_time.plot(ts, [r["ours_us"] for r in lr], marker="o", label=f"cake-moe {layout}")
+        a_time.plot(ts, [r["naive_us"] for r in lr], marker="x", linestyle=":", label=f"naive {layout}")
+        peer = [(r["T"], r["peer_us_perf_md"]) for r in lr if r.get("peer_us_perf_md")]
+        if peer:
+            a_time.plot(*zip(*peer), marker="s", linestyle="--", label=f"peer {layout} (PERF.md)")
+        a_bw.plot(ts, [r["eff_bw_frac"] for r in lr], marker="o", label=layout)
+        a_tf.plot(ts, [r["tflops"] for r in lr], marker="o", label=layout)
+    for value, label in ((0.70, "target from T = 8"), (0.50, "target T <= 4")):
+        a_bw.axhline(value, color="grey", linestyle="--", linewidth=0.8, label=label)
+    a_tf.axhline(600, color="grey", linestyle="--", linewidth=0.8, label="target T = 16384")
+    for ax, ylabel, log_y in ((a_time, "us per layer", True), (a_bw, "routed weight bytes / time / copy bandwidth",
+                                                               False), (a_tf, "effective TFLOP/s", False)):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log" if log_y else "linear")
+        ax.set_xlabel("tokens T")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    if rs:
+        fig.suptitle(f"MXFP4 x MXFP8 SiTU MoE, H={H} I={I} E={E} top_k={TOP_K} ({rs[0]['gpu']}, {rs[0]['date']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def main(out_prefix: str | None = None, tokens=TOKENS, layouts=tuple(LAYOUTS), tiles: tuple[str, ...] = ()) -> list[dict]:
     rows = run(tokens, layouts, tiles)
     md, summ = markdown(rows), summary(rows)
@@ -291,4 +330,5 @@ def main(out_prefix: str | None = None, tokens=TOKENS, layouts=tuple(LAYOUTS), t
     print(summ)
     if out_prefix:
         timing.write_results(out_prefix, rows, md, summ)
+        plot(rows, out_prefix + ".png")
     return rows
