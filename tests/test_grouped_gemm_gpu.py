@@ -317,6 +317,31 @@ def test_row_strided_operands_give_the_bits_of_their_copies():
     assert torch.equal(h, cake_moe.grouped_gemm_fwd(x, w, offs))
 
 
+def test_out_forms_under_torch_compile():
+    """out= in compiled code (the *_out ops): eager bits, untouched padding rows, opcheck."""
+    x, w, g, offs = _problem([100, 0, 37, 211], 64, 128)
+
+    def step(x, w, g, offs, y, dx, dw):
+        cake_moe.grouped_gemm_fwd(x, w, offs, out=y)
+        cake_moe.grouped_gemm_dgrad(g, w, offs, out=dx)
+        cake_moe.grouped_gemm_wgrad(g, x, offs, out=dw)
+        return dw
+
+    def outs():
+        return (poison_(torch.empty(x.shape[0], 64, dtype=torch.bfloat16, device="cuda")),
+                poison_(torch.empty(x.shape[0], 128, dtype=torch.bfloat16, device="cuda")),
+                poison_(torch.empty(4, 64, 128, dtype=torch.bfloat16, device="cuda")))
+
+    eager, compiled = outs(), outs()
+    step(x, w, g, offs, *eager)
+    torch._dynamo.reset()
+    torch.compile(step, fullgraph=True)(x, w, g, offs, *compiled)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))    # NaN padding rows included
+    _check_rows(compiled[0], ref.fwd(x, w, offs))
+    torch.library.opcheck(torch.ops.cake_moe.grouped_gemm_fwd_out.default, (x, w, offs, compiled[0]))
+
+
 def test_portable_forms_on_this_gpu():
     """The mma.sync forms that serve arches without a native form, run here on sm_90a."""
     code = f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n" + """

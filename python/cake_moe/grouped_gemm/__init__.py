@@ -40,16 +40,13 @@ def _tensors(**named) -> None:
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
-def _no_out_under_compile(out, name):
-    if out is not None:
-        raise ValueError(f"{name}: out= is not supported under torch.compile")
-
-
 def grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """``Y[g_e] = X[g_e] @ W[e]^T``; x [sum_m, K], w [E, N, K] bf16 -> [sum_m, N] bf16."""
     if _compiling():
-        _no_out_under_compile(out, "grouped_gemm_fwd")
+        if out is not None:
+            torch.ops.cake_moe.grouped_gemm_fwd_out(x, w, offs, out)
+            return out
         return torch.ops.cake_moe.grouped_gemm_fwd(x, w, offs)
     return _ops.fwd_impl(x, w, offs, out)
 
@@ -58,7 +55,9 @@ def grouped_gemm_dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """``dX[g_e] = G[g_e] @ W[e]``; g [sum_m, N], w [E, N, K] -> [sum_m, K] bf16."""
     if _compiling():
-        _no_out_under_compile(out, "grouped_gemm_dgrad")
+        if out is not None:
+            torch.ops.cake_moe.grouped_gemm_dgrad_out(g, w, offs, out)
+            return out
         return torch.ops.cake_moe.grouped_gemm_dgrad(g, w, offs)
     return _ops.dgrad_impl(g, w, offs, out)
 
@@ -73,8 +72,13 @@ def grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, out
     _tensors(g=g, x=x, offs=offs)
     e = offs.numel() if num_groups is None else num_groups
     if _compiling():
-        _no_out_under_compile(out, "grouped_gemm_wgrad")
-        return torch.ops.cake_moe.grouped_gemm_wgrad(g, x, offs, e, out_dtype, _config.grouped_gemm_variant(variant))
+        v = _config.grouped_gemm_variant(variant)
+        if out is not None:
+            if out.dtype != out_dtype:
+                raise ValueError(f"out must have dtype {out_dtype} (out_dtype), got {out.dtype}")
+            torch.ops.cake_moe.grouped_gemm_wgrad_out(g, x, offs, e, v, out)
+            return out
+        return torch.ops.cake_moe.grouped_gemm_wgrad(g, x, offs, e, out_dtype, v)
     return _ops.wgrad_impl(g, x, offs, e, out_dtype, variant, out)
 
 

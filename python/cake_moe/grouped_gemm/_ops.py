@@ -272,6 +272,24 @@ def _register() -> None:
     def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: str) -> torch.Tensor:
         return fwd_impl(x, w, offs)
 
+    # out= forms for compiled code: they write the caller's tensor (rows past the last group end
+    # stay untouched, as in eager calls) and return nothing
+    @lib.custom_op("cake_moe::grouped_gemm_fwd_out", mutates_args=("out",))
+    def grouped_gemm_fwd_out(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> None:
+        fwd_impl(x, w, offs, out)
+
+    @lib.custom_op("cake_moe::grouped_gemm_dgrad_out", mutates_args=("out",))
+    def grouped_gemm_dgrad_out(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> None:
+        dgrad_impl(g, w, offs, out)
+
+    @lib.custom_op("cake_moe::grouped_gemm_wgrad_out", mutates_args=("out",))
+    def grouped_gemm_wgrad_out(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, num_groups: int, variant: str,
+                               out: torch.Tensor) -> None:
+        wgrad_impl(g, x, offs, num_groups, out.dtype, variant, out)
+
+    for op in (grouped_gemm_fwd_out, grouped_gemm_dgrad_out, grouped_gemm_wgrad_out):
+        op.register_fake(lambda *args: None)
+
     grouped_gemm_fwd.register_fake(lambda x, w, offs: x.new_empty((x.shape[0], w.shape[1])))
     grouped_gemm_dgrad.register_fake(lambda g, w, offs: g.new_empty((g.shape[0], w.shape[2])))
     grouped_gemm_wgrad.register_fake(
