@@ -81,22 +81,32 @@ def _moe_layer(device: str, l: int, e: int, k: int, offset: int):
     return inputs, bank, want, time.perf_counter() - t0
 
 
-def _moe_cpu() -> None:
-    """The reference on a reduced layer, and the host side of the API (weight preparation, the
-    decision for the contract rank)."""
+def _moe_cpu() -> bool:
+    """The reference on a reduced layer, the same layer through the API on a CPU wrapper (weight
+    preparation, plan, run: its plan runs the reference, so the bits must agree), and the
+    decision for the contract rank."""
     from .bench.mxfp4_moe import E, LAYOUTS, TOP_K
     from .mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
     l, e, k = MOE_CPU["num_local"], MOE_CPU["num_experts"], MOE_CPU["top_k"]
-    _, bank, want, secs = _moe_layer("cpu", l, e, k, 0)
+    a, bank, want, secs = _moe_layer("cpu", l, e, k, 0)
     print(f"  MXFP4 SiTU MoE reference on CPU, REDUCED layer: H={H}, I={I}, {l} local experts of E={e}, top_k={k} "
           f"(the contract has 112 of {E}, top_k={TOP_K}), T={MOE_T}: {secs * 1e3:.0f} ms, output rms "
           f"{want.float().square().mean().sqrt():.3g}")
     t0 = time.perf_counter()
-    prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+    p = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
     prep_ms = (time.perf_counter() - t0) * 1e3
+    moe = CakeMxfp4MoEWrapper(e, k, H, I, num_local_experts=l, local_expert_offset=0, device="cpu")
+    out = torch.empty(MOE_T, H, dtype=torch.bfloat16)
+    plan = moe.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], p, beta=a["beta"],
+                    linear_beta=a["linear_beta"], workspace=torch.empty(moe.get_workspace_size(MOE_T), dtype=torch.uint8),
+                    output=out)
+    same = torch.equal(plan.run(), want)
+    print(f"  the same layer through prepare / plan / run on a CPU wrapper: "
+          f"{'the reference bit for bit' if same else 'DIFFERS from the reference'}")
     d = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS["ep8"]).decide(MOE_T)
     print(f"  prepare_cake_mxfp4_weights on CPU ({l} experts): {prep_ms:.0f} ms; contract ep8 rank at T={MOE_T}: "
           f"supported={d.supported} path={d.path} ({d.reason})")
+    return same
 
 
 def _moe_gpu() -> tuple[bool, str]:
@@ -155,7 +165,9 @@ def main(tokens: int | None = None) -> int:
         print(f"  grouped_mm fwd+bwd (H={dims[0]}, I={dims[1]}, E={dims[2]}, T={t}) reference on CPU "
               f"{(time.perf_counter() - t0) * 1e3:.0f} ms; rel. RMS vs FP64 fwd {errs[0]:.1e} dx {errs[1]:.1e} "
               f"dw {errs[2]:.1e}")
-        _moe_cpu()
+        if not _moe_cpu():
+            print("demo FAILED: the CPU plan differs from the reference")
+            return 1
         print("demo done (CPU reference only: install on a machine with an NVIDIA GPU to run the kernels)")
         return 0
 
