@@ -37,6 +37,8 @@ def shape(t: torch.Tensor, name: str, expected: tuple[int, ...]) -> None:
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """The bytes [first, last + 1) a tensor's elements occupy (any strides >= 0)."""
     start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + t.numel() * t.element_size()
     last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
     return start, start + (last + 1) * t.element_size()
 
