@@ -20,8 +20,9 @@ the FP64 reference is ``cake_moe.reference.moe.mxfp4_situ_moe`` (canonical weigh
 from __future__ import annotations
 
 from ._decide import PlanDecision
+from ._plan import Mxfp4MoEPlan
 from ._prepare import prepare_cake_mxfp4_weights, unprepare_cake_mxfp4_weights
-from ._wrapper import CakeMxfp4MoEWrapper, Mxfp4MoEPlan
+from ._wrapper import CakeMxfp4MoEWrapper
 
 __all__ = ["prepare_cake_mxfp4_weights", "unprepare_cake_mxfp4_weights", "CakeMxfp4MoEWrapper", "Mxfp4MoEPlan",
            "PlanDecision"]

@@ -1,0 +1,115 @@
+"""``Mxfp4MoEPlan``: a bound MXFP4 MoE layer for one token count (made by
+``CakeMxfp4MoEWrapper.plan``), its debug checks and its path under ``torch.compile``."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .. import _runtime
+from . import _ops
+from ._decide import PlanDecision
+from ._prepare import scale_code_max
+
+_BIG_SCALE_CODE = 128   # codes above need the two-multiply conversion (weight_fragments.cuh kBigScaleCode)
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _check_mode() -> bool:
+    """Debug mode (env CAKE_MOE_CHECK=1): every run() synchronises and validates expert ids."""
+    return os.environ.get("CAKE_MOE_CHECK", "") == "1"
+
+
+class Mxfp4MoEPlan:
+    """A bound MXFP4 MoE layer for one token count. :meth:`run` enqueues dequantize, route,
+    GEMM1, GEMM2 and finalize on the current stream: no allocation, no host synchronisation,
+    capturable in a CUDA graph. It reads the values in the bound tensors at run time, so new
+    tokens, routes or weights written in place are picked up by the next run (or replay); new
+    scales need their largest codes (``w1_sf_max`` / ``w2_sf_max``, when bound) written too.
+    Under ``torch.compile`` :meth:`run` is the op ``cake_moe::mxfp4_moe_run`` (``fullgraph=True``
+    works); a plan made on a CPU wrapper runs the FP64 reference instead of the kernels.
+
+    With ``CAKE_MOE_CHECK=1`` in the environment (a debug mode), every run outside graph
+    capture first synchronises and raises ValueError if an expert id is outside [0, E), or if a
+    bound largest code says <= 128 for an expert whose scales hold a larger one.
+    """
+
+    def __init__(self, plan, *, decision: PlanDecision, device: torch.device, num_tokens: int, num_experts: int,
+                 output: torch.Tensor, inputs: tuple[torch.Tensor | None, ...], keep: tuple[torch.Tensor, ...],
+                 code_max: tuple[tuple[str, torch.Tensor, torch.Tensor], ...] = ()):
+        self._plan = plan
+        self._reference = isinstance(plan, _ops.ReferencePlan)   # a CPU wrapper's plan: no stream
+        self._device = device
+        self._num_experts = num_experts
+        # x (as its bytes: float8 tensors cannot be compared by the op checks), x_sf, topk_ids,
+        # topk_weights (None: packed routes)
+        self._inputs = (_runtime.as_bytes(inputs[0]), *inputs[1:])
+        self._topk_ids = inputs[2]
+        self._packed = inputs[3] is None
+        self._keep = keep        # the extension holds raw pointers: the tensors live as long as the plan
+        self._code_max = code_max  # (name, scales [L, rows, cols], largest codes [L]) bound to the kernels
+        self.decision = decision
+        self.num_tokens = num_tokens
+        self.output = output
+        self._number = _ops.register(self)   # how the torch.library op finds this plan
+
+    @property
+    def forms(self) -> str:
+        """The kernel forms this plan launches, as the extension reports them."""
+        return self._plan.forms
+
+    def _check_ids(self) -> None:
+        ids = self._topk_ids >> 16 if self._packed else self._topk_ids
+        bad = int(((ids < 0) | (ids >= self._num_experts)).sum().item())    # synchronises
+        if bad:
+            raise ValueError(f"topk_ids holds {bad} expert id(s) outside [0, {self._num_experts}) "
+                             "(CAKE_MOE_CHECK=1; without it such routes contribute nothing)")
+
+    def _check_code_max(self) -> None:
+        for name, scales, code_max in self._code_max:
+            actual = scale_code_max(scales)
+            stale = int(((actual > _BIG_SCALE_CODE) & (code_max <= _BIG_SCALE_CODE)).sum().item())  # synchronises
+            if stale:
+                raise ValueError(f"{name} says <= {_BIG_SCALE_CODE} for {stale} expert(s) whose scales hold a larger "
+                                 "code: after writing new scales, write their largest codes too (the "
+                                 f"{name} of a new prepare_cake_mxfp4_weights) (CAKE_MOE_CHECK=1)")
+
+    def run(self) -> torch.Tensor:
+        """Enqueue the layer on the current stream; returns the bound output tensor."""
+        if torch.compiler.is_compiling():
+            torch.ops.cake_moe.mxfp4_moe_run(self._number, *self._inputs, self.output)
+            return self.output
+        if _check_mode() and not _capturing():
+            self._check_ids()
+            self._check_code_max()
+        self._plan.run(0 if self._reference else _runtime.stream_handle(self._device))
+        return self.output
+
+    def run_with(self, x: torch.Tensor, x_sf: torch.Tensor, topk_ids: torch.Tensor,
+                 topk_weights: torch.Tensor | None, output: torch.Tensor) -> torch.Tensor:
+        """:meth:`run` on the given tensors: each one that is not the bound tensor (same shape
+        and dtype; ``x`` may be given as its uint8 bytes) is copied into it first, and the bound
+        output into ``output`` after. The op ``cake_moe::mxfp4_moe_run`` runs this; with the
+        bound tensors it is :meth:`run`."""
+        given = (_runtime.as_bytes(x) if isinstance(x, torch.Tensor) else x, x_sf, topk_ids, topk_weights, output)
+        for name, t, bound in zip(("x", "x_sf", "topk_ids", "topk_weights", "output"), given,
+                                  (*self._inputs, self.output)):
+            if (t is None) != (bound is None):
+                raise ValueError(f"{name}: the plan was made {'without' if bound is None else 'with'} it")
+            if t is not None and (t.shape != bound.shape or t.dtype != bound.dtype):
+                raise ValueError(f"{name} must match the bound tensor: {tuple(bound.shape)} {bound.dtype}, "
+                                 f"got {tuple(t.shape)} {t.dtype}")
+        for t, bound in zip(given[:4], self._inputs):
+            if t is not None and (t.data_ptr(), t.stride()) != (bound.data_ptr(), bound.stride()):
+                bound.copy_(t)
+        self.run()
+        if (output.data_ptr(), output.stride()) != (self.output.data_ptr(), self.output.stride()):
+            output.copy_(self.output)
+        return output
+
+    def __repr__(self) -> str:
+        return (f"Mxfp4MoEPlan(num_tokens={self.num_tokens}, path={self.decision.path!r}, "
+                f"block_n={self.decision.block_n}, forms={self.forms!r})")
