@@ -333,7 +333,8 @@ for op, strided, packed, shape, dtype in (
     forms.add(launch.form)
     want = prep(*packed, out=nan(*shape, dtype=dtype), **kw).launch()
     assert same(launch.launch(), want), op
-    assert same(getattr(cake_moe, 'grouped_gemm_' + op)(*strided, **kw), want), op
+    written = slice(None) if op == 'wgrad' else slice(0, sum(sizes))   # one-shot outputs start unset
+    assert same(getattr(cake_moe, 'grouped_gemm_' + op)(*strided, **kw)[written], want[written]), op
 xb.copy_(torch.roll(xb, 1, 0))                                     # new values in the bound buffer
 launch = cake_moe.prepare_grouped_gemm_fwd(xs, ws, o, out=nan(rows, 64))
 launch.launch()
