@@ -64,7 +64,7 @@ def test_check_grouped_dims():
     (lambda x, w, g, o: cake_moe.grouped_mm([1.0], w, o), "x must be a torch.Tensor"),
     (lambda x, w, g, o: cake_moe.grouped_mm_bf16(x, None, o), "b must be a torch.Tensor"),
     (lambda x, w, g, o: cake_moe.grouped_mm_bf16(x, w[0], o), "3-D"),
-    (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x.t(), w, o), "x must be contiguous|columns"),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x.t(), w, o), "x must have contiguous rows"),
     (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x, w, o, out=x[:, :32]), "contiguous"),
 ])
 def test_bad_arguments(call, match):
@@ -116,9 +116,11 @@ def test_autograd_on_cpu_matches_reference():
     assert ref.rel_rms(w.grad, ref.wgrad(g[:rows], x.detach(), offs)) < 6e-3
 
 
-def test_one_shot_ops_take_row_strided_operands():
-    """x, g and w need a unit last-axis stride only (SPEC §6): column slices give the results
-    of their contiguous copies; prepared launches bind tensors in place and refuse them."""
+def test_row_strided_operands():
+    """x, g and w need contiguous rows only (SPEC §6): column slices and slices of the experts'
+    rows are read in place, by one-shot calls and prepared launches alike, with the results of
+    their contiguous copies; strides the kernels cannot read (an expanded w) are copied first by
+    one-shot calls and refused by prepared launches."""
     x, w, g, offs = _cpu_problem([3, 0, 5], n=32, k=64)
     xs = torch.cat([x, x[:, :16]], dim=1)[:, :64]            # rows 80 elements apart
     ws = torch.cat([w, w[:, :8]], dim=1)[:, :32]              # experts 40 rows apart
@@ -127,10 +129,15 @@ def test_one_shot_ops_take_row_strided_operands():
     assert torch.equal(cake_moe.grouped_gemm_fwd(xs, ws, offs)[:8], cake_moe.grouped_gemm_fwd(x, w, offs)[:8])
     assert torch.equal(cake_moe.grouped_gemm_dgrad(gs, ws, offs)[:8], cake_moe.grouped_gemm_dgrad(g, w, offs)[:8])
     assert torch.equal(cake_moe.grouped_gemm_wgrad(gs, xs, offs), cake_moe.grouped_gemm_wgrad(g, x, offs))
-    with pytest.raises(ValueError, match="binds it in place"):
-        cake_moe.prepare_grouped_gemm_fwd(xs, w, offs)
-    with pytest.raises(ValueError, match="binds it in place"):
-        cake_moe.prepare_grouped_gemm_wgrad(gs, x, offs)
+    assert torch.equal(cake_moe.prepare_grouped_gemm_fwd(xs, ws, offs).launch()[:8],
+                       cake_moe.grouped_gemm_fwd(x, w, offs)[:8])
+    w_one = w[:1].expand(3, -1, -1)                            # experts 0 elements apart
+    assert torch.equal(cake_moe.grouped_gemm_fwd(x, w_one, offs)[:8],
+                       cake_moe.grouped_gemm_fwd(x, w_one.contiguous(), offs)[:8])
+    with pytest.raises(ValueError, match="w must have contiguous rows"):
+        cake_moe.prepare_grouped_gemm_fwd(x, w_one, offs)
+    with pytest.raises(ValueError, match="x must have contiguous rows"):
+        cake_moe.prepare_grouped_gemm_wgrad(g, torch.cat([x, x[:, :4]], dim=1)[:, :64], offs)   # 68 apart
 
 
 def test_inputs_may_share_memory_outputs_may_not():

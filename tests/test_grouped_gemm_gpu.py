@@ -301,20 +301,59 @@ def test_grouped_mm_autograd_and_compile():
     assert model.w13.grad is not None and torch.isfinite(model.w13.grad.float()).all()
 
 
-def test_row_strided_operands_give_the_bits_of_their_copies():
-    """Operands with a unit last-axis stride and gaps between rows (column slices, a slice of
-    the experts' rows) give exactly the bits of their contiguous copies, forward and backward."""
-    sizes = [100, 0, 37, 211]
-    x, w, g, offs = _problem(sizes, 64, 128, pad=0)
-    xs = torch.cat([x, x[:, :32]], dim=1)[:, :128]
-    ws = torch.cat([w, w[:, :16]], dim=1)[:, :64]
-    gs = torch.cat([g, g[:, :8]], dim=1)[:, :64]
-    assert torch.equal(cake_moe.grouped_gemm_fwd(xs, ws, offs), cake_moe.grouped_gemm_fwd(x, w, offs))
-    assert torch.equal(cake_moe.grouped_gemm_dgrad(gs, ws, offs), cake_moe.grouped_gemm_dgrad(g, w, offs))
-    assert torch.equal(cake_moe.grouped_gemm_wgrad(gs, xs, offs), cake_moe.grouped_gemm_wgrad(g, x, offs))
-    h = cake_moe.grouped_mm(xs.detach().requires_grad_(), w, offs)       # a strided input saved for backward
-    h.backward(g)
-    assert torch.equal(h, cake_moe.grouped_gemm_fwd(x, w, offs))
+_STRIDED_CHECK = """
+import torch, cake_moe
+from grouped_gemm_cases import bf16, offsets
+sizes = [100, 0, 37, 211]
+rows = sum(sizes) + 16
+x, w, g = bf16(rows, 128), bf16(4, 64, 128, seed=1, scale=0.05), bf16(rows, 64, seed=2)
+o = offsets(sizes)
+xb, wb, gb = torch.cat([x, x[:, :32]], 1), torch.cat([w, w[:, :16]], 1), torch.cat([g, g[:, :8]], 1)
+xs, ws, gs = xb[:, :128], wb[:, :64], gb[:, :64]          # rows 160 / 64-row experts 80 rows / rows 72 apart
+
+
+def nan(*shape, dtype=torch.bfloat16):
+    return torch.full(shape, float('nan'), dtype=dtype, device='cuda')
+
+
+def same(a, b):
+    return torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32),
+                       b.view(torch.int16) if b.dtype == torch.bfloat16 else b.view(torch.int32))
+
+
+forms = set()
+for op, strided, packed, shape, dtype in (
+        ('fwd', (xs, ws, o), (x, w, o), (rows, 64), torch.bfloat16),
+        ('dgrad', (gs, ws, o), (g, w, o), (rows, 128), torch.bfloat16),
+        ('wgrad', (gs, xs, o), (g, x, o), (4, 64, 128), torch.bfloat16),
+        ('wgrad', (gs, xs, o), (g, x, o), (4, 64, 128), torch.float32)):
+    prep = getattr(cake_moe, 'prepare_grouped_gemm_' + op)
+    kw = dict(out_dtype=dtype) if op == 'wgrad' else {}
+    launch = prep(*strided, out=nan(*shape, dtype=dtype), **kw)     # bound in place, no copy
+    forms.add(launch.form)
+    want = prep(*packed, out=nan(*shape, dtype=dtype), **kw).launch()
+    assert same(launch.launch(), want), op
+    written = slice(None) if op == 'wgrad' else slice(0, sum(sizes))   # one-shot outputs start unset
+    assert same(getattr(cake_moe, 'grouped_gemm_' + op)(*strided, **kw)[written], want[written]), op
+xb.copy_(torch.roll(xb, 1, 0))                                     # new values in the bound buffer
+launch = cake_moe.prepare_grouped_gemm_fwd(xs, ws, o, out=nan(rows, 64))
+launch.launch()
+assert same(launch.out, cake_moe.grouped_gemm_fwd(xs.contiguous(), w, o, out=nan(rows, 64)))
+print(sorted(forms))
+"""
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_row_strided_operands_give_the_bits_of_their_copies(portable):
+    """Operands whose rows (and experts) start 16-byte multiples apart are read in place by
+    the native and the portable forms, prepared or one-shot, with exactly the bits of their
+    contiguous copies; a prepared launch follows new values written into the strided buffers."""
+    code = f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n" + _STRIDED_CHECK
+    env = dict(os.environ, CAKE_MOE_GG_FORCE_PORTABLE="1" if portable else "0")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    forms = out.stdout.strip()
+    assert ("gg_portable" in forms) == portable and ("gg_sm90" in forms) != portable, forms
 
 
 def test_out_forms_under_torch_compile():

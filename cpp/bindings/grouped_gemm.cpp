@@ -35,6 +35,20 @@ grouped_gemm::Problem shape(int op, int variant, int32_t num_groups, int32_t n, 
   return p;
 }
 
+// The element stride of dim `dim` of an operand whose last dim is contiguous: a positive
+// multiple of 8 (16-byte TMA strides), or 0 (= packed) where the dim has at most one entry and
+// its stride is never used. Python checks the same; this keeps a bad stride from any map.
+int64_t outer_stride(const Tensor& t, size_t dim, const char* name) {
+  if (t.ndim() == 0 || (t.shape(t.ndim() - 1) > 1 && t.stride(t.ndim() - 1) != 1))
+    throw ValueError(std::string(name) + " must have a unit last-axis stride");
+  if (t.shape(dim) <= 1) return 0;
+  const int64_t s = t.stride(dim);
+  if (s <= 0 || s % 8 != 0)
+    throw ValueError(std::string(name) + ": outer strides must be positive multiples of 8 elements, got " +
+                     std::to_string(s));
+  return s;
+}
+
 grouped_gemm::Problem problem(int op, int variant, Tensor a, Tensor b, Tensor out, Tensor offs, bool leading_zero,
                               int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32,
                               std::optional<Tensor> workspace, const std::string& form) {
@@ -46,6 +60,10 @@ grouped_gemm::Problem problem(int op, int variant, Tensor a, Tensor b, Tensor ou
   for (const Tensor* t : {&a, &b, &out}) require_aligned(*t, "operand", 16);
   p.a = a.data();
   p.b = b.data();
+  p.a_row_stride = outer_stride(a, 0, "a");
+  const bool weights = p.op != grouped_gemm::Op::kWgrad;  // b is w [E, N, K], else x [rows, K]
+  p.b_row_stride = outer_stride(b, weights ? 1 : 0, "b");
+  p.b_expert_stride = weights ? outer_stride(b, 0, "b") : 0;
   p.out = out.data();
   p.offs = static_cast<const int32_t*>(offs.data());
   p.offs_leading_zero = leading_zero;

@@ -48,11 +48,11 @@ CUtensorMap encode_tiled(const TensorMapSpec& s) {
   return map;
 }
 
-CUtensorMap encode_bf16_rows(const void* base, int64_t cols, int64_t rows, uint32_t box_rows) {
+CUtensorMap encode_bf16_rows(const void* base, int64_t cols, int64_t rows, uint32_t box_rows, int64_t row_stride) {
   TensorMapSpec s;
   s.base = const_cast<void*>(base);
   s.dims = {uint64_t(cols), uint64_t(rows)};
-  s.strides = {uint64_t(cols) * 2};
+  s.strides = {uint64_t(row_stride > 0 ? row_stride : cols) * 2};
   s.box = {64, box_rows};
   return encode_tiled(s);
 }

@@ -23,9 +23,10 @@ struct TensorMapSpec {
 // sizes) and CudaError for driver failures.
 CUtensorMap encode_tiled(const TensorMapSpec& spec);
 
-// A row-major bf16 matrix [rows, cols] read in boxes of 64 columns x `box_rows` rows with the
-// 128-byte swizzle (one box row = one swizzle row): the operand maps of the grouped GEMMs.
-CUtensorMap encode_bf16_rows(const void* base, int64_t cols, int64_t rows, uint32_t box_rows);
+// A row-major bf16 matrix [rows, cols] whose rows start `row_stride` elements apart (0: packed,
+// = cols; a multiple of 8), read in boxes of 64 columns x `box_rows` rows with the 128-byte
+// swizzle (one box row = one swizzle row): the operand maps of the grouped GEMMs.
+CUtensorMap encode_bf16_rows(const void* base, int64_t cols, int64_t rows, uint32_t box_rows, int64_t row_stride = 0);
 
 // Points an encoded map at a new base address (same geometry).
 void replace_address(CUtensorMap& map, void* base);

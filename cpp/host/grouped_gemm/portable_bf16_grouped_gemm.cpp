@@ -27,18 +27,26 @@ class PortableLaunch final : public BoundKernel<PortableGroupedGemmParams> {
       case Op::kFwd:
         params.x = p.a;
         params.w = p.b;
+        params.x_row_stride = p.a_row_stride;
         kernel += "fwd";
         break;
       case Op::kDgrad:
         params.g = p.a;
         params.w = p.b;
+        params.g_row_stride = p.a_row_stride;
         kernel += "dgrad";
         break;
       case Op::kWgrad:
         params.g = p.a;
         params.x = p.b;
+        params.g_row_stride = p.a_row_stride;
+        params.x_row_stride = p.b_row_stride;
         kernel += p.out_f32 ? "wgrad_f32" : "wgrad_bf16";
         break;
+    }
+    if (p.op != Op::kWgrad) {
+      params.w_row_stride = p.b_row_stride;
+      params.w_expert_stride = p.b_expert_stride;
     }
     bound_.form = std::string("gg_portable_") + op_name(p.op);
     params.out = p.out;

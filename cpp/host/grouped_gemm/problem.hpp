@@ -23,6 +23,11 @@ struct Problem {
   int32_t n = 0;                   // weight rows (w [E, N, K])
   int32_t k = 0;                   // weight columns
   int64_t rows = 0;                // capacity of the packed row dimension (x.shape[0])
+  // Element strides of the operands' outer dims (their last dim is contiguous; multiples of 8,
+  // so 16-byte TMA strides). 0: packed (a: its width; b: K for rows, N * K for experts).
+  int64_t a_row_stride = 0;        // between rows of a
+  int64_t b_row_stride = 0;        // between rows of b (w: along N; wgrad's x: packed rows)
+  int64_t b_expert_stride = 0;     // between experts of w (fwd, dgrad)
   void* workspace = nullptr;       // wgrad split-K scratch, from workspace_bytes()
   int64_t workspace_bytes = 0;
   int device = 0;

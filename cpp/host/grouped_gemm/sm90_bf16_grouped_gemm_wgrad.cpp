@@ -30,8 +30,8 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
     const int sms = runtime::device_sm_count(p.device);
     std::memset(bound_.params.get(), 0, sizeof(sm90::GroupedGemmWgradParams));
     sm90::GroupedGemmWgradParams& q = *bound_.params;
-    q.tmap_g = runtime::encode_bf16_rows(p.a, p.n, p.rows, 64);
-    q.tmap_x = runtime::encode_bf16_rows(p.b, p.k, p.rows, 64);
+    q.tmap_g = runtime::encode_bf16_rows(p.a, p.n, p.rows, 64, p.a_row_stride);
+    q.tmap_x = runtime::encode_bf16_rows(p.b, p.k, p.rows, 64, p.b_row_stride);
     q.out = p.out;
     q.workspace = p.workspace;
     q.workspace_bytes = uint64_t(p.workspace_bytes);

@@ -290,6 +290,9 @@ struct PortableGroupedGemm {
     const uint32_t smem_base = detail::smem_u32(portable_gg_smem);
     const int32_t n = max(p.n, 0);
     const int32_t k = max(p.k, 0);
+    const int64_t ld_x = p.x_row_stride > 0 ? p.x_row_stride : k;
+    const int64_t ld_g = p.g_row_stride > 0 ? p.g_row_stride : n;
+    const int64_t ld_w = p.w_row_stride > 0 ? p.w_row_stride : k;
     float acc[kFragM][kFragN][4];
 
     if constexpr (kOp == PortableOp::kWgrad) {
@@ -312,9 +315,9 @@ struct PortableGroupedGemm {
         ragged_group_rows(p.offs, e, p.offs_has_leading_zero, capacity, begin, end);
         zero(acc);
         // A = G^T: element (j, r) of the MN-major tile is G[begin + j][n0 + r]
-        const Operand a{g + static_cast<int64_t>(begin) * n + n0, n, n - n0};
+        const Operand a{g + static_cast<int64_t>(begin) * ld_g + n0, ld_g, n - n0};
         // B = X:  element (j, c) is X[begin + j][k0 + c]
-        const Operand b{x + static_cast<int64_t>(begin) * k + k0, k, k - k0};
+        const Operand b{x + static_cast<int64_t>(begin) * ld_x + k0, ld_x, k - k0};
         mainloop(acc, smem_base, a, b, end - begin);
         epilogue(acc, out + static_cast<int64_t>(e) * n * k, k, n0, n, k0, k);
       }
@@ -323,6 +326,8 @@ struct PortableGroupedGemm {
       const int32_t n_out = kFwd ? n : k;  // output width
       const int32_t k_red = kFwd ? k : n;  // reduction length
       const bf16* act = static_cast<const bf16*>(kFwd ? p.x : p.g);
+      const int64_t ld_act = kFwd ? ld_x : ld_g;
+      const int64_t w_expert = p.w_expert_stride > 0 ? p.w_expert_stride : static_cast<int64_t>(n) * k;
       const bf16* w = static_cast<const bf16*>(p.w);
       bf16* out = static_cast<bf16*>(p.out);
       Scheduler sched;
@@ -332,13 +337,13 @@ struct PortableGroupedGemm {
         const GroupTile tile = sched.tile(t);
         zero(acc);
         // A: element (r, j) = act[m0 + r][j]
-        const Operand a{act + static_cast<int64_t>(tile.m0) * k_red, k_red, tile.row_end - tile.m0};
-        const bf16* we = w + static_cast<int64_t>(tile.group) * n * k;
+        const Operand a{act + static_cast<int64_t>(tile.m0) * ld_act, ld_act, tile.row_end - tile.m0};
+        const bf16* we = w + static_cast<int64_t>(tile.group) * w_expert;
         Operand b;
         if (kFwd) {  // K-major: element (c, j) = W[e][n0 + c][j]
-          b = Operand{we + static_cast<int64_t>(tile.n0) * k, k, n - tile.n0};
+          b = Operand{we + static_cast<int64_t>(tile.n0) * ld_w, ld_w, n - tile.n0};
         } else {  // MN-major: element (j, c) = W[e][j][n0 + c] (n0 along K)
-          b = Operand{we + tile.n0, k, k - tile.n0};
+          b = Operand{we + tile.n0, ld_w, k - tile.n0};
         }
         mainloop(acc, smem_base, a, b, k_red);
         epilogue(acc, out, n_out, tile.m0, tile.row_end, tile.n0, n_out);

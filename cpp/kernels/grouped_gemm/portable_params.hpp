@@ -13,7 +13,8 @@
 //   fwd  : Y[g_e]  = X[g_e] @ W[e]^T    reads x, w; out = Y  [sum_m, N] bf16
 //   dgrad: dX[g_e] = G[g_e] @ W[e]      reads g, w; out = dX [sum_m, K] bf16
 //   wgrad: dW[e]   = G[g_e]^T @ X[g_e]  reads g, x; out = dW [E, N, K] bf16 or fp32
-// x [sum_m, K], g [sum_m, N], w [E, N, K]: bf16, row-major, contiguous rows.
+// x [sum_m, K], g [sum_m, N], w [E, N, K]: bf16, row-major, each row contiguous; rows (and w's
+// experts) start the element strides below apart (0: packed).
 // FP32 accumulation of the exact BF16 products, one rounding at the store.
 //
 // Offsets: `offs` int32 on the device, either E cumulative group ends
@@ -78,10 +79,14 @@ struct PortableGroupedGemmParams {
   int32_t n;            // N
   int32_t k;            // K
   int32_t offs_has_leading_zero;  // 0: offs[E] cumulative ends; 1: offs[E+1] m_indptr
-  int32_t reserved_[3];           // zero
+  int32_t reserved_;              // zero
+  int64_t x_row_stride;           // elements between rows of x (0: K)
+  int64_t g_row_stride;           // elements between rows of g (0: N)
+  int64_t w_row_stride;           // elements between rows of w[e] (0: K)
+  int64_t w_expert_stride;        // elements between w[e] and w[e + 1] (0: N * K)
 };
 
-static_assert(sizeof(PortableGroupedGemmParams) == 72, "parameter block layout is part of the ABI");
+static_assert(sizeof(PortableGroupedGemmParams) == 96, "parameter block layout is part of the ABI");
 static_assert(offsetof(PortableGroupedGemmParams, num_groups) == 40, "parameter block layout is part of the ABI");
 
 // Tiling of the shipped portable forms (the kernels static_assert against it).

@@ -51,18 +51,36 @@ def _offsets(offs, num_groups: int, device: torch.device) -> bool:
     raise ValueError(f"offs must have E={num_groups} (cumulative ends) or E+1 (m_indptr) entries, got {offs.numel()}")
 
 
+def _strides_served(t: torch.Tensor) -> bool:
+    """The kernels read an operand in place when each row is contiguous and the rows (and
+    experts) start 16-byte multiples apart without overlapping: a column slice ``h[:, :n]`` of
+    a wider tensor, a slice of the experts' rows ``w13[:, :i]``."""
+    if t.is_contiguous():
+        return True
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        return False
+    inner = t.shape[-1]
+    for size, stride in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1])):
+        if size > 1 and (stride % 8 or stride < inner):
+            return False
+        inner = stride * size if size > 1 else inner
+    return True
+
+
 def _bf16(t, name: str, ndim: int, device=None) -> torch.Tensor:
     _validate.tensor(t, name, dtypes=(torch.bfloat16,), ndim=ndim, device=device, contiguous=False, align=16)
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous: a prepared launch binds it in place (the one-shot ops "
-                         "accept any tensor with unit last-axis stride)")
+    if not _strides_served(t):
+        raise ValueError(f"{name} must have contiguous rows that start 16-byte multiples apart without overlap, got "
+                         f"strides {t.stride()} for shape {tuple(t.shape)} (a prepared launch binds it in place; "
+                         "the one-shot ops copy such a tensor first)")
     return t
 
 
 def _packed(t):
-    """A one-shot operand with rows of unit stride but gaps between them (a column slice such as
-    ``h[:, :n]``) becomes a contiguous copy; anything else is left for validation to judge."""
-    if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.stride(-1) == 1 and not t.is_contiguous():
+    """A one-shot operand whose strides the kernels cannot read in place (an expanded or
+    transposed-inner tensor with a unit last-axis stride, rows 2-byte aligned only) becomes a
+    contiguous copy; anything else is left for validation to judge."""
+    if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.stride(-1) == 1 and not _strides_served(t):
         return t.contiguous()
     return t
 
