@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "formats/args.hpp"
 #include "host/formats/formats.hpp"
@@ -55,29 +56,35 @@ CUtensorMap weight_map(const uint8_t* w, int64_t num_local, int32_t m, int32_t k
   return runtime::encode_tiled(s);
 }
 
-// The tiling of a GEMM form suffix (forms.py MXFP4_MOE_TILINGS, MXFP4_MOE_SM90_TILINGS).
+// The tiling of a GEMM form suffix (forms.py MXFP4_MOE_TILINGS, MXFP4_MOE_SM90_TILINGS). The wg*
+// forms are sm_90a only (Python checks the device); the *_rb ones serve GEMM2 at K <= 512.
 TilingInfo tiling_for(const std::string& tile) {
-  if (tile == "n8") return info<DecodeTiling>("n8");
-  if (tile == "n8_narrow") return info<DecodeNarrowTiling>("n8_narrow");
-  if (tile == "n8_narrow4") return info<DecodeNarrow4Tiling>("n8_narrow4");
-  if (tile == "n8_shortk") return info<DecodeShortKTiling>("n8_shortk");
-  if (tile == "n32") return info<MidTiling>("n32");
-  if (tile == "n64") return info<PrefillTiling>("n64");
-  if (tile == "wg128") return info<Sm90PrefillTiling>("wg128", true);  // sm_90a only: Python checks the device
-  if (tile == "wg128x4") return info<Sm90Prefill4WgTiling>("wg128x4", true);
-  if (tile == "wg64x4") return info<Sm90Mid4WgTiling>("wg64x4", true);
-  if (tile == "wg32x4") return info<Sm90Mid32Tiling>("wg32x4", true);
-  // GEMM2 forms for K <= 512 (resident token rows)
-  if (tile == "wg128x4_rb") return info<Sm90Prefill4WgResidentBTiling>("wg128x4_rb", true);
-  if (tile == "wg64x4_rb") return info<Sm90Mid4WgResidentBTiling>("wg64x4_rb", true);
-  if (tile == "wg32x4_rb") return info<Sm90Mid32ResidentBTiling>("wg32x4_rb", true);
-  if (tile == "wg160x3") return info<Sm90Prefill160Tiling>("wg160x3", true);
-  if (tile == "wg160x3_rb") return info<Sm90Prefill160ResidentBTiling>("wg160x3_rb", true);
-  if (tile == "wg96x4") return info<Sm90Mid96Tiling>("wg96x4", true);
-  if (tile == "wg96x4_rb") return info<Sm90Mid96ResidentBTiling>("wg96x4_rb", true);
-  throw ValueError("tile must be n8, n8_narrow, n8_narrow4, n8_shortk, n32, n64, wg128, wg128x4, wg64x4, wg32x4, "
-                   "wg160x3, wg96x4 or one of their GEMM2 forms wg128x4_rb, wg64x4_rb, wg32x4_rb, wg160x3_rb, "
-                   "wg96x4_rb, got " + tile);
+  static const std::vector<TilingInfo> kTilings = {
+      info<DecodeTiling>("n8"),
+      info<DecodeNarrowTiling>("n8_narrow"),
+      info<DecodeNarrow4Tiling>("n8_narrow4"),
+      info<DecodeShortKTiling>("n8_shortk"),
+      info<MidTiling>("n32"),
+      info<PrefillTiling>("n64"),
+      info<Sm90PrefillTiling>("wg128", true),
+      info<Sm90Prefill4WgTiling>("wg128x4", true),
+      info<Sm90Mid4WgTiling>("wg64x4", true),
+      info<Sm90Mid32Tiling>("wg32x4", true),
+      info<Sm90Prefill160Tiling>("wg160x3", true),
+      info<Sm90Mid96Tiling>("wg96x4", true),
+      info<Sm90Prefill4WgResidentBTiling>("wg128x4_rb", true),
+      info<Sm90Mid4WgResidentBTiling>("wg64x4_rb", true),
+      info<Sm90Mid32ResidentBTiling>("wg32x4_rb", true),
+      info<Sm90Prefill160ResidentBTiling>("wg160x3_rb", true),
+      info<Sm90Mid96ResidentBTiling>("wg96x4_rb", true),
+  };
+  std::string names;
+  for (const TilingInfo& t : kTilings) {
+    if (t.suffix == tile) return t;
+    names += names.empty() ? "" : ", ";
+    names += t.suffix;
+  }
+  throw ValueError("tile must be one of " + names + ", got " + tile);
 }
 
 class Mxfp4MoePlan final : public Plan {
