@@ -115,3 +115,28 @@ def test_sm90_tile_lists_agree():
     host = {tuple(int(v) for v in m) for m in re.findall(r"\{(\d+),\s*(\d+),\s*(\d+)\}", table)}
     assert host == built
     assert sorted(SM90_TILES) == sorted(f"{bm}x{bn}" for bm, bn, _ in built)
+
+
+def test_mxfp4_moe_tile_lists_agree():
+    """Family B's GEMM tile forms are named in three layers too: the compiled forms (forms.py),
+    the host's table that binds a form by name (mxfp4_moe.cpp `tiling_for`) and the Python
+    decision table (`_decide`: the tiles it or a caller's `tile=` can name, the short-K and
+    resident-rows GEMM2 forms derived from them). They must list the same forms."""
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "cpp" / "kernels"))
+    try:
+        import forms
+    finally:
+        sys.path.pop(0)
+    from cake_moe.mxfp4_moe import _decide
+
+    built = {t[0] for t in forms.MXFP4_MOE_TILINGS + forms.MXFP4_MOE_SM90_TILINGS}
+    source = (root / "cpp" / "host" / "mxfp4_moe" / "mxfp4_moe.cpp").read_text()
+    table = re.search(r"kTilings\s*=\s*\{(.*?)\};", source, re.S).group(1)
+    host = set(re.findall(r'info<\w+>\("(\w+)"', table))
+    python = set(_decide.TILES) | {"n8_shortk"} | {f"{t}_rb" for t in _decide.RESIDENT_TILES}
+    assert host == built
+    assert python == built
+    assert set(_decide.SM90_TILES) == {t[0] for t in forms.MXFP4_MOE_SM90_TILINGS if not t[0].endswith("_rb")}
