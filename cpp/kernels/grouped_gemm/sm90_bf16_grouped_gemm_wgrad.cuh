@@ -172,6 +172,7 @@ struct GroupedGemmWgradKernel {
   struct Consumer {
     int cw, tid_wg, lane, warp, g, q;
     uint32_t smem_base;
+    uint32_t epi_tile;  // this warp's epilogue staging tile
     uint64_t* full_bar;
     uint64_t* empty_bar;
     Slots slots;
@@ -256,6 +257,11 @@ struct GroupedGemmWgradKernel {
       if (w.kb > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
     }
 
+    // Orders this warp's staging-tile writes before its reads. A named barrier of the warp's own
+    // (ids 4-11) rather than __syncwarp: after a __syncwarp in the loop ptxas no longer keeps
+    // the mainloop's stage and descriptors in uniform registers (an R2UR per wgmma operand).
+    __device__ __forceinline__ void warp_sync() const { ptx::named_barrier_sync(4 + cw * 4 + warp, 32); }
+
     // Final conversion and store of this warpgroup's 64 x kBN part of the tile: each warp's 16
     // rows pass through its staging tile one 128-B chunk of every row at a time. The tile's 16-B
     // units are XOR-swizzled by row (unit u of row r at u ^ (r % 8)): the fragment writes and the
@@ -263,13 +269,13 @@ struct GroupedGemmWgradKernel {
     __device__ __forceinline__ void store_out(const float (&acc)[kAccRegs], const WgradUnit& w,
                                               const GroupedGemmWgradParams& p) {
       OutT* out = reinterpret_cast<OutT*>(p.out) + static_cast<int64_t>(w.e) * p.n * p.k;
-      const uint32_t tile = smem_base + kOffEpi + (cw * 4 + warp) * kEpiWarpBytes;
+      const uint32_t tile = epi_tile;
       const int32_t row_w = w.n0 + cw * 64 + warp * 16;
       // the reads: lane -> unit lane % 8 of rows lane / 8 + 4 t
       const int u_rd = lane % 8, r_rd = lane / 8;
 #pragma unroll
       for (int c = 0; c < kEpiChunks; ++c) {
-        __syncwarp();  // the previous chunk's reads are done
+        warp_sync();  // the previous chunk's reads are done
         if constexpr (kOutF32) {
           // 4 blocks of 8 columns; thread (g, q) holds columns 2q, 2q + 1 of rows g and g + 8
 #pragma unroll
@@ -296,7 +302,7 @@ struct GroupedGemmWgradKernel {
                              wgrad_detail::pack_bf16x2(acc[4 * i + 6], acc[4 * i + 7]));
           }
         }
-        __syncwarp();
+        warp_sync();
         const int32_t col = w.k0 + c * kEpiChunkCols + u_rd * (16 / static_cast<int>(sizeof(OutT)));
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
@@ -494,6 +500,7 @@ struct GroupedGemmWgradKernel {
       c.g = c.lane / 4;
       c.q = c.lane % 4;
       c.smem_base = smem_base;
+      c.epi_tile = smem_base + kOffEpi + (c.cw * 4 + c.warp) * kEpiWarpBytes;
       c.full_bar = full_bar;
       c.empty_bar = empty_bar;
       c.slots = unit_slots;
