@@ -14,7 +14,8 @@
 //                    wgmma group kept in flight; setmaxnreg.inc. With BM = 128
 //                    they split M (64 rows each); with BM = 64 they split N.
 //   epilogue         each consumer warpgroup converts its 64 x kWgTileN
-//                    accumulator to BF16 into a 128B-swizzled smem tile; if all
+//                    accumulator to BF16 into a 128B-swizzled smem tile
+//                    (stmatrix, four 8x8 blocks per instruction); if all
 //                    64 rows lie inside the group it is written by TMA store
 //                    (the hardware clips the N tail), otherwise by predicated
 //                    16-byte stores limited to the group's rows and [0, Nout).
@@ -40,6 +41,7 @@
 #include <cstdint>
 
 #include "common/ptx/mbarrier.cuh"
+#include "common/ptx/smem.cuh"
 #include "common/ptx/tma.cuh"
 #include "common/ptx/wgmma.cuh"
 #include "grouped_gemm/params.cuh"
@@ -195,15 +197,19 @@ struct GroupedGemmKernel {
       if (tid_wg == 0) ptx::tma_store_wait_read<0>();
       ptx::named_barrier_sync(1 + cw, 128);
 
-      const int g = lane / 4, q = lane % 4;
-      const int row_a = (tid_wg / 32) * 16 + g;  // and row_a + 8; both = g (mod 8)
+      // One stmatrix.x4 per two 8-column blocks (i, i + 1) of the warp's 16 rows: lane l gives
+      // the row address of matrix l / 8 (block i + l / 16, rows 0-7 or 8-15), row l % 8.
+      // 128B swizzle: 16-B unit u of row r sits at unit u ^ (r % 8), so the 8 rows of a matrix
+      // hit distinct units: no bank conflicts.
+      const int m = lane / 8;
+      const int row_m = (tid_wg / 32) * 16 + (lane % 8) + 8 * (m % 2);  // = lane % 8 (mod 8)
+      const uint32_t sd_addr = ptx::smem_addr(sd);
 #pragma unroll
-      for (int i = 0; i < kWgTileN / 8; ++i) {
-        // 128B swizzle: 16-B unit u of row r sits at unit u ^ (r % 8). The 32
-        // lanes hit 8 rows x distinct units x 4 words: no bank conflicts.
-        const uint32_t off = (i / 8) * kDChunkBytes + row_a * 128 + (((i % 8) ^ g) * 16) + q * 4;
-        *reinterpret_cast<uint32_t*>(sd + off) = pack_bf16x2(acc[4 * i + 0], acc[4 * i + 1]);
-        *reinterpret_cast<uint32_t*>(sd + off + 8 * 128) = pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]);
+      for (int i = 0; i < kWgTileN / 8; i += 2) {
+        const int blk = i + m / 2;
+        ptx::stmatrix_x4(sd_addr + (blk / 8) * kDChunkBytes + row_m * 128 + (((blk % 8) ^ (lane % 8)) * 16),
+                         pack_bf16x2(acc[4 * i + 0], acc[4 * i + 1]), pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]),
+                         pack_bf16x2(acc[4 * i + 4], acc[4 * i + 5]), pack_bf16x2(acc[4 * i + 6], acc[4 * i + 7]));
       }
       ptx::fence_proxy_async_smem();  // make the tile visible to the TMA store
       ptx::named_barrier_sync(1 + cw, 128);

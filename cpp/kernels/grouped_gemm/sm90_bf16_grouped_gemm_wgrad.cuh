@@ -39,9 +39,13 @@
 // A chunk. Otherwise (units of < 64 rows) the rows past the group end are zeroed
 // in both operands, shared by the two warpgroups. (The repeated X rows meet zeroed
 // G rows: an Inf in them would turn that dW column's Inf into NaN.)
-// Epilogue: 4x4 quad transposes of the accumulator fragment give each thread 8
-// consecutive output columns -> predicated 16-byte stores (bf16) or two (f32),
-// never outside [0, N) x [0, K) of dW[e]. Empty groups store exact zeros.
+// Epilogue: each consumer warp turns its 16 output rows into whole rows through a
+// 2 KB staging tile of its own, one chunk of 128 B per row at a time (64 bf16 or
+// 32 f32 columns): stmatrix (bf16) or 8-byte stores (f32) of the accumulator
+// fragment, then one 16-byte load per lane and row unit and predicated 16-byte
+// stores, 8 lanes per 128-byte row segment, never outside [0, N) x [0, K) of
+// dW[e]. (Register quad transposes did the same with ~12 shuffles and selects
+// per 16 bytes.) Empty groups store exact zeros.
 //
 // Measured (H200, 2026-11-30, a standalone harness (in git history), the 24 MoE rows, L2
 // evicted before each launch, forms interleaved; torch._grouped_mm(G.t(), X, offs) timed the
@@ -84,35 +88,6 @@ namespace wgrad_detail {
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// 4x4 transpose of 32-bit words across the 4 lanes of a quad: before, lane q
-// holds M[0..3][q] in v[0..3]; after, lane q holds M[q][0..3].
-__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
-  const bool hi = (q & 2) != 0;
-  uint32_t a = hi ? v[0] : v[2];
-  uint32_t b = hi ? v[1] : v[3];
-  a = __shfl_xor_sync(0xffffffffu, a, 2);
-  b = __shfl_xor_sync(0xffffffffu, b, 2);
-  if (hi) {
-    v[0] = a;
-    v[1] = b;
-  } else {
-    v[2] = a;
-    v[3] = b;
-  }
-  const bool odd = (q & 1) != 0;
-  a = odd ? v[0] : v[1];
-  b = odd ? v[2] : v[3];
-  a = __shfl_xor_sync(0xffffffffu, a, 1);
-  b = __shfl_xor_sync(0xffffffffu, b, 1);
-  if (odd) {
-    v[0] = a;
-    v[2] = b;
-  } else {
-    v[1] = a;
-    v[3] = b;
-  }
 }
 
 }  // namespace wgrad_detail
@@ -158,10 +133,16 @@ struct GroupedGemmWgradKernel {
   static constexpr uint32_t kOffSlots = kOffBar + 2 * kStages * 8;
   static constexpr uint32_t kOffBcast = kOffSlots + Slots::kSmemBytes;
   static constexpr uint32_t kOffTable = kOffBcast + 16;
-  static constexpr uint32_t kSmemUsed = kOffTable + Scheduler::kSmemBytes;
+  // epilogue staging: per consumer warp 16 output rows x 128 B (one chunk of columns)
+  static constexpr int kEpiChunkCols = 128 / static_cast<int>(sizeof(OutT));
+  static constexpr int kEpiChunks = kBN / kEpiChunkCols;
+  static constexpr uint32_t kEpiWarpBytes = 16 * 128;
+  static constexpr uint32_t kOffEpi = (kOffTable + Scheduler::kSmemBytes + 127u) / 128u * 128u;
+  static constexpr uint32_t kSmemUsed = kOffEpi + kNumConsumerWG * 4 * kEpiWarpBytes;
   static constexpr uint32_t kSmemBytes = kSmemUsed + 1024;  // base aligned up to 1024 B at run time
   static_assert(kChunkBytes % 1024 == 0 && kStageBytes % 1024 == 0, "stage buffers on 1024-B atom boundaries");
   static_assert(kOffTable % 16 == 0, "table alignment");
+  static_assert(kBN % kEpiChunkCols == 0 && kEpiChunkCols % 8 == 0, "whole 128-B chunks of 16-B units per row");
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of dynamic shared memory per block on sm_90");
 
   // ---- registers ---------------------------------------------------------------
@@ -191,6 +172,7 @@ struct GroupedGemmWgradKernel {
   struct Consumer {
     int cw, tid_wg, lane, warp, g, q;
     uint32_t smem_base;
+    uint32_t epi_tile;  // this warp's epilogue staging tile
     uint64_t* full_bar;
     uint64_t* empty_bar;
     Slots slots;
@@ -275,40 +257,60 @@ struct GroupedGemmWgradKernel {
       if (w.kb > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
     }
 
-    // Final conversion and store of this warpgroup's 64 x kBN part of the tile.
+    // Orders this warp's staging-tile writes before its reads. A named barrier of the warp's own
+    // (ids 4-11) rather than __syncwarp: after a __syncwarp in the loop ptxas no longer keeps
+    // the mainloop's stage and descriptors in uniform registers (an R2UR per wgmma operand).
+    __device__ __forceinline__ void warp_sync() const { ptx::named_barrier_sync(4 + cw * 4 + warp, 32); }
+
+    // Final conversion and store of this warpgroup's 64 x kBN part of the tile: each warp's 16
+    // rows pass through its staging tile one 128-B chunk of every row at a time. The tile's 16-B
+    // units are XOR-swizzled by row (unit u of row r at u ^ (r % 8)): the fragment writes and the
+    // row reads are free of bank conflicts.
     __device__ __forceinline__ void store_out(const float (&acc)[kAccRegs], const WgradUnit& w,
                                               const GroupedGemmWgradParams& p) {
       OutT* out = reinterpret_cast<OutT*>(p.out) + static_cast<int64_t>(w.e) * p.n * p.k;
+      const uint32_t tile = epi_tile;
+      const int32_t row_w = w.n0 + cw * 64 + warp * 16;
+      // the reads: lane -> unit lane % 8 of rows lane / 8 + 4 t
+      const int u_rd = lane % 8, r_rd = lane / 8;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int32_t row = w.n0 + cw * 64 + warp * 16 + g + 8 * h;
-        const bool row_ok = row < p.n;
-        OutT* out_row = out + static_cast<int64_t>(row) * p.k;
+      for (int c = 0; c < kEpiChunks; ++c) {
+        warp_sync();  // the previous chunk's reads are done
+        if constexpr (kOutF32) {
+          // 4 blocks of 8 columns; thread (g, q) holds columns 2q, 2q + 1 of rows g and g + 8
 #pragma unroll
-        for (int j = 0; j < kBN / 32; ++j) {
-          const int32_t col = w.k0 + 8 * (4 * j + q);
-          const bool ok = row_ok && col < p.k;
-          if constexpr (kOutF32) {
-            uint32_t x[4], y[4];
-#pragma unroll
-            for (int b = 0; b < 4; ++b) {
-              x[b] = __float_as_uint(acc[4 * (4 * j + b) + 2 * h]);
-              y[b] = __float_as_uint(acc[4 * (4 * j + b) + 2 * h + 1]);
-            }
-            wgrad_detail::quad_transpose(x, q);
-            wgrad_detail::quad_transpose(y, q);
-            if (ok) {
-              ptx::st_v4_u32(out_row + col, x[0], y[0], x[1], y[1]);  // bound: store
-              ptx::st_v4_u32(out_row + col + 4, x[2], y[2], x[3], y[3]);  // bound: store
-            }
-          } else {
-            uint32_t v[4];
-#pragma unroll
-            for (int b = 0; b < 4; ++b)
-              v[b] = wgrad_detail::pack_bf16x2(acc[4 * (4 * j + b) + 2 * h], acc[4 * (4 * j + b) + 2 * h + 1]);
-            wgrad_detail::quad_transpose(v, q);
-            if (ok) ptx::st_v4_u32(out_row + col, v[0], v[1], v[2], v[3]);  // bound: store
+          for (int b = 0; b < 4; ++b) {
+            const int i = 4 * c + b;
+            const uint32_t unit = static_cast<uint32_t>(2 * b + q / 2);
+            const uint32_t off = (unit ^ static_cast<uint32_t>(g)) * 16 + (q % 2) * 8;
+            ptx::st_shared_v2(tile + g * 128 + off, __float_as_uint(acc[4 * i]), __float_as_uint(acc[4 * i + 1]));
+            ptx::st_shared_v2(tile + (g + 8) * 128 + off, __float_as_uint(acc[4 * i + 2]),
+                              __float_as_uint(acc[4 * i + 3]));
           }
+        } else {
+          // 8 blocks of 8 columns; one stmatrix.x4 takes blocks (i, i + 1), rows 0-7 and 8-15;
+          // lane l gives the row address of matrix l / 8, row l % 8
+          const int m = lane / 8, mr = (lane % 8) + 8 * (m % 2);
+#pragma unroll
+          for (int s2 = 0; s2 < 4; ++s2) {
+            const int i = 8 * c + 2 * s2;
+            const uint32_t unit = static_cast<uint32_t>(2 * s2 + m / 2);
+            ptx::stmatrix_x4(tile + mr * 128 + ((unit ^ static_cast<uint32_t>(mr % 8)) * 16),
+                             wgrad_detail::pack_bf16x2(acc[4 * i], acc[4 * i + 1]),
+                             wgrad_detail::pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]),
+                             wgrad_detail::pack_bf16x2(acc[4 * i + 4], acc[4 * i + 5]),
+                             wgrad_detail::pack_bf16x2(acc[4 * i + 6], acc[4 * i + 7]));
+          }
+        }
+        warp_sync();
+        const int32_t col = w.k0 + c * kEpiChunkCols + u_rd * (16 / static_cast<int>(sizeof(OutT)));
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const int r = r_rd + 4 * t;
+          const uint4 v = ptx::ld_shared_v4(tile + r * 128 + ((static_cast<uint32_t>(u_rd) ^ (r % 8)) * 16));
+          const int32_t row = row_w + r;
+          if (row < p.n && col < p.k)
+            ptx::st_v4_u32(out + static_cast<int64_t>(row) * p.k + col, v.x, v.y, v.z, v.w);  // bound: store
         }
       }
     }
@@ -498,6 +500,7 @@ struct GroupedGemmWgradKernel {
       c.g = c.lane / 4;
       c.q = c.lane % 4;
       c.smem_base = smem_base;
+      c.epi_tile = smem_base + kOffEpi + (c.cw * 4 + c.warp) * kEpiWarpBytes;
       c.full_bar = full_bar;
       c.empty_bar = empty_bar;
       c.slots = unit_slots;
