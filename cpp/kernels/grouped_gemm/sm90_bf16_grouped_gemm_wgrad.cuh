@@ -16,17 +16,11 @@
 // split). The decomposition never depends on the grid or on timing.
 //
 // Split tiles (num_chunks > 1) are reduced through an FP32 tile in the
-// workspace, per consumer warpgroup (each owns 64 output rows):
-//   kDet : chunk c waits for flag == c, then buf = buf + acc (chunk 0 stores),
-//          flag = c + 1; the last chunk adds buf and writes dW. The sum order
-//          is chunk order: bitwise deterministic. A chunk only waits for a
-//          lower-numbered unit, which a running CTA has already taken from the
-//          counter, so the chain cannot deadlock (no co-residency assumption).
-//   kFast: every chunk red.global.add's its partial into buf and counts in;
-//          the last one to arrive reads buf and writes dW (FP32 sums in
-//          arrival order: not bitwise repeatable, within the bf16 budget).
-// The last chunk clears buf and its flag: the workspace is all zero between
-// launches (zero it once when allocating it).
+// workspace, per consumer warpgroup (each owns 64 output rows): in chunk order
+// (kDet, bitwise deterministic) or by red.add (kFast); sm90_wgrad_epilogue.cuh.
+// A det chunk only waits for a lower-numbered unit, which a running CTA has
+// already taken from the counter, so the chain cannot deadlock (no co-residency
+// assumption).
 //
 // Structure (384 threads): warpgroup 0 = producer (one thread: takes units,
 // decodes each into a unit slot that completes with the unit's first ring stage,
@@ -39,21 +33,12 @@
 // A chunk. Otherwise (units of < 64 rows) the rows past the group end are zeroed
 // in both operands, shared by the two warpgroups. (The repeated X rows meet zeroed
 // G rows: an Inf in them would turn that dW column's Inf into NaN.)
-// Epilogue: each consumer warp turns its 16 output rows into whole rows through a
-// 2 KB staging tile of its own, one chunk of 128 B per row at a time (64 bf16 or
-// 32 f32 columns): stmatrix (bf16) or 8-byte stores (f32) of the accumulator
-// fragment, then one 16-byte load per lane and row unit and predicated 16-byte
-// stores, 8 lanes per 128-byte row segment, never outside [0, N) x [0, K) of
-// dW[e]. (Register quad transposes did the same with ~12 shuffles and selects
-// per 16 bytes.) Empty groups store exact zeros.
+// Epilogue (sm90_wgrad_epilogue.cuh): the split-tile reduction, then each warp's
+// 16 output rows through a 2 KB staging tile of its own into whole-row 16-byte
+// stores, never outside [0, N) x [0, K) of dW[e]. Empty groups store exact zeros.
 //
-// Measured (H200, 2026-11-30, a standalone harness (in git history), the 24 MoE rows, L2
-// evicted before each launch, forms interleaved; torch._grouped_mm(G.t(), X, offs) timed the
-// same way on the same groups in the same run; `cake-moe bench grouped-gemm` is current):
-//   geomean TFLOP/s  det bf16 497, fast bf16 502, det f32 426, fast f32 427, torch 533
-//   det bf16 / torch: 0.90x at T=4096, 0.94x at 16384, 0.96x at 65536 (0.77x..1.22x);
-//   behind on the wide w13 rows (N=4096, K=4096/7168: 0.77-0.94x), ahead on
-//   (2048,768,16) w2 at T=65536 (1.22x).
+// Measured: docs/grouped_gemm.md (H200 grid against torch._grouped_mm; det bf16
+// x1.089 on main df423b0, 2026-12-01).
 // det design: split chunks through the FP32 workspace in chunk order (semaphore
 // chain) + dynamic unit counter; never splitting (ws_slots = 0, owner-computes)
 // gave the same geomean (497) but lost up to 11% on rows with one dominant group
@@ -69,28 +54,17 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/ptx/global_mem.cuh"
 #include "common/ptx/mbarrier.cuh"
 #include "common/ptx/smem.cuh"
 #include "common/ptx/tma.cuh"
 #include "common/ptx/wgmma.cuh"
+#include "grouped_gemm/sm90_wgrad_epilogue.cuh"
 #include "grouped_gemm/unit_slots.cuh"
 #include "grouped_gemm/wgrad_params.cuh"
 #include "grouped_gemm/wgrad_scheduler.cuh"
 
 namespace cake_moe {
 namespace sm90 {
-
-enum class WgradReduce : int { kDet = 0, kFast = 1 };
-
-namespace wgrad_detail {
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-}  // namespace wgrad_detail
 
 // kBN: output tile width along K (128 or 256); BM is 128 (two m64 consumer
 // warpgroups). OutT: __nv_bfloat16 or float. kSplitQ / kMinChunkKB: chunking
@@ -133,16 +107,12 @@ struct GroupedGemmWgradKernel {
   static constexpr uint32_t kOffSlots = kOffBar + 2 * kStages * 8;
   static constexpr uint32_t kOffBcast = kOffSlots + Slots::kSmemBytes;
   static constexpr uint32_t kOffTable = kOffBcast + 16;
-  // epilogue staging: per consumer warp 16 output rows x 128 B (one chunk of columns)
-  static constexpr int kEpiChunkCols = 128 / static_cast<int>(sizeof(OutT));
-  static constexpr int kEpiChunks = kBN / kEpiChunkCols;
-  static constexpr uint32_t kEpiWarpBytes = 16 * 128;
-  static constexpr uint32_t kOffEpi = (kOffTable + Scheduler::kSmemBytes + 127u) / 128u * 128u;
-  static constexpr uint32_t kSmemUsed = kOffEpi + kNumConsumerWG * 4 * kEpiWarpBytes;
+  using Epilogue = WgradEpilogue<kBN, kReduce, OutT>;
+  static constexpr uint32_t kOffEpi = (kOffTable + Scheduler::kSmemBytes + 127u) / 128u * 128u;  // staging tiles
+  static constexpr uint32_t kSmemUsed = kOffEpi + kNumConsumerWG * 4 * Epilogue::kWarpTileBytes;
   static constexpr uint32_t kSmemBytes = kSmemUsed + 1024;  // base aligned up to 1024 B at run time
   static_assert(kChunkBytes % 1024 == 0 && kStageBytes % 1024 == 0, "stage buffers on 1024-B atom boundaries");
   static_assert(kOffTable % 16 == 0, "table alignment");
-  static_assert(kBN % kEpiChunkCols == 0 && kEpiChunkCols % 8 == 0, "whole 128-B chunks of 16-B units per row");
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of dynamic shared memory per block on sm_90");
 
   // ---- registers ---------------------------------------------------------------
@@ -156,9 +126,6 @@ struct GroupedGemmWgradKernel {
 
   using Mma = ptx::WgmmaBf16SSAB<kBN, 1, 1>;
 
-  static constexpr uint32_t kTileFloats = kBM * kBN;       // one workspace tile
-  static constexpr uint32_t kWgTileFloats = 64 * kBN;      // one consumer warpgroup's half
-
   // A unit's last k-block with a tail is loaded from row (unit end - 64) when that row is still
   // in the group (a unit of >= 64 rows, or a later chunk): every loaded row is then the group's
   // own, so X needs no zeroing and each consumer warpgroup zeroes only the G rows that repeat
@@ -170,17 +137,14 @@ struct GroupedGemmWgradKernel {
 
   // ---------------------------------------------------------------------------------
   struct Consumer {
-    int cw, tid_wg, lane, warp, g, q;
+    int cw, tid_wg, lane;
     uint32_t smem_base;
-    uint32_t epi_tile;  // this warp's epilogue staging tile
     uint64_t* full_bar;
     uint64_t* empty_bar;
     Slots slots;
     typename Slots::Reader unit_reader;
-    int32_t* bcast;
     uint32_t stage, phase;
-    uint32_t* flags;
-    float* bufs;
+    Epilogue epi;
 
     __device__ __forceinline__ void advance() {
       if (++stage == kStages) {
@@ -257,132 +221,6 @@ struct GroupedGemmWgradKernel {
       if (w.kb > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
     }
 
-    // Orders this warp's staging-tile writes before its reads. A named barrier of the warp's own
-    // (ids 4-11) rather than __syncwarp: after a __syncwarp in the loop ptxas no longer keeps
-    // the mainloop's stage and descriptors in uniform registers (an R2UR per wgmma operand).
-    __device__ __forceinline__ void warp_sync() const { ptx::named_barrier_sync(4 + cw * 4 + warp, 32); }
-
-    // Final conversion and store of this warpgroup's 64 x kBN part of the tile: each warp's 16
-    // rows pass through its staging tile one 128-B chunk of every row at a time. The tile's 16-B
-    // units are XOR-swizzled by row (unit u of row r at u ^ (r % 8)): the fragment writes and the
-    // row reads are free of bank conflicts.
-    __device__ __forceinline__ void store_out(const float (&acc)[kAccRegs], const WgradUnit& w,
-                                              const GroupedGemmWgradParams& p) {
-      OutT* out = reinterpret_cast<OutT*>(p.out) + static_cast<int64_t>(w.e) * p.n * p.k;
-      const uint32_t tile = epi_tile;
-      const int32_t row_w = w.n0 + cw * 64 + warp * 16;
-      // the reads: lane -> unit lane % 8 of rows lane / 8 + 4 t
-      const int u_rd = lane % 8, r_rd = lane / 8;
-#pragma unroll
-      for (int c = 0; c < kEpiChunks; ++c) {
-        warp_sync();  // the previous chunk's reads are done
-        if constexpr (kOutF32) {
-          // 4 blocks of 8 columns; thread (g, q) holds columns 2q, 2q + 1 of rows g and g + 8
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const int i = 4 * c + b;
-            const uint32_t unit = static_cast<uint32_t>(2 * b + q / 2);
-            const uint32_t off = (unit ^ static_cast<uint32_t>(g)) * 16 + (q % 2) * 8;
-            ptx::st_shared_v2(tile + g * 128 + off, __float_as_uint(acc[4 * i]), __float_as_uint(acc[4 * i + 1]));
-            ptx::st_shared_v2(tile + (g + 8) * 128 + off, __float_as_uint(acc[4 * i + 2]),
-                              __float_as_uint(acc[4 * i + 3]));
-          }
-        } else {
-          // 8 blocks of 8 columns; one stmatrix.x4 takes blocks (i, i + 1), rows 0-7 and 8-15;
-          // lane l gives the row address of matrix l / 8, row l % 8
-          const int m = lane / 8, mr = (lane % 8) + 8 * (m % 2);
-#pragma unroll
-          for (int s2 = 0; s2 < 4; ++s2) {
-            const int i = 8 * c + 2 * s2;
-            const uint32_t unit = static_cast<uint32_t>(2 * s2 + m / 2);
-            ptx::stmatrix_x4(tile + mr * 128 + ((unit ^ static_cast<uint32_t>(mr % 8)) * 16),
-                             wgrad_detail::pack_bf16x2(acc[4 * i], acc[4 * i + 1]),
-                             wgrad_detail::pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]),
-                             wgrad_detail::pack_bf16x2(acc[4 * i + 4], acc[4 * i + 5]),
-                             wgrad_detail::pack_bf16x2(acc[4 * i + 6], acc[4 * i + 7]));
-          }
-        }
-        warp_sync();
-        const int32_t col = w.k0 + c * kEpiChunkCols + u_rd * (16 / static_cast<int>(sizeof(OutT)));
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          const int r = r_rd + 4 * t;
-          const uint4 v = ptx::ld_shared_v4(tile + r * 128 + ((static_cast<uint32_t>(u_rd) ^ (r % 8)) * 16));
-          const int32_t row = row_w + r;
-          if (row < p.n && col < p.k)
-            ptx::st_v4_u32(out + static_cast<int64_t>(row) * p.k + col, v.x, v.y, v.z, v.w);  // bound: store
-        }
-      }
-    }
-
-    __device__ __forceinline__ void epilogue(float (&acc)[kAccRegs], const WgradUnit& w,
-                                             const GroupedGemmWgradParams& p) {
-      if (w.num_chunks > 1) {
-        // this warpgroup's half of the slot's FP32 tile, in fragment order:
-        // float4 i of thread t at (i * 128 + t) -- 512 contiguous bytes per warp access
-        float* buf = bufs + static_cast<int64_t>(w.slot) * kTileFloats + cw * kWgTileFloats + tid_wg * 4;
-        uint32_t* flag = flags + 2 * w.slot + cw;
-        const bool last = w.chunk == w.num_chunks - 1;
-        if constexpr (kDet) {
-          if (w.chunk > 0) {
-            if (tid_wg == 0) {
-              while (ptx::ld_acquire_gpu(flag) != static_cast<uint32_t>(w.chunk)) __nanosleep(64);
-            }
-            ptx::named_barrier_sync(1 + cw, 128);
-#pragma unroll
-            for (int i = 0; i < kAccRegs / 4; ++i) {
-              const float4 v = ptx::ld_cg_f4(buf + i * 512);
-              // running sum in chunk order: (((p0 + p1) + p2) + ...)
-              acc[4 * i + 0] = v.x + acc[4 * i + 0];
-              acc[4 * i + 1] = v.y + acc[4 * i + 1];
-              acc[4 * i + 2] = v.z + acc[4 * i + 2];
-              acc[4 * i + 3] = v.w + acc[4 * i + 3];
-            }
-          }
-          if (!last) {
-#pragma unroll
-            for (int i = 0; i < kAccRegs / 4; ++i)
-              ptx::st_cg_f4(buf + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
-            ptx::named_barrier_sync(1 + cw, 128);
-            if (tid_wg == 0) {
-              ptx::fence_acq_rel_gpu();
-              ptx::st_relaxed_gpu(flag, static_cast<uint32_t>(w.chunk + 1));
-            }
-            return;
-          }
-          // last chunk: leave the slot clean for the next launch
-#pragma unroll
-          for (int i = 0; i < kAccRegs / 4; ++i) ptx::st_cg_f4(buf + i * 512, 0.f, 0.f, 0.f, 0.f);
-          if (tid_wg == 0) ptx::st_relaxed_gpu(flag, 0u);
-        } else {
-#pragma unroll
-          for (int i = 0; i < kAccRegs / 4; ++i)
-            ptx::red_add_v4(buf + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
-          ptx::named_barrier_sync(1 + cw, 128);
-          if (tid_wg == 0) {
-            ptx::fence_acq_rel_gpu();
-            const uint32_t old = atomicAdd(flag, 1u);
-            ptx::fence_acq_rel_gpu();
-            bcast[cw] = static_cast<int32_t>(old);
-          }
-          ptx::named_barrier_sync(1 + cw, 128);
-          if (bcast[cw] != w.num_chunks - 1) return;
-          // last to arrive: buf holds every chunk's partial
-#pragma unroll
-          for (int i = 0; i < kAccRegs / 4; ++i) {
-            const float4 v = ptx::ld_cg_f4(buf + i * 512);
-            acc[4 * i + 0] = v.x;
-            acc[4 * i + 1] = v.y;
-            acc[4 * i + 2] = v.z;
-            acc[4 * i + 3] = v.w;
-          }
-#pragma unroll
-          for (int i = 0; i < kAccRegs / 4; ++i) ptx::st_cg_f4(buf + i * 512, 0.f, 0.f, 0.f, 0.f);
-          if (tid_wg == 0) ptx::st_relaxed_gpu(flag, 0u);
-        }
-      }
-      store_out(acc, w, p);
-    }
   };
 
   // -------------------------------------------------------------------------------
@@ -496,20 +334,23 @@ struct GroupedGemmWgradKernel {
       c.cw = warpgroup - 1;
       c.tid_wg = tid_wg;
       c.lane = tid_wg % 32;
-      c.warp = tid_wg / 32;
-      c.g = c.lane / 4;
-      c.q = c.lane % 4;
       c.smem_base = smem_base;
-      c.epi_tile = smem_base + kOffEpi + (c.cw * 4 + c.warp) * kEpiWarpBytes;
       c.full_bar = full_bar;
       c.empty_bar = empty_bar;
       c.slots = unit_slots;
       c.unit_reader = {};
-      c.bcast = bcast;
       c.stage = 0;
       c.phase = 0;
-      c.flags = flags;
-      c.bufs = bufs;
+      c.epi.cw = c.cw;
+      c.epi.tid_wg = tid_wg;
+      c.epi.lane = c.lane;
+      c.epi.warp = tid_wg / 32;
+      c.epi.g = c.lane / 4;
+      c.epi.q = c.lane % 4;
+      c.epi.staging = smem_base + kOffEpi + (c.cw * 4 + c.epi.warp) * Epilogue::kWarpTileBytes;
+      c.epi.bcast = bcast;
+      c.epi.flags = flags;
+      c.epi.bufs = bufs;
       float acc[kAccRegs];
       for (;;) {
         ptx::mbar_wait_parity(&full_bar[c.stage], c.phase);
@@ -523,7 +364,7 @@ struct GroupedGemmWgradKernel {
         } else {
           c.mainloop(acc, w);
         }
-        c.epilogue(acc, w, p);
+        c.epi.run(acc, w, p);
       }
     }
 #endif

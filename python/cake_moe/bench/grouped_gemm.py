@@ -202,11 +202,5 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main(out_prefix: str | None = None, ops=("fwd", "dgrad", "wgrad"), sweep: bool = False) -> list[dict]:
     rows = run(ops, sweep)
-    md = markdown(rows)
-    summ = summary(rows)
-    print(md)
-    print(summ)
-    if out_prefix:
-        timing.write_results(out_prefix, rows, md, summ)
-        plot(rows, out_prefix + ".png")
+    timing.publish(rows, markdown(rows), summary(rows), out_prefix, plot)
     return rows

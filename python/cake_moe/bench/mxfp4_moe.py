@@ -325,10 +325,5 @@ def plot(rows: list[dict], path: str) -> bool:
 
 def main(out_prefix: str | None = None, tokens=TOKENS, layouts=tuple(LAYOUTS), tiles: tuple[str, ...] = ()) -> list[dict]:
     rows = run(tokens, layouts, tiles)
-    md, summ = markdown(rows), summary(rows)
-    print(md)
-    print(summ)
-    if out_prefix:
-        timing.write_results(out_prefix, rows, md, summ)
-        plot(rows, out_prefix + ".png")
+    timing.publish(rows, markdown(rows), summary(rows), out_prefix, plot)
     return rows

@@ -90,5 +90,15 @@ def write_results(prefix: str, rows: list[dict], markdown: str, footer: str = ""
             f.write(f"\n{footer}\n")
 
 
+def publish(rows: list[dict], markdown: str, summary: str, out_prefix: str | None, plot) -> None:
+    """Print a benchmark's table and summary; with ``out_prefix``, write ``.json`` / ``.md``
+    (``write_results``) and ``plot(rows, out_prefix + ".png")``."""
+    print(markdown)
+    print(summary)
+    if out_prefix:
+        write_results(out_prefix, rows, markdown, summary)
+        plot(rows, out_prefix + ".png")
+
+
 def gpu_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,198 @@
+// The sm_90a weight-gradient epilogue (family A, wgrad): what a consumer warpgroup does with its
+// 64 x kBN FP32 accumulator once a unit's mainloop is done.
+//
+//   split tiles (num_chunks > 1) meet in an FP32 workspace tile per consumer warpgroup:
+//     kDet : chunk c waits for flag == c, then buf = buf + acc (chunk 0 stores), flag = c + 1;
+//            the last chunk adds buf and writes dW: the sum order is chunk order.
+//     kFast: every chunk red.global.add's its partial into buf and counts in; the last to
+//            arrive reads buf and writes dW (arrival order: not bitwise repeatable).
+//     The last chunk clears buf and its flag (the workspace is all zero between launches).
+//   the store: each warp's 16 output rows pass through a 2 KB staging tile of its own, one
+//     128-B chunk of every row at a time (64 bf16 or 32 f32 columns): stmatrix (bf16) or 8-byte
+//     stores (f32) of the accumulator fragment, then one 16-byte load per lane and row unit and
+//     predicated 16-byte stores, 8 lanes per 128-byte row segment, never outside [0, N) x [0, K)
+//     of dW[e]. (Register quad transposes did the same with ~12 shuffles and selects per 16
+//     bytes; the staged form runs no faster but is 27% fewer instructions, whole-line stores.)
+//
+// Workspace layout and contract: wgrad_params.cuh.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/ptx/global_mem.cuh"
+#include "common/ptx/mbarrier.cuh"
+#include "common/ptx/smem.cuh"
+#include "grouped_gemm/wgrad_params.cuh"
+#include "grouped_gemm/wgrad_scheduler.cuh"
+
+namespace cake_moe {
+namespace sm90 {
+
+enum class WgradReduce : int { kDet = 0, kFast = 1 };
+
+namespace wgrad_detail {
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+}  // namespace wgrad_detail
+
+// kBN: the tile's output columns (one m64 x kBN accumulator per consumer warpgroup, kBN / 2
+// FP32 registers per thread in wgmma C order); the tile has 128 rows (two warpgroups).
+template <int kBN, WgradReduce kReduce, typename OutT>
+struct WgradEpilogue {
+  static constexpr int kAccRegs = kBN / 2;
+  static constexpr bool kOutF32 = std::is_same<OutT, float>::value;
+  static constexpr bool kDet = kReduce == WgradReduce::kDet;
+  static constexpr uint32_t kTileFloats = 128 * kBN;   // one workspace tile
+  static constexpr uint32_t kWgTileFloats = 64 * kBN;  // one consumer warpgroup's half
+  // staging: per consumer warp 16 output rows x 128 B (one chunk of columns)
+  static constexpr int kChunkCols = 128 / static_cast<int>(sizeof(OutT));
+  static constexpr int kChunks = kBN / kChunkCols;
+  static constexpr uint32_t kWarpTileBytes = 16 * 128;
+  static_assert(kBN % kChunkCols == 0 && kChunkCols % 8 == 0, "whole 128-B chunks of 16-B units per row");
+  static_assert(std::is_same<OutT, float>::value || std::is_same<OutT, __nv_bfloat16>::value, "out: bf16 or f32");
+
+  int cw, tid_wg, lane, warp, g, q;  // consumer warpgroup, thread in it, lane, warp, lane / 4, lane % 4
+  uint32_t staging;                  // this warp's staging tile (shared-window address)
+  int32_t* bcast;                    // 2 words of shared memory (fast: the arrival count)
+  uint32_t* flags;                   // workspace: per split slot, a flag per warpgroup
+  float* bufs;                       // workspace: per split slot, an FP32 tile
+
+  // Orders this warp's staging-tile writes before its reads. A named barrier of the warp's own
+  // (ids 4-11) rather than __syncwarp: after a __syncwarp in the loop ptxas no longer keeps
+  // the mainloop's stage and descriptors in uniform registers (an R2UR per wgmma operand).
+  __device__ __forceinline__ void warp_sync() const { ptx::named_barrier_sync(4 + cw * 4 + warp, 32); }
+
+  // Final conversion and store of this warpgroup's 64 x kBN part of the tile: each warp's 16
+  // rows pass through its staging tile one 128-B chunk of every row at a time. The tile's 16-B
+  // units are XOR-swizzled by row (unit u of row r at u ^ (r % 8)): the fragment writes and the
+  // row reads are free of bank conflicts.
+  __device__ __forceinline__ void store(const float (&acc)[kAccRegs], const WgradUnit& w,
+                                        const GroupedGemmWgradParams& p) {
+    OutT* out = reinterpret_cast<OutT*>(p.out) + static_cast<int64_t>(w.e) * p.n * p.k;
+    const uint32_t tile = staging;
+    const int32_t row_w = w.n0 + cw * 64 + warp * 16;
+    // the reads: lane -> unit lane % 8 of rows lane / 8 + 4 t
+    const int u_rd = lane % 8, r_rd = lane / 8;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      warp_sync();  // the previous chunk's reads are done
+      if constexpr (kOutF32) {
+        // 4 blocks of 8 columns; thread (g, q) holds columns 2q, 2q + 1 of rows g and g + 8
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const int i = 4 * c + b;
+          const uint32_t unit = static_cast<uint32_t>(2 * b + q / 2);
+          const uint32_t off = (unit ^ static_cast<uint32_t>(g)) * 16 + (q % 2) * 8;
+          ptx::st_shared_v2(tile + g * 128 + off, __float_as_uint(acc[4 * i]), __float_as_uint(acc[4 * i + 1]));
+          ptx::st_shared_v2(tile + (g + 8) * 128 + off, __float_as_uint(acc[4 * i + 2]),
+                            __float_as_uint(acc[4 * i + 3]));
+        }
+      } else {
+        // 8 blocks of 8 columns; one stmatrix.x4 takes blocks (i, i + 1), rows 0-7 and 8-15;
+        // lane l gives the row address of matrix l / 8, row l % 8
+        const int m = lane / 8, mr = (lane % 8) + 8 * (m % 2);
+#pragma unroll
+        for (int s2 = 0; s2 < 4; ++s2) {
+          const int i = 8 * c + 2 * s2;
+          const uint32_t unit = static_cast<uint32_t>(2 * s2 + m / 2);
+          ptx::stmatrix_x4(tile + mr * 128 + ((unit ^ static_cast<uint32_t>(mr % 8)) * 16),
+                           wgrad_detail::pack_bf16x2(acc[4 * i], acc[4 * i + 1]),
+                           wgrad_detail::pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]),
+                           wgrad_detail::pack_bf16x2(acc[4 * i + 4], acc[4 * i + 5]),
+                           wgrad_detail::pack_bf16x2(acc[4 * i + 6], acc[4 * i + 7]));
+        }
+      }
+      warp_sync();
+      const int32_t col = w.k0 + c * kChunkCols + u_rd * (16 / static_cast<int>(sizeof(OutT)));
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const int r = r_rd + 4 * t;
+        const uint4 v = ptx::ld_shared_v4(tile + r * 128 + ((static_cast<uint32_t>(u_rd) ^ (r % 8)) * 16));
+        const int32_t row = row_w + r;
+        if (row < p.n && col < p.k)
+          ptx::st_v4_u32(out + static_cast<int64_t>(row) * p.k + col, v.x, v.y, v.z, v.w);  // bound: store
+      }
+    }
+  }
+
+  // A unit's epilogue: a chunk of a split tile adds into (or finishes) the workspace tile; the
+  // unit that completes a tile (or holds it whole) stores it.
+  __device__ __forceinline__ void run(float (&acc)[kAccRegs], const WgradUnit& w,
+                                      const GroupedGemmWgradParams& p) {
+    if (w.num_chunks > 1) {
+      // this warpgroup's half of the slot's FP32 tile, in fragment order:
+      // float4 i of thread t at (i * 128 + t) -- 512 contiguous bytes per warp access
+      float* buf = bufs + static_cast<int64_t>(w.slot) * kTileFloats + cw * kWgTileFloats + tid_wg * 4;
+      uint32_t* flag = flags + 2 * w.slot + cw;
+      const bool last = w.chunk == w.num_chunks - 1;
+      if constexpr (kDet) {
+        if (w.chunk > 0) {
+          if (tid_wg == 0) {
+            while (ptx::ld_acquire_gpu(flag) != static_cast<uint32_t>(w.chunk)) __nanosleep(64);
+          }
+          ptx::named_barrier_sync(1 + cw, 128);
+#pragma unroll
+          for (int i = 0; i < kAccRegs / 4; ++i) {
+            const float4 v = ptx::ld_cg_f4(buf + i * 512);
+            // running sum in chunk order: (((p0 + p1) + p2) + ...)
+            acc[4 * i + 0] = v.x + acc[4 * i + 0];
+            acc[4 * i + 1] = v.y + acc[4 * i + 1];
+            acc[4 * i + 2] = v.z + acc[4 * i + 2];
+            acc[4 * i + 3] = v.w + acc[4 * i + 3];
+          }
+        }
+        if (!last) {
+#pragma unroll
+          for (int i = 0; i < kAccRegs / 4; ++i)
+            ptx::st_cg_f4(buf + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+          ptx::named_barrier_sync(1 + cw, 128);
+          if (tid_wg == 0) {
+            ptx::fence_acq_rel_gpu();
+            ptx::st_relaxed_gpu(flag, static_cast<uint32_t>(w.chunk + 1));
+          }
+          return;
+        }
+        // last chunk: leave the slot clean for the next launch
+#pragma unroll
+        for (int i = 0; i < kAccRegs / 4; ++i) ptx::st_cg_f4(buf + i * 512, 0.f, 0.f, 0.f, 0.f);
+        if (tid_wg == 0) ptx::st_relaxed_gpu(flag, 0u);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kAccRegs / 4; ++i)
+          ptx::red_add_v4(buf + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+        ptx::named_barrier_sync(1 + cw, 128);
+        if (tid_wg == 0) {
+          ptx::fence_acq_rel_gpu();
+          const uint32_t old = atomicAdd(flag, 1u);
+          ptx::fence_acq_rel_gpu();
+          bcast[cw] = static_cast<int32_t>(old);
+        }
+        ptx::named_barrier_sync(1 + cw, 128);
+        if (bcast[cw] != w.num_chunks - 1) return;
+        // last to arrive: buf holds every chunk's partial
+#pragma unroll
+        for (int i = 0; i < kAccRegs / 4; ++i) {
+          const float4 v = ptx::ld_cg_f4(buf + i * 512);
+          acc[4 * i + 0] = v.x;
+          acc[4 * i + 1] = v.y;
+          acc[4 * i + 2] = v.z;
+          acc[4 * i + 3] = v.w;
+        }
+#pragma unroll
+        for (int i = 0; i < kAccRegs / 4; ++i) ptx::st_cg_f4(buf + i * 512, 0.f, 0.f, 0.f, 0.f);
+        if (tid_wg == 0) ptx::st_relaxed_gpu(flag, 0u);
+      }
+    }
+    store(acc, w, p);
+  }
+};
+
+}  // namespace sm90
+}  // namespace cake_moe
