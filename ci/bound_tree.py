@@ -9,7 +9,7 @@ wgmma, the output stores) against the unchanged build in one device call:
 (ab/main: `git archive HEAD | tar -x -C ab/main`.) A bound build computes wrong results: time
 it, never test it. On the H200 (2026-12-01) this showed the wgrad at T = 4096 running at x1.29
 over torch with no wgmma at all against x1.04 as built: the path between work units, not the
-tensor pipe, set its time (docs/grouped_gemm.md).
+tensor pipe, set its time (docs/grouped_gemm_experiments.md).
 
 usage: python ci/bound_tree.py DEST --drop WHAT[,WHAT...] [--rev REV]
 """
