@@ -30,10 +30,10 @@ inline double sm90_tile_cost(int64_t rows, int32_t num_groups, int32_t n_out, in
 // Measured on the H200 (docs/grouped_gemm_experiments.md). 64-row tiles pay off only when groups
 // average a few dozen rows, where a 128-row tile would be mostly padding. Between 128 and 256
 // columns the fwd goes by the rows per group (128x256 once each group has thousands of rows),
-// the dgrad by the wave cost above. 128x192 then replaces that choice only on groups of fewer than 1024 rows and at
-// a clear margin (cost below 0.85 of it): at 0.78 it won by 9-16% in every same-call A/B of the
-// default path; at 0.87-0.96 it won or lost up to 5%, and on longer groups it lost 1-7% although
-// the tile sweep had it ahead (bench/results/2026-12-01_h200_grouped_gemm_128x192_ab.md).
+// the dgrad by the wave cost above. 128x192 then replaces that choice only on groups of fewer
+// than 1024 rows and at a clear margin (cost below 0.85 of it): at 0.78 it won by 9-16% in every
+// same-call A/B of the default path; at 0.87-0.96 it won or lost up to 5%, and on longer groups it
+// lost 1-7% although the tile sweep had it ahead (bench/results/2026-12-01_h200_grouped_gemm_128x192_ab.md).
 inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out, bool dgrad, int sms) {
   const int64_t per_group = num_groups > 0 ? rows / num_groups : rows;
   if (per_group < 96) return kSm90Tiles[2];

@@ -41,6 +41,7 @@
 #include <cstdint>
 
 #include "common/ptx/mbarrier.cuh"
+#include "common/c_fragment.cuh"
 #include "common/ptx/smem.cuh"
 #include "common/ptx/tma.cuh"
 #include "common/ptx/wgmma.cuh"
@@ -125,11 +126,6 @@ struct GroupedGemmKernel {
 
   using Mma = ptx::WgmmaBf16SS<kWgTileN, kBNMajor ? 1 : 0>;
 
-  __device__ static __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-
   // Per-thread state and steps of a consumer warpgroup.
   struct Consumer {
     int cw, wm, wn, tid_wg, lane;
@@ -197,20 +193,11 @@ struct GroupedGemmKernel {
       if (tid_wg == 0) ptx::tma_store_wait_read<0>();
       ptx::named_barrier_sync(1 + cw, 128);
 
-      // One stmatrix.x4 per two 8-column blocks (i, i + 1) of the warp's 16 rows: lane l gives
-      // the row address of matrix l / 8 (block i + l / 16, rows 0-7 or 8-15), row l % 8.
-      // 128B swizzle: 16-B unit u of row r sits at unit u ^ (r % 8), so the 8 rows of a matrix
-      // hit distinct units: no bank conflicts.
-      const int m = lane / 8;
-      const int row_m = (tid_wg / 32) * 16 + (lane % 8) + 8 * (m % 2);  // = lane % 8 (mod 8)
+      // one stmatrix.x4 per two 8-column blocks of the warp's 16 rows (common/c_fragment.cuh)
       const uint32_t sd_addr = ptx::smem_addr(sd);
 #pragma unroll
-      for (int i = 0; i < kWgTileN / 8; i += 2) {
-        const int blk = i + m / 2;
-        ptx::stmatrix_x4(sd_addr + (blk / 8) * kDChunkBytes + row_m * 128 + (((blk % 8) ^ (lane % 8)) * 16),
-                         pack_bf16x2(acc[4 * i + 0], acc[4 * i + 1]), pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]),
-                         pack_bf16x2(acc[4 * i + 4], acc[4 * i + 5]), pack_bf16x2(acc[4 * i + 6], acc[4 * i + 7]));
-      }
+      for (int i = 0; i < kWgTileN / 8; i += 2)
+        stmatrix_c_blocks<kDChunkBytes>(sd_addr, (tid_wg / 32) * 16, i, acc, lane);
       ptx::fence_proxy_async_smem();  // make the tile visible to the TMA store
       ptx::named_barrier_sync(1 + cw, 128);
 

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/c_fragment.cuh"
 #include "common/ptx/global_mem.cuh"
 #include "common/ptx/mbarrier.cuh"
 #include "common/ptx/smem.cuh"
@@ -32,15 +33,6 @@ namespace cake_moe {
 namespace sm90 {
 
 enum class WgradReduce : int { kDet = 0, kFast = 1 };
-
-namespace wgrad_detail {
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-}  // namespace wgrad_detail
 
 // kBN: the tile's output columns (one m64 x kBN accumulator per consumer warpgroup, kBN / 2
 // FP32 registers per thread in wgmma C order); the tile has 128 rows (two warpgroups).
@@ -95,19 +87,9 @@ struct WgradEpilogue {
                             __float_as_uint(acc[4 * i + 3]));
         }
       } else {
-        // 8 blocks of 8 columns; one stmatrix.x4 takes blocks (i, i + 1), rows 0-7 and 8-15;
-        // lane l gives the row address of matrix l / 8, row l % 8
-        const int m = lane / 8, mr = (lane % 8) + 8 * (m % 2);
+        // 8 blocks of 8 columns, two per stmatrix.x4 (common/c_fragment.cuh)
 #pragma unroll
-        for (int s2 = 0; s2 < 4; ++s2) {
-          const int i = 8 * c + 2 * s2;
-          const uint32_t unit = static_cast<uint32_t>(2 * s2 + m / 2);
-          ptx::stmatrix_x4(tile + mr * 128 + ((unit ^ static_cast<uint32_t>(mr % 8)) * 16),
-                           wgrad_detail::pack_bf16x2(acc[4 * i], acc[4 * i + 1]),
-                           wgrad_detail::pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]),
-                           wgrad_detail::pack_bf16x2(acc[4 * i + 4], acc[4 * i + 5]),
-                           wgrad_detail::pack_bf16x2(acc[4 * i + 6], acc[4 * i + 7]));
-        }
+        for (int s2 = 0; s2 < 4; ++s2) stmatrix_c_blocks<0>(tile, 0, 8 * c + 2 * s2, acc, lane);
       }
       warp_sync();
       const int32_t col = w.k0 + c * kChunkCols + u_rd * (16 / static_cast<int>(sizeof(OutT)));

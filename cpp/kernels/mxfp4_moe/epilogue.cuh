@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/c_fragment.cuh"
 #include "common/numerics.cuh"
 #include "formats/quantize.cuh"
 #include "mxfp4_moe/params.hpp"
@@ -46,7 +47,7 @@ struct Mxfp4MoeEpilogue {
         uint32_t out[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          out[i] = bf16x2_bits(block.value(v[2 * i]), block.value(v[2 * i + 1]));
+          out[i] = pack_bf16x2(block.value(v[2 * i]), block.value(v[2 * i + 1]));
         }
         const int row = nb * 8 + 2 * q + c;
         if (row < t.rows && j0 < inter)
@@ -70,12 +71,6 @@ struct Mxfp4MoeEpilogue {
   __device__ static __forceinline__ float situ(float gate, float up, const Situ& s) {
     const float sig = 1.0f / (1.0f + expf(-gate));
     return (s.beta * tanhf(gate * s.inv_beta) * sig) * (s.lbeta * tanhf(up * s.inv_lbeta));
-  }
-
-  // lo, hi rounded to BF16 and packed, lo in the low half.
-  __device__ static __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
   }
 
   // The MXFP8 element of v in its block, decoded again: exactly what GEMM2 multiplies.
@@ -117,7 +112,7 @@ struct Mxfp4MoeEpilogue {
       for (int c = 0; c < 2; ++c) {
         uint32_t out[kMB];
 #pragma unroll
-        for (int mb = 0; mb < kMB; ++mb) out[mb] = bf16x2_bits(acc[mb][nb][c], acc[mb][nb][2 + c]);
+        for (int mb = 0; mb < kMB; ++mb) out[mb] = pack_bf16x2(acc[mb][nb][c], acc[mb][nb][2 + c]);
         const int row = nb * 8 + 2 * q + c;
         if (row < t.rows)
           *reinterpret_cast<Store*>(p.out + int64_t(t.row0 + row) * p.m + h0 + 8 * g + col0) =

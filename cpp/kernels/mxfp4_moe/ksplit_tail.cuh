@@ -15,7 +15,7 @@ template <GemmStage kStage, typename Cfg>
 struct Mxfp4MoeKSplitTail {
   static constexpr int kBN = Cfg::kBN;
   static constexpr int kNBlocks = kBN / 8;
-  using Epi = Mxfp4MoeEpilogue;  // SiTU, the MXFP8 block, the BF16 packing
+  using Epi = Mxfp4MoeEpilogue;  // SiTU, the MXFP8 block
   using Tile = Epi::Tile;
 
   // Every warp parks its partial sums in shared memory; then the kWarpsK warps of
@@ -97,7 +97,7 @@ struct Mxfp4MoeKSplitTail {
       const int tr = wk * kTailRows + r;
       if (tr >= t.rows) break;
       const float2 v = parked_pair(park, wm, tr);
-      *reinterpret_cast<uint32_t*>(p.out + int64_t(t.row0 + tr) * p.m + h0 + 2 * lane) = Epi::bf16x2_bits(v.x, v.y);
+      *reinterpret_cast<uint32_t*>(p.out + int64_t(t.row0 + tr) * p.m + h0 + 2 * lane) = pack_bf16x2(v.x, v.y);
     }
   }
 };
