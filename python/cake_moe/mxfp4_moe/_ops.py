@@ -1,12 +1,13 @@
 """The MXFP4 MoE layer as a ``torch.library`` op, and the plan that runs the reference on CPU.
 
-``Mxfp4MoEPlan.run()`` calls the extension directly in eager mode (no dispatcher on the hot
-path). Under ``torch.compile`` it becomes the op ``cake_moe::mxfp4_moe_run(plan, x, x_sf,
-topk_ids, topk_weights, output)``: ``plan`` is the plan's registry number, the tensors are the
-ones it bound (``x`` as its uint8 bytes), and the op mutates ``output`` only. A compiler may hand the op other tensors with
-the same values (a functionalized copy, a CUDA-graph static input): the op copies such inputs
-into the bound buffers before the run and the bound output into the given one after it, so the
-result never depends on which buffers the compiled graph passes.
+``Mxfp4MoEPlan.run()`` (``_plan.py``) calls the extension directly in eager mode (no dispatcher
+on the hot path). Under ``torch.compile`` it becomes the op ``cake_moe::mxfp4_moe_run(plan, x,
+x_sf, topk_ids, topk_weights, output)``: ``plan`` is the plan's registry number, the tensors are
+the ones it bound (``x`` as its uint8 bytes), and the op mutates ``output`` only. A compiler may
+hand the op other tensors with the same values (a functionalized copy, a CUDA-graph static
+input): the op copies such inputs into the bound buffers before the run and the bound output
+into the given one after it, so the result never depends on which buffers the compiled graph
+passes.
 """
 from __future__ import annotations
 
