@@ -33,6 +33,16 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
     q.tmap_g = runtime::encode_bf16_rows(p.a, p.n, p.rows, 64, p.a_row_stride);
     q.tmap_x = runtime::encode_bf16_rows(p.b, p.k, p.rows, 64, p.b_row_stride);
     q.out = p.out;
+    if (!p.out_f32 && p.num_groups > 0) {
+      // dW [E, N, K] as a 3D map: a box past N or K of one expert is clipped, never written into
+      // the next expert's rows
+      runtime::TensorMapSpec d;
+      d.base = p.out;
+      d.dims = {uint64_t(p.k), uint64_t(p.n), uint64_t(p.num_groups)};
+      d.strides = {uint64_t(p.k) * 2, uint64_t(p.n) * uint64_t(p.k) * 2};
+      d.box = {64, 64, 1};
+      q.tmap_out = runtime::encode_tiled(d);
+    }
     q.workspace = p.workspace;
     q.workspace_bytes = uint64_t(p.workspace_bytes);
     q.offs = p.offs;
@@ -44,12 +54,13 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
     q.num_workers = sms;  // fixes the split granularity: det bits depend on it, not on timing
     q.ws_slots = p.workspace ? sm90::grouped_gemm_wgrad_slots_that_fit(Geo::kBM, Geo::kBN, q.workspace_bytes) : 0;
     bound_.kernel = runtime::get_kernel(bound_.form, kernel.c_str(), p.device);
-    runtime::set_max_dynamic_smem(bound_.kernel, p.device, Geo::kSmemBytes);
+    const uint32_t smem = Geo::smem_bytes(p.out_f32);
+    runtime::set_max_dynamic_smem(bound_.kernel, p.device, smem);
     const int64_t tiles =
         int64_t(p.num_groups) * ((p.n + Geo::kBM - 1) / Geo::kBM) * ((p.k + Geo::kBN - 1) / Geo::kBN);
     bound_.cfg.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(sms, tiles + 8 * int64_t(sms))));
     bound_.cfg.block[0] = Geo::kThreads;
-    bound_.cfg.smem_bytes = Geo::kSmemBytes;
+    bound_.cfg.smem_bytes = smem;
   }
 
 };

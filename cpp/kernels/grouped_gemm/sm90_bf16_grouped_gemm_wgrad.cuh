@@ -108,8 +108,9 @@ struct GroupedGemmWgradKernel {
   static constexpr uint32_t kOffBcast = kOffSlots + Slots::kSmemBytes;
   static constexpr uint32_t kOffTable = kOffBcast + 16;
   using Epilogue = WgradEpilogue<kBN, kReduce, OutT>;
-  static constexpr uint32_t kOffEpi = (kOffTable + Scheduler::kSmemBytes + 127u) / 128u * 128u;  // staging tiles
-  static constexpr uint32_t kSmemUsed = kOffEpi + kNumConsumerWG * 4 * Epilogue::kWarpTileBytes;
+  static constexpr uint32_t kOffEpi = (kOffTable + Scheduler::kSmemBytes + Epilogue::kStagingAlign - 1) /
+                                      Epilogue::kStagingAlign * Epilogue::kStagingAlign;  // staging
+  static constexpr uint32_t kSmemUsed = kOffEpi + Epilogue::kStagingBytes;
   static constexpr uint32_t kSmemBytes = kSmemUsed + 1024;  // base aligned up to 1024 B at run time
   static_assert(kChunkBytes % 1024 == 0 && kStageBytes % 1024 == 0, "stage buffers on 1024-B atom boundaries");
   static_assert(kOffTable % 16 == 0, "table alignment");
@@ -197,8 +198,11 @@ struct GroupedGemmWgradKernel {
             zero_tail(w.tail);
           }
         }
-        const uint32_t a_addr = smem_base + stage * kStageBytes + cw * kChunkBytes;
-        const uint32_t b_addr = smem_base + stage * kStageBytes + kABytes;
+        // the stage through a constant-lane shuffle: warp-uniform for the compiler, so the
+        // descriptors stay in uniform registers whatever the epilogue holds
+        const uint32_t st = __shfl_sync(0xffffffffu, stage, 0);
+        const uint32_t a_addr = smem_base + st * kStageBytes + cw * kChunkBytes;
+        const uint32_t b_addr = smem_base + st * kStageBytes + kABytes;
         ptx::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
@@ -262,6 +266,7 @@ struct GroupedGemmWgradKernel {
       ptx::mbar_fence_init();
       ptx::tma_prefetch_desc(&p.tmap_g);
       ptx::tma_prefetch_desc(&p.tmap_x);
+      if (Epilogue::kTmaStore && p.num_groups > 0) ptx::tma_prefetch_desc(&p.tmap_out);
     }
     Scheduler sched;
     sched.init(table, p, workers, slots);  // collective; its __syncthreads publish the barrier init
@@ -347,7 +352,7 @@ struct GroupedGemmWgradKernel {
       c.epi.warp = tid_wg / 32;
       c.epi.g = c.lane / 4;
       c.epi.q = c.lane % 4;
-      c.epi.staging = smem_base + kOffEpi + (c.cw * 4 + c.epi.warp) * Epilogue::kWarpTileBytes;
+      c.epi.staging = smem_base + kOffEpi + c.cw * Epilogue::kWgStagingBytes;
       c.epi.bcast = bcast;
       c.epi.flags = flags;
       c.epi.bufs = bufs;
@@ -355,7 +360,10 @@ struct GroupedGemmWgradKernel {
       for (;;) {
         ptx::mbar_wait_parity(&full_bar[c.stage], c.phase);
         const WgradUnit w = c.unit_reader.read(c.slots);
-        if (w.kb < 0) break;
+        if (w.kb < 0) {
+          c.epi.drain();
+          break;
+        }
         if (w.kb == 0) {
           if (c.lane == 0) ptx::mbar_arrive(&empty_bar[c.stage]);
           c.advance();

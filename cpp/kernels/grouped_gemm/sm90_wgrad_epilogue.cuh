@@ -26,6 +26,7 @@
 #include "common/ptx/global_mem.cuh"
 #include "common/ptx/mbarrier.cuh"
 #include "common/ptx/smem.cuh"
+#include "common/ptx/tma.cuh"
 #include "grouped_gemm/wgrad_params.cuh"
 #include "grouped_gemm/wgrad_scheduler.cuh"
 
@@ -43,15 +44,21 @@ struct WgradEpilogue {
   static constexpr bool kDet = kReduce == WgradReduce::kDet;
   static constexpr uint32_t kTileFloats = 128 * kBN;   // one workspace tile
   static constexpr uint32_t kWgTileFloats = 64 * kBN;  // one consumer warpgroup's half
-  // staging: per consumer warp 16 output rows x 128 B (one chunk of columns)
+  // bf16: the warpgroup's 64 x kBN tile, kBN / 64 boxes of 64 rows x 128 B (128B swizzle), stored
+  // by TMA; f32: per consumer warp 16 output rows x 128 B (one chunk of columns), stored by lanes
+  static constexpr bool kTmaStore = !kOutF32;
   static constexpr int kChunkCols = 128 / static_cast<int>(sizeof(OutT));
   static constexpr int kChunks = kBN / kChunkCols;
   static constexpr uint32_t kWarpTileBytes = 16 * 128;
+  static constexpr uint32_t kBoxBytes = 64 * 128;
+  static constexpr uint32_t kWgStagingBytes = kTmaStore ? (kBN / 64) * kBoxBytes : 4 * kWarpTileBytes;
+  static constexpr uint32_t kStagingBytes = 2 * kWgStagingBytes;  // both consumer warpgroups
+  static constexpr uint32_t kStagingAlign = 1024;                  // 128B-swizzle atoms
   static_assert(kBN % kChunkCols == 0 && kChunkCols % 8 == 0, "whole 128-B chunks of 16-B units per row");
   static_assert(std::is_same<OutT, float>::value || std::is_same<OutT, __nv_bfloat16>::value, "out: bf16 or f32");
 
   int cw, tid_wg, lane, warp, g, q;  // consumer warpgroup, thread in it, lane, warp, lane / 4, lane % 4
-  uint32_t staging;                  // this warp's staging tile (shared-window address)
+  uint32_t staging;                  // this warpgroup's staging area (shared-window address)
   int32_t* bcast;                    // 2 words of shared memory (fast: the arrival count)
   uint32_t* flags;                   // workspace: per split slot, a flag per warpgroup
   float* bufs;                       // workspace: per split slot, an FP32 tile
@@ -65,10 +72,10 @@ struct WgradEpilogue {
   // rows pass through its staging tile one 128-B chunk of every row at a time. The tile's 16-B
   // units are XOR-swizzled by row (unit u of row r at u ^ (r % 8)): the fragment writes and the
   // row reads are free of bank conflicts.
-  __device__ __forceinline__ void store(const float (&acc)[kAccRegs], const WgradUnit& w,
-                                        const GroupedGemmWgradParams& p) {
+  __device__ __forceinline__ void store_rows(const float (&acc)[kAccRegs], const WgradUnit& w,
+                                             const GroupedGemmWgradParams& p) {
     OutT* out = reinterpret_cast<OutT*>(p.out) + static_cast<int64_t>(w.e) * p.n * p.k;
-    const uint32_t tile = staging;
+    const uint32_t tile = staging + warp * kWarpTileBytes;
     const int32_t row_w = w.n0 + cw * 64 + warp * 16;
     // the reads: lane -> unit lane % 8 of rows lane / 8 + 4 t
     const int u_rd = lane % 8, r_rd = lane / 8;
@@ -102,6 +109,54 @@ struct WgradEpilogue {
           ptx::st_v4_u32(out + static_cast<int64_t>(row) * p.k + col, v.x, v.y, v.z, v.w);  // bound: store
       }
     }
+  }
+
+  // BF16 conversion of this warpgroup's 64 x kBN part into its staging boxes (stmatrix, one per
+  // two 8-column blocks; 16-B unit u of row r at u ^ (r % 8), the TMA's 128B swizzle), then one
+  // thread stores the boxes by TMA (the hardware clips rows past N and columns past K) and the
+  // warpgroup goes on: the previous unit's store must have read the boxes before they are
+  // written again.
+  __device__ __forceinline__ void store_tma(const float (&acc)[kAccRegs], const WgradUnit& w,
+                                            const GroupedGemmWgradParams& p) {
+    const int32_t r0 = w.n0 + cw * 64;
+    if (r0 >= p.n) return;  // uniform over the warpgroup: no row of this half is in dW
+    if (tid_wg == 0) ptx::tma_store_wait_read<0>();
+    ptx::named_barrier_sync(1 + cw, 128);
+    const int m = lane / 8;
+    const int row_m = warp * 16 + (lane % 8) + 8 * (m % 2);  // = lane % 8 (mod 8)
+#pragma unroll
+    for (int i = 0; i < kBN / 8; i += 2) {
+      const int blk = i + m / 2;
+      ptx::stmatrix_x4(staging + (blk / 8) * kBoxBytes + row_m * 128 + (((blk % 8) ^ (lane % 8)) * 16),
+                       wgrad_detail::pack_bf16x2(acc[4 * i + 0], acc[4 * i + 1]),
+                       wgrad_detail::pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]),
+                       wgrad_detail::pack_bf16x2(acc[4 * i + 4], acc[4 * i + 5]),
+                       wgrad_detail::pack_bf16x2(acc[4 * i + 6], acc[4 * i + 7]));
+    }
+    ptx::fence_proxy_async_smem();  // the boxes, visible to the TMA unit
+    ptx::named_barrier_sync(1 + cw, 128);
+    if (tid_wg == 0) {
+#pragma unroll
+      for (int j = 0; j < kBN / 64; ++j)
+        if (w.k0 + 64 * j < p.k) ptx::tma_store_3d(&p.tmap_out, staging + j * kBoxBytes, w.k0 + 64 * j, r0, w.e);  // bound: store
+      ptx::tma_store_commit();
+    }
+  }
+
+  __device__ __forceinline__ void store(const float (&acc)[kAccRegs], const WgradUnit& w,
+                                        const GroupedGemmWgradParams& p) {
+    if constexpr (kTmaStore) {
+      store_tma(acc, w, p);
+    } else {
+      store_rows(acc, w, p);
+    }
+  }
+
+  // Before the CTA exits: its TMA stores have read their boxes (the shared memory goes away).
+  // Every thread waits (a no-op where it issued none): a branch on the thread here made ptxas
+  // move the det mainloop's descriptors out of the uniform registers.
+  __device__ __forceinline__ void drain() const {
+    if constexpr (kTmaStore) ptx::tma_store_wait_read<0>();
   }
 
   // A unit's epilogue: a chunk of a split tile adds into (or finishes) the workspace tile; the

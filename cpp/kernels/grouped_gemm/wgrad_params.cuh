@@ -15,13 +15,16 @@
 //           box {64, 64} (64 columns of G along N x 64 token rows).
 //   tmap_x: 2D over X, dims {K, sum_m_capacity}, row stride K*2 bytes,
 //           box {64, 64} (64 columns of X along K x 64 token rows).
-//   sum_m_capacity == 0: encode both maps over any valid 16-B aligned buffer
-//   with 1 row (dims must be >= 1); nothing is read, dW is zero filled.
+//   tmap_out (bf16 output forms): 3D over dW, dims {K, N, E}, strides K*2 and
+//           N*K*2 bytes, box {64, 64, 1}: the epilogue's TMA stores (clipped at
+//           N and K by the hardware). E == 0: leave it zero (nothing is stored).
+//   sum_m_capacity == 0: encode both operand maps over any valid 16-B aligned
+//   buffer with 1 row (dims must be >= 1); nothing is read, dW is zero filled.
 //   (Kernel::kBoxInner / kBoxRows in sm90_bf16_grouped_gemm_wgrad.cuh.) A box
 //   may start at any token row; rows past the group end that a box brings in
 //   are zeroed in shared memory by the kernel, rows past sum_m_capacity and
-//   columns past N / K are zero filled by the TMA unit. No output tensor map:
-//   dW is written with predicated 16-byte stores, never outside [E, N, K].
+//   columns past N / K are zero filled by the TMA unit. The f32 forms write dW
+//   with predicated 16-byte stores, never outside [E, N, K].
 //
 // Workspace (one per device and stream; never shared by two launches that can
 // run at the same time):
@@ -79,6 +82,7 @@ namespace sm90 {
 struct GroupedGemmWgradParams {
   CUtensorMap tmap_g;     // G [cap, N], see above
   CUtensorMap tmap_x;     // X [cap, K]
+  CUtensorMap tmap_out;   // dW [E, N, K] (bf16 forms; unused by the f32 forms), see above
   void* out;              // dW [E, N, K], bf16 or f32 (form)
   void* workspace;        // see above; may be nullptr
   const int32_t* offs;    // group offsets on the device
@@ -95,7 +99,8 @@ struct GroupedGemmWgradParams {
 
 static_assert(alignof(CUtensorMap) >= 64, "CUtensorMap must be at least 64-byte aligned");
 static_assert(offsetof(GroupedGemmWgradParams, tmap_g) % 64 == 0 &&
-                  offsetof(GroupedGemmWgradParams, tmap_x) % 64 == 0,
+                  offsetof(GroupedGemmWgradParams, tmap_x) % 64 == 0 &&
+                  offsetof(GroupedGemmWgradParams, tmap_out) % 64 == 0,
               "tensor maps must stay 64-byte aligned inside the parameter block");
 static_assert(sizeof(GroupedGemmWgradParams) <= 4096, "kernel parameters are limited to 4 KB");
 
