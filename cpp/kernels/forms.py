@@ -101,15 +101,16 @@ def _grouped_gemm_sm90_wgrad_forms() -> list[Form]:
                                "using Geo = cake_moe::sm90::GroupedGemmWgradGeometry;"]
         for out, ctype, geo in (("bf16", "__nv_bfloat16", "Bf16"), ("f32", "float", "F32")):
             alias = f"Wgrad_{out}"
+            table = ", 8, 32, Geo::kTableBf16" if out == "bf16" else ""
             checks += [f"using {alias} = cake_moe::sm90::GroupedGemmWgradKernel<Geo::kBN, Geo::kStages{geo}, "
-                       f"cake_moe::sm90::WgradReduce::{enum}, {ctype}>;",
+                       f"cake_moe::sm90::WgradReduce::{enum}, {ctype}{table}>;",
                        f"static_assert({alias}::kSmemBytes == Geo::kSmemBytes{geo} && {alias}::kNumThreads == Geo::kThreads"
                        f" && {alias}::kBM == Geo::kBM);"]
             kernels.append(Kernel(f"cake_gg_sm90_wgrad_{variant}_128x256_{out}", f"{alias}::run", threads=384,
                                   min_blocks=1))
         forms.append(Form(f"gg_sm90_wgrad_{variant}", "grouped_gemm", "grouped_gemm/sm90_bf16_grouped_gemm_wgrad.cuh",
                           "cake_moe::sm90::GroupedGemmWgradParams", tuple(kernels),
-                          {"op": "wgrad", "variant": variant, "bm": 128, "bn": 256, "bk": 64, "stages": 3, "stages_f32": 4},
+                          {"op": "wgrad", "variant": variant, "bm": 128, "bn": 256, "bk": 64, "stages": 4},
                           arches=("90a",), native=("90a",), prelude="\n".join(checks), validated=("90a",)))
     return forms
 

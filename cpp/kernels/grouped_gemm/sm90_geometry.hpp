@@ -35,17 +35,19 @@ struct GroupedGemmGeometry {
 
 namespace cake_moe::sm90 {
 
-// The sm_90a weight-gradient forms: 128 x 256 output tiles of 64 token rows per stage. The bf16
-// kernels run 3 stages and stage each warpgroup's 64 x 256 output (32 KB) for TMA stores; the f32
-// kernels run 4 stages and a 2 KB row-staging tile per consumer warp.
+// The sm_90a weight-gradient forms: 128 x 256 output tiles of 64 token rows per stage, 4 stages.
+// The bf16 kernels stage each warpgroup's output for TMA stores in two rounds of 16 KB (their
+// scheduler table holds 128 groups to make room: 232448 bytes, the sm_90 maximum); the f32
+// kernels use a 2 KB row-staging tile per consumer warp.
 struct GroupedGemmWgradGeometry {
   static constexpr int kBM = 128;
   static constexpr int kBN = 256;
   static constexpr int kThreads = 384;
-  static constexpr int kStagesBf16 = 3;
+  static constexpr int kStagesBf16 = 4;
   static constexpr int kStagesF32 = 4;
   // checked against the template in each form's TU
-  static constexpr uint32_t kSmemBytesBf16 = 223232;
+  static constexpr uint32_t kSmemBytesBf16 = 232448;
+  static constexpr int kTableBf16 = 128;  // scheduler table entries of the bf16 kernels
   static constexpr uint32_t kSmemBytesF32 = 223232;
   CAKE_HD static constexpr uint32_t smem_bytes(bool out_f32) { return out_f32 ? kSmemBytesF32 : kSmemBytesBf16; }
 };

@@ -51,7 +51,12 @@ struct WgradEpilogue {
   static constexpr int kChunks = kBN / kChunkCols;
   static constexpr uint32_t kWarpTileBytes = 16 * 128;
   static constexpr uint32_t kBoxBytes = 64 * 128;
-  static constexpr uint32_t kWgStagingBytes = kTmaStore ? (kBN / 64) * kBoxBytes : 4 * kWarpTileBytes;
+  // bf16: two boxes (128 columns) per warpgroup, stored in kBN / 128 rounds: 32 KB in all, so the
+  // kernel keeps 4 ring stages
+  static constexpr int kRoundBoxes = 2;
+  static constexpr int kRounds = kBN / (64 * kRoundBoxes);
+  static_assert(kBN % (64 * kRoundBoxes) == 0, "whole rounds of boxes");
+  static constexpr uint32_t kWgStagingBytes = kTmaStore ? kRoundBoxes * kBoxBytes : 4 * kWarpTileBytes;
   static constexpr uint32_t kStagingBytes = 2 * kWgStagingBytes;  // both consumer warpgroups
   static constexpr uint32_t kStagingAlign = 1024;                  // 128B-swizzle atoms
   static_assert(kBN % kChunkCols == 0 && kChunkCols % 8 == 0, "whole 128-B chunks of 16-B units per row");
@@ -111,35 +116,41 @@ struct WgradEpilogue {
     }
   }
 
-  // BF16 conversion of this warpgroup's 64 x kBN part into its staging boxes (stmatrix, one per
-  // two 8-column blocks; 16-B unit u of row r at u ^ (r % 8), the TMA's 128B swizzle), then one
-  // thread stores the boxes by TMA (the hardware clips rows past N and columns past K) and the
-  // warpgroup goes on: the previous unit's store must have read the boxes before they are
-  // written again.
+  // BF16 conversion of this warpgroup's 64 x kBN part, 128 columns (two 64 x 64 boxes) per round:
+  // stmatrix into the staging boxes (one per two 8-column blocks; 16-B unit u of row r at
+  // u ^ (r % 8), the TMA's 128B swizzle), then one thread stores the boxes by TMA (the hardware
+  // clips rows past N and columns past K) and the warpgroup goes on. A round first waits until
+  // the previous round's (or unit's) store has read the boxes.
   __device__ __forceinline__ void store_tma(const float (&acc)[kAccRegs], const WgradUnit& w,
                                             const GroupedGemmWgradParams& p) {
     const int32_t r0 = w.n0 + cw * 64;
     if (r0 >= p.n) return;  // uniform over the warpgroup: no row of this half is in dW
-    if (tid_wg == 0) ptx::tma_store_wait_read<0>();
-    ptx::named_barrier_sync(1 + cw, 128);
     const int m = lane / 8;
     const int row_m = warp * 16 + (lane % 8) + 8 * (m % 2);  // = lane % 8 (mod 8)
 #pragma unroll
-    for (int i = 0; i < kBN / 8; i += 2) {
-      const int blk = i + m / 2;
-      ptx::stmatrix_x4(staging + (blk / 8) * kBoxBytes + row_m * 128 + (((blk % 8) ^ (lane % 8)) * 16),
-                       wgrad_detail::pack_bf16x2(acc[4 * i + 0], acc[4 * i + 1]),
-                       wgrad_detail::pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]),
-                       wgrad_detail::pack_bf16x2(acc[4 * i + 4], acc[4 * i + 5]),
-                       wgrad_detail::pack_bf16x2(acc[4 * i + 6], acc[4 * i + 7]));
-    }
-    ptx::fence_proxy_async_smem();  // the boxes, visible to the TMA unit
-    ptx::named_barrier_sync(1 + cw, 128);
-    if (tid_wg == 0) {
+    for (int round = 0; round < kRounds; ++round) {
+      if (tid_wg == 0) ptx::tma_store_wait_read<0>();
+      ptx::named_barrier_sync(1 + cw, 128);
 #pragma unroll
-      for (int j = 0; j < kBN / 64; ++j)
-        if (w.k0 + 64 * j < p.k) ptx::tma_store_3d(&p.tmap_out, staging + j * kBoxBytes, w.k0 + 64 * j, r0, w.e);  // bound: store
-      ptx::tma_store_commit();
+      for (int i = 0; i < 8 * kRoundBoxes; i += 2) {
+        const int blk = i + m / 2;  // 8-column block inside the round
+        const int a = 8 * kRoundBoxes * round + i;
+        ptx::stmatrix_x4(staging + (blk / 8) * kBoxBytes + row_m * 128 + (((blk % 8) ^ (lane % 8)) * 16),
+                         wgrad_detail::pack_bf16x2(acc[4 * a + 0], acc[4 * a + 1]),
+                         wgrad_detail::pack_bf16x2(acc[4 * a + 2], acc[4 * a + 3]),
+                         wgrad_detail::pack_bf16x2(acc[4 * a + 4], acc[4 * a + 5]),
+                         wgrad_detail::pack_bf16x2(acc[4 * a + 6], acc[4 * a + 7]));
+      }
+      ptx::fence_proxy_async_smem();  // the boxes, visible to the TMA unit
+      ptx::named_barrier_sync(1 + cw, 128);
+      if (tid_wg == 0) {
+#pragma unroll
+        for (int j = 0; j < kRoundBoxes; ++j) {
+          const int32_t c0 = w.k0 + 64 * (kRoundBoxes * round + j);
+          if (c0 < p.k) ptx::tma_store_3d(&p.tmap_out, staging + j * kBoxBytes, c0, r0, w.e);  // bound: store
+        }
+        ptx::tma_store_commit();
+      }
     }
   }
 
