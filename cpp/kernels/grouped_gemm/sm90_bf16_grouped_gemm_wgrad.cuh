@@ -33,9 +33,10 @@
 // A chunk. Otherwise (units of < 64 rows) the rows past the group end are zeroed
 // in both operands, shared by the two warpgroups. (The repeated X rows meet zeroed
 // G rows: an Inf in them would turn that dW column's Inf into NaN.)
-// Epilogue (sm90_wgrad_epilogue.cuh): the split-tile reduction, then each warp's
-// 16 output rows through a 2 KB staging tile of its own into whole-row 16-byte
-// stores, never outside [0, N) x [0, K) of dW[e]. Empty groups store exact zeros.
+// Epilogue (sm90_wgrad_epilogue.cuh): the split-tile reduction, then the store:
+// bf16 by TMA from 32 KB of staging boxes (3D map over dW), f32 by each warp's 16
+// rows through a 2 KB staging tile into whole-row 16-byte stores; never outside
+// [0, N) x [0, K) of dW[e]. Empty groups store exact zeros.
 //
 // Measured: docs/grouped_gemm.md (H200 grid against torch._grouped_mm; det bf16
 // x1.089 on main df423b0, 2026-12-01).

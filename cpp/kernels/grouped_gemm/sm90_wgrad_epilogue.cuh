@@ -7,12 +7,16 @@
 //     kFast: every chunk red.global.add's its partial into buf and counts in; the last to
 //            arrive reads buf and writes dW (arrival order: not bitwise repeatable).
 //     The last chunk clears buf and its flag (the workspace is all zero between launches).
-//   the store: each warp's 16 output rows pass through a 2 KB staging tile of its own, one
-//     128-B chunk of every row at a time (64 bf16 or 32 f32 columns): stmatrix (bf16) or 8-byte
-//     stores (f32) of the accumulator fragment, then one 16-byte load per lane and row unit and
-//     predicated 16-byte stores, 8 lanes per 128-byte row segment, never outside [0, N) x [0, K)
-//     of dW[e]. (Register quad transposes did the same with ~12 shuffles and selects per 16
-//     bytes; the staged form runs no faster but is 27% fewer instructions, whole-line stores.)
+//   the store, bf16: each warpgroup's 64 x kBN tile, 128 columns per round, goes by stmatrix into
+//     two 128B-swizzled 64 x 64 staging boxes (common/c_fragment.cuh) and out by TMA through a 3D
+//     map over dW (the hardware clips rows past N and columns past K); the warps go on while the
+//     TMA unit writes, and wait only before they refill the boxes. 32 KB of staging in all, so
+//     the kernel keeps 4 ring stages (2026-12-01, H200: x1.100 / x1.101 against x1.086 / x1.090
+//     with per-warp staging and lane stores, two passes; 64 KB of staging and 3 stages lost 4.6%).
+//   the store, f32: each warp's 16 output rows pass through a 2 KB staging tile of its own, one
+//     128-B chunk (32 columns) of every row at a time: 8-byte shared stores of the fragment, then
+//     one 16-byte load per lane and row unit and predicated 16-byte stores, 8 lanes per 128-byte
+//     row segment, never outside [0, N) x [0, K) of dW[e].
 //
 // Workspace layout and contract: wgrad_params.cuh.
 #pragma once
@@ -73,13 +77,14 @@ struct WgradEpilogue {
   // the mainloop's stage and descriptors in uniform registers (an R2UR per wgmma operand).
   __device__ __forceinline__ void warp_sync() const { ptx::named_barrier_sync(4 + cw * 4 + warp, 32); }
 
-  // Final conversion and store of this warpgroup's 64 x kBN part of the tile: each warp's 16
-  // rows pass through its staging tile one 128-B chunk of every row at a time. The tile's 16-B
-  // units are XOR-swizzled by row (unit u of row r at u ^ (r % 8)): the fragment writes and the
-  // row reads are free of bank conflicts.
+  // F32 store of this warpgroup's 64 x kBN part of the tile: each warp's 16 rows pass through
+  // its staging tile one 128-B chunk (32 columns) of every row at a time. The tile's 16-B units
+  // are XOR-swizzled by row (unit u of row r at u ^ (r % 8)): the fragment writes and the row
+  // reads are free of bank conflicts.
   __device__ __forceinline__ void store_rows(const float (&acc)[kAccRegs], const WgradUnit& w,
                                              const GroupedGemmWgradParams& p) {
-    OutT* out = reinterpret_cast<OutT*>(p.out) + static_cast<int64_t>(w.e) * p.n * p.k;
+    static_assert(kOutF32, "the bf16 forms store by TMA");
+    float* out = reinterpret_cast<float*>(p.out) + static_cast<int64_t>(w.e) * p.n * p.k;
     const uint32_t tile = staging + warp * kWarpTileBytes;
     const int32_t row_w = w.n0 + cw * 64 + warp * 16;
     // the reads: lane -> unit lane % 8 of rows lane / 8 + 4 t
@@ -87,24 +92,18 @@ struct WgradEpilogue {
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       warp_sync();  // the previous chunk's reads are done
-      if constexpr (kOutF32) {
-        // 4 blocks of 8 columns; thread (g, q) holds columns 2q, 2q + 1 of rows g and g + 8
+      // 4 blocks of 8 columns; thread (g, q) holds columns 2q, 2q + 1 of rows g and g + 8
 #pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const int i = 4 * c + b;
-          const uint32_t unit = static_cast<uint32_t>(2 * b + q / 2);
-          const uint32_t off = (unit ^ static_cast<uint32_t>(g)) * 16 + (q % 2) * 8;
-          ptx::st_shared_v2(tile + g * 128 + off, __float_as_uint(acc[4 * i]), __float_as_uint(acc[4 * i + 1]));
-          ptx::st_shared_v2(tile + (g + 8) * 128 + off, __float_as_uint(acc[4 * i + 2]),
-                            __float_as_uint(acc[4 * i + 3]));
-        }
-      } else {
-        // 8 blocks of 8 columns, two per stmatrix.x4 (common/c_fragment.cuh)
-#pragma unroll
-        for (int s2 = 0; s2 < 4; ++s2) stmatrix_c_blocks<0>(tile, 0, 8 * c + 2 * s2, acc, lane);
+      for (int b = 0; b < 4; ++b) {
+        const int i = 4 * c + b;
+        const uint32_t unit = static_cast<uint32_t>(2 * b + q / 2);
+        const uint32_t off = (unit ^ static_cast<uint32_t>(g)) * 16 + (q % 2) * 8;
+        ptx::st_shared_v2(tile + g * 128 + off, __float_as_uint(acc[4 * i]), __float_as_uint(acc[4 * i + 1]));
+        ptx::st_shared_v2(tile + (g + 8) * 128 + off, __float_as_uint(acc[4 * i + 2]),
+                          __float_as_uint(acc[4 * i + 3]));
       }
       warp_sync();
-      const int32_t col = w.k0 + c * kChunkCols + u_rd * (16 / static_cast<int>(sizeof(OutT)));
+      const int32_t col = w.k0 + c * kChunkCols + u_rd * 4;
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
         const int r = r_rd + 4 * t;
@@ -125,22 +124,16 @@ struct WgradEpilogue {
                                             const GroupedGemmWgradParams& p) {
     const int32_t r0 = w.n0 + cw * 64;
     if (r0 >= p.n) return;  // uniform over the warpgroup: no row of this half is in dW
-    const int m = lane / 8;
-    const int row_m = warp * 16 + (lane % 8) + 8 * (m % 2);  // = lane % 8 (mod 8)
 #pragma unroll
     for (int round = 0; round < kRounds; ++round) {
       if (tid_wg == 0) ptx::tma_store_wait_read<0>();
       ptx::named_barrier_sync(1 + cw, 128);
+      // blocks 16 round + i of the fragment into the round's two boxes: the helper places block
+      // b in box b / 8 of its tile, so the tile passed starts 2 round boxes before the staging
 #pragma unroll
-      for (int i = 0; i < 8 * kRoundBoxes; i += 2) {
-        const int blk = i + m / 2;  // 8-column block inside the round
-        const int a = 8 * kRoundBoxes * round + i;
-        ptx::stmatrix_x4(staging + (blk / 8) * kBoxBytes + row_m * 128 + (((blk % 8) ^ (lane % 8)) * 16),
-                         wgrad_detail::pack_bf16x2(acc[4 * a + 0], acc[4 * a + 1]),
-                         wgrad_detail::pack_bf16x2(acc[4 * a + 2], acc[4 * a + 3]),
-                         wgrad_detail::pack_bf16x2(acc[4 * a + 4], acc[4 * a + 5]),
-                         wgrad_detail::pack_bf16x2(acc[4 * a + 6], acc[4 * a + 7]));
-      }
+      for (int i = 0; i < 8 * kRoundBoxes; i += 2)
+        stmatrix_c_blocks<kBoxBytes>(staging - round * kRoundBoxes * kBoxBytes, warp * 16,
+                                     8 * kRoundBoxes * round + i, acc, lane);
       ptx::fence_proxy_async_smem();  // the boxes, visible to the TMA unit
       ptx::named_barrier_sync(1 + cw, 128);
       if (tid_wg == 0) {
