@@ -85,11 +85,16 @@ if [ "${CAKE_BENCH_GG:-1}" != 0 ]; then
 fi
 if cake-moe bench mxfp4-moe --out "$OUT/bench_moe" >>"$OUT/misc.log" 2>&1; then record bench-moe "ok (bench_moe.md)"
 else record bench-moe "FAILED (misc.log)"; fi
+# host microseconds per grouped-GEMM call: one-shot, prepared, torch (the host's share is tracked)
+if "$PY" ci/host_overhead.py --profile none >/tmp/host_overhead.log 2>&1; then record host-us "ok (misc.log)"
+else record host-us "FAILED (misc.log)"; fi
+cat /tmp/host_overhead.log >>"$OUT/misc.log"
 
 echo; echo "== device =="; head -1 "$OUT/misc.log"
 echo "== benchmark (formats) =="; tail -n +3 /tmp/bench_formats.md 2>/dev/null
 echo "== benchmark (grouped GEMM) =="; tail -4 "$OUT/bench_gg.md" 2>/dev/null
 echo "== benchmark (MXFP4 MoE) =="; tail -n +3 "$OUT/bench_moe.md" 2>/dev/null
+echo "== host us per call (grouped GEMM) =="; tail -4 /tmp/host_overhead.log 2>/dev/null
 echo "== demo =="; cat /tmp/cake-demo.log
 echo "== summary =="
 for i in "${!NAMES[@]}"; do printf '%-10s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"; done
