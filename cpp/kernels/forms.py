@@ -101,9 +101,8 @@ def _grouped_gemm_sm90_wgrad_forms() -> list[Form]:
                                "using Geo = cake_moe::sm90::GroupedGemmWgradGeometry;"]
         for out, ctype, geo in (("bf16", "__nv_bfloat16", "Bf16"), ("f32", "float", "F32")):
             alias = f"Wgrad_{out}"
-            table = ", 8, 32, Geo::kTableBf16" if out == "bf16" else ""
-            checks += [f"using {alias} = cake_moe::sm90::GroupedGemmWgradKernel<Geo::kBN, Geo::kStages{geo}, "
-                       f"cake_moe::sm90::WgradReduce::{enum}, {ctype}{table}>;",
+            checks += [f"using {alias} = cake_moe::sm90::GroupedGemmWgradKernel<Geo::kBN, Geo::kStages, "
+                       f"cake_moe::sm90::WgradReduce::{enum}, {ctype}, Geo::kTable{geo}>;",
                        f"static_assert({alias}::kSmemBytes == Geo::kSmemBytes{geo} && {alias}::kNumThreads == Geo::kThreads"
                        f" && {alias}::kBM == Geo::kBM);"]
             kernels.append(Kernel(f"cake_gg_sm90_wgrad_{variant}_128x256_{out}", f"{alias}::run", threads=384,

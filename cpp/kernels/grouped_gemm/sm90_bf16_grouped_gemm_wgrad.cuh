@@ -68,13 +68,13 @@ namespace cake_moe {
 namespace sm90 {
 
 // kBN: output tile width along K (128 or 256); BM is 128 (two m64 consumer
-// warpgroups). OutT: __nv_bfloat16 or float. kSplitQ / kMinChunkKB: chunking
-// (see above; H200, 2026: chunks shorter than 32 k-blocks = 2048 rows cost
-// more in workspace round trips than they gain in balance -- min 4 was 5-30%
-// slower at T <= 16384 -- while splitting groups longer than that gains up to
-// 18% at T = 65536 over never splitting). kTableSize: scheduler smem slots.
-template <int kBN, int kStages, WgradReduce kReduce, typename OutT, int kSplitQ = 8, int kMinChunkKB = 32,
-          int kTableSize = 1024>
+// warpgroups). OutT: __nv_bfloat16 or float. kTableSize: scheduler smem slots.
+// kSplitQ / kMinChunkKB: chunking (see above; H200, 2026: chunks shorter than
+// 32 k-blocks = 2048 rows cost more in workspace round trips than they gain in
+// balance -- min 4 was 5-30% slower at T <= 16384 -- while splitting groups
+// longer than that gains up to 18% at T = 65536 over never splitting).
+template <int kBN, int kStages, WgradReduce kReduce, typename OutT, int kTableSize = 1024, int kSplitQ = 8,
+          int kMinChunkKB = 32>
 struct GroupedGemmWgradKernel {
   static constexpr int kBM = 128;
   static constexpr int kBK = 64;  // token rows per stage (one 128-B swizzle row per token per 64 columns)

@@ -43,11 +43,11 @@ struct GroupedGemmWgradGeometry {
   static constexpr int kBM = 128;
   static constexpr int kBN = 256;
   static constexpr int kThreads = 384;
-  static constexpr int kStagesBf16 = 4;
-  static constexpr int kStagesF32 = 4;
+  static constexpr int kStages = 4;
+  static constexpr int kTableBf16 = 128;  // scheduler table entries (groups beyond them share slots)
+  static constexpr int kTableF32 = 1024;
   // checked against the template in each form's TU
   static constexpr uint32_t kSmemBytesBf16 = 232448;
-  static constexpr int kTableBf16 = 128;  // scheduler table entries of the bf16 kernels
   static constexpr uint32_t kSmemBytesF32 = 223232;
   CAKE_HD static constexpr uint32_t smem_bytes(bool out_f32) { return out_f32 ? kSmemBytesF32 : kSmemBytesBf16; }
 };

@@ -49,9 +49,9 @@ struct WgradEpilogue {
   static constexpr uint32_t kTileFloats = 128 * kBN;   // one workspace tile
   static constexpr uint32_t kWgTileFloats = 64 * kBN;  // one consumer warpgroup's half
   // bf16: the warpgroup's 64 x kBN tile, kBN / 64 boxes of 64 rows x 128 B (128B swizzle), stored
-  // by TMA; f32: per consumer warp 16 output rows x 128 B (one chunk of columns), stored by lanes
+  // by TMA; f32: per consumer warp 16 output rows x 128 B (32 columns at a time), stored by lanes
   static constexpr bool kTmaStore = !kOutF32;
-  static constexpr int kChunkCols = 128 / static_cast<int>(sizeof(OutT));
+  static constexpr int kChunkCols = 32;  // f32 columns per 128-byte row chunk
   static constexpr int kChunks = kBN / kChunkCols;
   static constexpr uint32_t kWarpTileBytes = 16 * 128;
   static constexpr uint32_t kBoxBytes = 64 * 128;
@@ -63,7 +63,7 @@ struct WgradEpilogue {
   static constexpr uint32_t kWgStagingBytes = kTmaStore ? kRoundBoxes * kBoxBytes : 4 * kWarpTileBytes;
   static constexpr uint32_t kStagingBytes = 2 * kWgStagingBytes;  // both consumer warpgroups
   static constexpr uint32_t kStagingAlign = 1024;                  // 128B-swizzle atoms
-  static_assert(kBN % kChunkCols == 0 && kChunkCols % 8 == 0, "whole 128-B chunks of 16-B units per row");
+  static_assert(kBN % kChunkCols == 0, "whole 128-B chunks per f32 row");
   static_assert(std::is_same<OutT, float>::value || std::is_same<OutT, __nv_bfloat16>::value, "out: bf16 or f32");
 
   int cw, tid_wg, lane, warp, g, q;  // consumer warpgroup, thread in it, lane, warp, lane / 4, lane % 4
