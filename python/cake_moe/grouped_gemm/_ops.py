@@ -150,11 +150,13 @@ def release() -> None:
 # prepare
 # ---------------------------------------------------------------------------------------------
 
-def _out(out, shape, dtype, device, name="out"):
+def _out(out, shape, dtype, device, inputs):
+    """The output: a fresh tensor (it overlaps nothing, so no check), or the caller's, checked."""
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
-    _validate.tensor(out, name, dtypes=(dtype,), device=device, align=16)
-    _validate.shape(out, name, shape)
+    _validate.tensor(out, "out", dtypes=(dtype,), device=device, align=16)
+    _validate.shape(out, "out", shape)
+    _validate.no_overlap([("out", out)], inputs)
     return out
 
 
@@ -178,8 +180,7 @@ def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str) -> Groupe
         raise ValueError(f"{a_name} has {a.shape[1]} columns but w has {'K' if op == 'fwd' else 'N'}={a_cols}")
     check_grouped_dims(n, k, num_groups=e, max_rows=a.shape[0])
     lz = _offsets(offs, e, a.device)
-    out = _out(out, (a.shape[0], out_cols), torch.bfloat16, a.device)
-    _validate.no_overlap([("out", out)], [(a_name, a), ("w", w), ("offs", offs)])
+    out = _out(out, (a.shape[0], out_cols), torch.bfloat16, a.device, [(a_name, a), ("w", w), ("offs", offs)])
     if a.device.type != "cuda":
         reference = ref.fwd if op == "fwd" else ref.dgrad
         return _cpu_launch(op, out, lambda: reference(a, w, offs, lz))
@@ -230,8 +231,7 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
     lz = _offsets(offs, e, g.device)
     check_grouped_dims(n, k, num_groups=e, max_rows=g.shape[0])
     v = _config.grouped_gemm_variant(variant)
-    out = _out(out, (e, n, k), out_dtype, g.device)
-    _validate.no_overlap([("out", out)], [("g", g), ("x", x), ("offs", offs)])
+    out = _out(out, (e, n, k), out_dtype, g.device, [("g", g), ("x", x), ("offs", offs)])
     if g.device.type != "cuda":
         return _cpu_launch("wgrad", out, lambda: ref.wgrad(g, x, offs, lz))
     _runtime.require_served(g.device, "grouped_gemm_wgrad")
