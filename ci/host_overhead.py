@@ -16,7 +16,6 @@ import torch
 
 import cake_moe
 from cake_moe import demo
-from cake_moe.grouped_gemm import _ops
 
 
 def host_us(fn, calls: int) -> float:
@@ -46,9 +45,9 @@ def main() -> None:
         "wgrad": lambda: cake_moe.grouped_gemm_wgrad(gy, x, offs),
     }
     prepared = {
-        "fwd": _ops.prepare_grouped_gemm_fwd(x, w, offs).launch,
-        "dgrad": _ops.prepare_grouped_gemm_dgrad(gy, w, offs).launch,
-        "wgrad": _ops.prepare_grouped_gemm_wgrad(gy, x, offs).launch,
+        "fwd": cake_moe.prepare_grouped_gemm_fwd(x, w, offs).launch,
+        "dgrad": cake_moe.prepare_grouped_gemm_dgrad(gy, w, offs).launch,
+        "wgrad": cake_moe.prepare_grouped_gemm_wgrad(gy, x, offs).launch,
     }
     peer = {
         "fwd": lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs),
