@@ -76,6 +76,12 @@ def _bf16(t, name: str, ndim: int, device=None) -> torch.Tensor:
     return t
 
 
+def _outer(t: torch.Tensor, dim: int) -> int:
+    """The element stride of an operand's outer dim as the kernels take it: 0 where the dim has
+    at most one entry (the stride is never used), else the tensor's (validated) stride."""
+    return t.stride(dim) if t.shape[dim] > 1 else 0
+
+
 def _packed(t):
     """A one-shot operand whose strides the kernels cannot read in place (an expanded or
     transposed-inner tensor with a unit last-axis stride, rows 2-byte aligned only) becomes a
@@ -111,7 +117,7 @@ class GroupedGemmLaunch:
         if self._pre is not None:
             self._pre()
         if self._plan is not None:
-            self._plan.launch(torch.cuda.current_stream(self._device).cuda_stream)
+            self._plan.launch(_runtime.stream_handle(self._device))
         return self.out
 
     def __repr__(self) -> str:
@@ -133,7 +139,7 @@ def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
         return None
     if torch.cuda.is_current_stream_capturing():
         return torch.zeros(nbytes, dtype=torch.uint8, device=device)
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    key = (device.index, _runtime.stream_handle(device))
     ws = _workspaces.get(key)
     if ws is None or ws.numel() < nbytes:
         ws = torch.zeros(nbytes, dtype=torch.uint8, device=device)
@@ -150,11 +156,13 @@ def release() -> None:
 # prepare
 # ---------------------------------------------------------------------------------------------
 
-def _out(out, shape, dtype, device, name="out"):
+def _out(out, shape, dtype, device, inputs):
+    """The output: a fresh tensor (it overlaps nothing), or the caller's, checked."""
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
-    _validate.tensor(out, name, dtypes=(dtype,), device=device, align=16)
-    _validate.shape(out, name, shape)
+    _validate.tensor(out, "out", dtypes=(dtype,), device=device, align=16)
+    _validate.shape(out, "out", shape)
+    _validate.no_overlap([("out", out)], inputs)
     return out
 
 
@@ -178,14 +186,14 @@ def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str) -> Groupe
         raise ValueError(f"{a_name} has {a.shape[1]} columns but w has {'K' if op == 'fwd' else 'N'}={a_cols}")
     check_grouped_dims(n, k, num_groups=e, max_rows=a.shape[0])
     lz = _offsets(offs, e, a.device)
-    out = _out(out, (a.shape[0], out_cols), torch.bfloat16, a.device)
-    _validate.no_overlap([("out", out)], [(a_name, a), ("w", w), ("offs", offs)])
+    out = _out(out, (a.shape[0], out_cols), torch.bfloat16, a.device, [(a_name, a), ("w", w), ("offs", offs)])
     if a.device.type != "cuda":
         reference = ref.fwd if op == "fwd" else ref.dgrad
         return _cpu_launch(op, out, lambda: reference(a, w, offs, lz))
     _runtime.require_served(a.device, f"grouped_gemm_{op}")
-    plan = _runtime.ext().grouped_gemm_prepare(_OPS[op], 0, a, w, out, offs, lz, e, n, k, a.shape[0], False, None,
-                                               form)
+    plan = _runtime.ext().grouped_gemm_prepare(_OPS[op], 0, a.device.index, a.data_ptr(), _outer(a, 0), w.data_ptr(),
+                                               _outer(w, 1), _outer(w, 0), out.data_ptr(), offs.data_ptr(), lz, e, n,
+                                               k, a.shape[0], False, 0, 0, form)
     return GroupedGemmLaunch(op, plan, a.device, out, (a, w, offs))
 
 
@@ -230,8 +238,7 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
     lz = _offsets(offs, e, g.device)
     check_grouped_dims(n, k, num_groups=e, max_rows=g.shape[0])
     v = _config.grouped_gemm_variant(variant)
-    out = _out(out, (e, n, k), out_dtype, g.device)
-    _validate.no_overlap([("out", out)], [("g", g), ("x", x), ("offs", offs)])
+    out = _out(out, (e, n, k), out_dtype, g.device, [("g", g), ("x", x), ("offs", offs)])
     if g.device.type != "cuda":
         return _cpu_launch("wgrad", out, lambda: ref.wgrad(g, x, offs, lz))
     _runtime.require_served(g.device, "grouped_gemm_wgrad")
@@ -248,8 +255,10 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
         ws = _validate.tensor(workspace, "workspace", dtypes=(torch.uint8,), device=g.device, align=256)
         if ws.numel() < nbytes:
             raise ValueError(f"workspace must hold {nbytes} bytes, got {ws.numel()}")
-    plan = ext.grouped_gemm_prepare(_OPS["wgrad"], _VARIANTS[v], g, x, out, offs, lz, e, n, k, g.shape[0],
-                                    out_dtype == torch.float32, ws, form)
+    plan = ext.grouped_gemm_prepare(_OPS["wgrad"], _VARIANTS[v], g.device.index, g.data_ptr(), _outer(g, 0),
+                                    x.data_ptr(), _outer(x, 0), 0, out.data_ptr(), offs.data_ptr(), lz, e, n, k,
+                                    g.shape[0], out_dtype == torch.float32, ws.data_ptr() if ws is not None else 0,
+                                    ws.numel() if ws is not None else 0, form)
     return GroupedGemmLaunch("wgrad", plan, g.device, out, (g, x, offs, ws))
 
 
