@@ -139,3 +139,25 @@ def test_demo_without_gpu_runs_reference():
     out = subprocess.run([sys.executable, "-m", "cake_moe", "demo", "--tokens", "8"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "no CUDA GPU" in out.stdout and "reference" in out.stdout
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"a": 8}, "a must be 16-byte aligned"),
+    ({"out": 4}, "out must be 16-byte aligned"),
+    ({"offs": 2}, "offs must be 4-byte aligned"),
+    ({"a_row_stride": 12}, "outer strides must be 0 or positive multiples of 8"),
+    ({"b_expert_stride": -8}, "outer strides must be 0 or positive multiples of 8"),
+    ({"op": 3}, "op must be 0"),
+    ({"variant": 2}, "variant must be 0"),
+    ({"device": -1}, "device index must be >= 0"),
+    ({"workspace": 128, "workspace_bytes": 1024}, "workspace must be 256-byte aligned"),
+])
+def test_grouped_gemm_binding_refuses_bad_addresses_before_the_driver(change, message):
+    """The binding takes device addresses and strides that Python validated; it still refuses a
+    misaligned address or a bad stride itself, before any driver call (none exists here)."""
+    args = dict(op=0, variant=0, device=0, a=1 << 20, a_row_stride=64, b=2 << 20, b_row_stride=64,
+                b_expert_stride=64 * 64, out=3 << 20, offs=4 << 20, leading_zero=False, num_groups=2, n=64, k=64,
+                rows=16, out_f32=False, workspace=0, workspace_bytes=0)
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        EXT.grouped_gemm_prepare(**args)

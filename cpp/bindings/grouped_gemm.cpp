@@ -1,11 +1,10 @@
 // Bindings of family A (ragged BF16 grouped GEMM). Python (cake_moe.grouped_gemm) validates
-// dtypes, shapes, devices and bounds; the plan object owns the encoded kernel parameters.
-#include <nanobind/stl/optional.h>
+// dtypes, shapes, devices, strides and bounds and passes device addresses; the plan object owns
+// the encoded kernel parameters.
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 
 #include <memory>
-#include <optional>
 
 #include "bindings/common.hpp"
 #include "host/grouped_gemm/grouped_gemm.hpp"
@@ -35,44 +34,50 @@ grouped_gemm::Problem shape(int op, int variant, int32_t num_groups, int32_t n, 
   return p;
 }
 
-// The element stride of dim `dim` of an operand whose last dim is contiguous: a positive
-// multiple of 8 (16-byte TMA strides), or 0 (= packed) where the dim has at most one entry and
-// its stride is never used. Python checks the same; this keeps a bad stride from any map.
-int64_t outer_stride(const Tensor& t, size_t dim, const char* name) {
-  if (t.ndim() == 0 || (t.shape(t.ndim() - 1) > 1 && t.stride(t.ndim() - 1) != 1))
-    throw ValueError(std::string(name) + " must have a unit last-axis stride");
-  if (t.shape(dim) <= 1) return 0;
-  const int64_t s = t.stride(dim);
-  if (s <= 0 || s % 8 != 0)
-    throw ValueError(std::string(name) + ": outer strides must be positive multiples of 8 elements, got " +
+// An operand's outer element stride as Python passes it: 0 (= packed: the dim has at most one
+// entry) or a positive multiple of 8 (16-byte TMA strides). Python checks the same; this keeps
+// a bad stride from any tensor map.
+int64_t outer_stride(int64_t s, const char* name) {
+  if (s < 0 || s % 8 != 0)
+    throw ValueError(std::string(name) + ": outer strides must be 0 or positive multiples of 8 elements, got " +
                      std::to_string(s));
   return s;
 }
 
-grouped_gemm::Problem problem(int op, int variant, Tensor a, Tensor b, Tensor out, Tensor offs, bool leading_zero,
-                              int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32,
-                              std::optional<Tensor> workspace, const std::string& form) {
+// A device address, checked for alignment (0 is allowed: an empty tensor's, where no kernel runs
+// or nothing of it is read).
+template <typename T>
+T* address(std::uintptr_t ptr, std::uintptr_t alignment, const char* name) {
+  if (ptr % alignment != 0)
+    throw ValueError(std::string(name) + " must be " + std::to_string(alignment) + "-byte aligned");
+  return reinterpret_cast<T*>(ptr);
+}
+
+// The operands arrive as device addresses and element strides, not as DLPack tensors: the
+// Python layer has validated the tensors (dtype, device, shape, strides, bounds, overlap) and
+// keeps them alive as long as the plan, and an import per tensor cost more host time than the
+// rest of a one-shot call.
+grouped_gemm::Problem problem(int op, int variant, int device, std::uintptr_t a, int64_t a_row_stride,
+                              std::uintptr_t b, int64_t b_row_stride, int64_t b_expert_stride, std::uintptr_t out,
+                              std::uintptr_t offs, bool leading_zero, int32_t num_groups, int32_t n, int32_t k,
+                              int64_t rows, bool out_f32, std::uintptr_t workspace, int64_t workspace_bytes,
+                              const std::string& form) {
   grouped_gemm::Problem p = shape(op, variant, num_groups, n, k, rows, out_f32);
-  p.device = tensor_device(out, "out");
-  tensor_device(a, "a", p.device);
-  tensor_device(b, "b", p.device);
-  tensor_device(offs, "offs", p.device);
-  for (const Tensor* t : {&a, &b, &out}) require_aligned(*t, "operand", 16);
-  p.a = a.data();
-  p.b = b.data();
-  p.a_row_stride = outer_stride(a, 0, "a");
-  const bool weights = p.op != grouped_gemm::Op::kWgrad;  // b is w [E, N, K], else x [rows, K]
-  p.b_row_stride = outer_stride(b, weights ? 1 : 0, "b");
-  p.b_expert_stride = weights ? outer_stride(b, 0, "b") : 0;
-  p.out = out.data();
-  p.offs = static_cast<const int32_t*>(offs.data());
+  if (device < 0) throw ValueError("device index must be >= 0");
+  p.device = device;
+  p.a = address<const void>(a, 16, "a");
+  p.b = address<const void>(b, 16, "b");
+  p.out = address<void>(out, 16, "out");
+  p.offs = address<const int32_t>(offs, 4, "offs");
+  p.a_row_stride = outer_stride(a_row_stride, "a");
+  p.b_row_stride = outer_stride(b_row_stride, "b");
+  p.b_expert_stride = p.op != grouped_gemm::Op::kWgrad ? outer_stride(b_expert_stride, "b") : 0;
   p.offs_leading_zero = leading_zero;
   p.form = form;
   if (workspace) {
-    tensor_device(*workspace, "workspace", p.device);
-    require_aligned(*workspace, "workspace", 256);
-    p.workspace = workspace->data();
-    p.workspace_bytes = nbytes(*workspace);
+    if (workspace_bytes < 0) throw ValueError("workspace_bytes must be >= 0");
+    p.workspace = address<void>(workspace, 256, "workspace");
+    p.workspace_bytes = workspace_bytes;
   }
   return p;
 }
@@ -89,16 +94,20 @@ void bind_grouped_gemm(nb::module_& m) {
       });
 
   m.def("grouped_gemm_prepare",
-        [](int op, int variant, Tensor a, Tensor b, Tensor out, Tensor offs, bool leading_zero, int32_t num_groups,
-           int32_t n, int32_t k, int64_t rows, bool out_f32, std::optional<Tensor> workspace, const std::string& form) {
-          auto p = problem(op, variant, a, b, out, offs, leading_zero, num_groups, n, k, rows, out_f32, workspace, form);
+        [](int op, int variant, int device, std::uintptr_t a, int64_t a_row_stride, std::uintptr_t b,
+           int64_t b_row_stride, int64_t b_expert_stride, std::uintptr_t out, std::uintptr_t offs, bool leading_zero,
+           int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32, std::uintptr_t workspace,
+           int64_t workspace_bytes, const std::string& form) {
+          auto p = problem(op, variant, device, a, a_row_stride, b, b_row_stride, b_expert_stride, out, offs,
+                           leading_zero, num_groups, n, k, rows, out_f32, workspace, workspace_bytes, form);
           auto plan = std::make_unique<GroupedGemmPlan>();
           plan->launch = grouped_gemm::prepare(p);
           return plan;
         },
-        nb::arg("op"), nb::arg("variant"), nb::arg("a"), nb::arg("b"), nb::arg("out"), nb::arg("offs"),
+        nb::arg("op"), nb::arg("variant"), nb::arg("device"), nb::arg("a"), nb::arg("a_row_stride"), nb::arg("b"),
+        nb::arg("b_row_stride"), nb::arg("b_expert_stride"), nb::arg("out"), nb::arg("offs"),
         nb::arg("leading_zero"), nb::arg("num_groups"), nb::arg("n"), nb::arg("k"), nb::arg("rows"),
-        nb::arg("out_f32"), nb::arg("workspace").none(), nb::arg("form") = "");
+        nb::arg("out_f32"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("form") = "");
 
   m.def("grouped_gemm_workspace_bytes",
         [](int op, int variant, int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32, int device) {

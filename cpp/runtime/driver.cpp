@@ -2,7 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <map>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/errors.hpp"
@@ -158,15 +161,31 @@ int attribute(int device, CUdevice_attribute a, const char* what) {
 }
 }  // namespace
 
-std::string device_arch(int device) {
-  int major = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "compute capability");
-  int minor = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "compute capability");
-  return std::to_string(major * 10 + minor) + "a";
-}
+namespace {
+// Per-device properties that never change, queried once (every prepare asks for them).
+struct DeviceInfo {
+  std::string arch;
+  int sm_count = 0;
+};
 
-int device_sm_count(int device) {
-  return attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "multiprocessor count");
+const DeviceInfo& device_info(int device) {
+  static std::mutex mu;
+  static std::map<int, DeviceInfo> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  DeviceInfo info;
+  const int major = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "compute capability");
+  const int minor = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "compute capability");
+  info.arch = std::to_string(major * 10 + minor) + "a";
+  info.sm_count = attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "multiprocessor count");
+  return cache.emplace(device, std::move(info)).first->second;  // map nodes stay put
 }
+}  // namespace
+
+std::string device_arch(int device) { return device_info(device).arch; }
+
+int device_sm_count(int device) { return device_info(device).sm_count; }
 
 int device_smem_per_sm(int device) {
   return attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, "shared memory per multiprocessor");

@@ -1,7 +1,10 @@
 #include "runtime/launch.hpp"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "runtime/driver.hpp"
 
@@ -46,11 +49,18 @@ void launch(CUkernel kernel, const LaunchConfig& cfg, const void* args, const ch
 }
 
 void set_max_dynamic_smem(CUkernel kernel, int device, unsigned bytes) {
+  // once per (kernel, device) and size: every prepare asks, the attribute stays set
+  static std::mutex mu;
+  static std::map<std::pair<CUkernel, int>, unsigned> set;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = set.find({kernel, device});
+  if (it != set.end() && it->second == bytes) return;
   const Driver& d = driver();
   CUdevice dev;
   check(d.DeviceGet(&dev, device), "cuDeviceGet");
   check(d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(bytes), kernel, dev),
         "cuKernelSetAttribute(max dynamic smem)");
+  set[{kernel, device}] = bytes;
 }
 
 }  // namespace cake_moe::runtime

@@ -76,6 +76,12 @@ def _bf16(t, name: str, ndim: int, device=None) -> torch.Tensor:
     return t
 
 
+def _outer(t: torch.Tensor, dim: int) -> int:
+    """The element stride of an operand's outer dim as the kernels take it: 0 where the dim has
+    at most one entry (the stride is never used), else the tensor's (validated) stride."""
+    return t.stride(dim) if t.shape[dim] > 1 else 0
+
+
 def _packed(t):
     """A one-shot operand whose strides the kernels cannot read in place (an expanded or
     transposed-inner tensor with a unit last-axis stride, rows 2-byte aligned only) becomes a
@@ -111,7 +117,7 @@ class GroupedGemmLaunch:
         if self._pre is not None:
             self._pre()
         if self._plan is not None:
-            self._plan.launch(torch.cuda.current_stream(self._device).cuda_stream)
+            self._plan.launch(_runtime.stream_handle(self._device))
         return self.out
 
     def __repr__(self) -> str:
@@ -133,7 +139,7 @@ def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
         return None
     if torch.cuda.is_current_stream_capturing():
         return torch.zeros(nbytes, dtype=torch.uint8, device=device)
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    key = (device.index, _runtime.stream_handle(device))
     ws = _workspaces.get(key)
     if ws is None or ws.numel() < nbytes:
         ws = torch.zeros(nbytes, dtype=torch.uint8, device=device)
@@ -185,8 +191,9 @@ def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str) -> Groupe
         reference = ref.fwd if op == "fwd" else ref.dgrad
         return _cpu_launch(op, out, lambda: reference(a, w, offs, lz))
     _runtime.require_served(a.device, f"grouped_gemm_{op}")
-    plan = _runtime.ext().grouped_gemm_prepare(_OPS[op], 0, a, w, out, offs, lz, e, n, k, a.shape[0], False, None,
-                                               form)
+    plan = _runtime.ext().grouped_gemm_prepare(_OPS[op], 0, a.device.index, a.data_ptr(), _outer(a, 0), w.data_ptr(),
+                                               _outer(w, 1), _outer(w, 0), out.data_ptr(), offs.data_ptr(), lz, e, n,
+                                               k, a.shape[0], False, 0, 0, form)
     return GroupedGemmLaunch(op, plan, a.device, out, (a, w, offs))
 
 
@@ -248,8 +255,10 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
         ws = _validate.tensor(workspace, "workspace", dtypes=(torch.uint8,), device=g.device, align=256)
         if ws.numel() < nbytes:
             raise ValueError(f"workspace must hold {nbytes} bytes, got {ws.numel()}")
-    plan = ext.grouped_gemm_prepare(_OPS["wgrad"], _VARIANTS[v], g, x, out, offs, lz, e, n, k, g.shape[0],
-                                    out_dtype == torch.float32, ws, form)
+    plan = ext.grouped_gemm_prepare(_OPS["wgrad"], _VARIANTS[v], g.device.index, g.data_ptr(), _outer(g, 0),
+                                    x.data_ptr(), _outer(x, 0), 0, out.data_ptr(), offs.data_ptr(), lz, e, n, k,
+                                    g.shape[0], out_dtype == torch.float32, ws.data_ptr() if ws is not None else 0,
+                                    ws.numel() if ws is not None else 0, form)
     return GroupedGemmLaunch("wgrad", plan, g.device, out, (g, x, offs, ws))
 
 
