@@ -31,10 +31,12 @@ __device__ __forceinline__ uint32_t map_shared_rank(uint32_t smem_byte_addr, uin
   return out;
 }
 
-// One arrival (release at cluster scope) on an mbarrier of another CTA of the cluster, given
-// by its shared::cluster address (map_shared_rank).
+// One arrival on an mbarrier of another CTA of the cluster, given by its shared::cluster address
+// (map_shared_rank). Release at CTA scope (the default): it tells the other CTA's producer that a
+// stage this CTA's wgmmas read (completed at their wait) may be refilled; a cluster-scope release
+// would order all of this thread's prior memory operations cluster-wide on every k-block.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
 }
 
 // 2D tiled load multicast: the box lands at the same shared-memory offset `smem_dst` in every
