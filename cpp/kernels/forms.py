@@ -111,7 +111,8 @@ def _grouped_gemm_sm90_wgrad_forms() -> list[Form]:
                           "cake_moe::sm90::GroupedGemmWgradParams", tuple(kernels),
                           {"op": "wgrad", "variant": variant, "bm": 128, "bn": 256, "bk": 64, "stages": 4},
                           arches=("90a",), native=("90a",), prelude="\n".join(checks), validated=("90a",)))
-        # CTA pairs sharing X by multicast (bf16 output; forced by form name, not chosen by default)
+        # CTA pairs sharing X by multicast (bf16 output; the default on short groups, see
+        # use_sm90_wgrad_pair in cpp/host/grouped_gemm/heuristics_sm90.hpp)
         pair = ["#include \"grouped_gemm/sm90_geometry.hpp\"",
                 "using Geo = cake_moe::sm90::GroupedGemmWgradGeometry;",
                 "using WgradPair = cake_moe::sm90::GroupedGemmWgradKernel<Geo::kBN, Geo::kStages, "
@@ -123,7 +124,7 @@ def _grouped_gemm_sm90_wgrad_forms() -> list[Form]:
                                   min_blocks=1),),
                           {"op": "wgrad", "variant": variant, "bm": 128, "bn": 256, "bk": 64, "stages": 4,
                            "cluster": 2},
-                          arches=("90a",), native=("90a",), prelude="\n".join(pair), validated=()))
+                          arches=("90a",), native=("90a",), prelude="\n".join(pair), validated=("90a",)))
     return forms
 
 

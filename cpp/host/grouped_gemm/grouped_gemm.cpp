@@ -68,7 +68,7 @@ std::unique_ptr<Launch> prepare(const Problem& p) {
   if (p.rows == 0 || p.num_groups == 0) return nullptr;  // Python zero-fills an empty wgrad
   if (!p.form.empty()) return prepare_form(p);
   if (native_sm90(p.device)) {
-    if (p.op == Op::kWgrad) return make_sm90_wgrad_launch(p);
+    if (p.op == Op::kWgrad) return make_sm90_wgrad_launch(p, use_sm90_wgrad_pair(p.rows, p.num_groups, p.out_f32));
     const int32_t n_out = p.op == Op::kDgrad ? p.k : p.n;
     return make_sm90_launch(p, choose_sm90_tile(p.rows, p.num_groups, n_out, p.op == Op::kDgrad,
                                                 runtime::device_sm_count(p.device)));
