@@ -61,6 +61,10 @@ def run_grouped_gemm() -> None:
                 check(gref.rel_rms(y, gref.fwd(x, w, offs)) < 6e-3, f"gg fwd {tile}")
                 dx = cake_moe.prepare_grouped_gemm_dgrad(g, w, offs, form=f"gg_sm90_dgrad_{tile}").launch()
                 check(gref.rel_rms(dx, gref.dgrad(g, w, offs)) < 6e-3, f"gg dgrad {tile}")
+            for variant in ("det", "fast"):  # the cluster-pair forms (multicast X, remote arrivals)
+                dw = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant=variant,
+                                                         form=f"gg_sm90_wgrad_{variant}_c2").launch()
+                check(gref.rel_rms(dw, gref.wgrad(g, x, offs)) < 6e-3, f"gg wgrad {variant} c2")
         for variant in ("det", "fast"):
             dw = cake_moe.grouped_gemm_wgrad(g, x, offs, variant=variant)
             check(gref.rel_rms(dw, gref.wgrad(g, x, offs)) < 6e-3, f"gg wgrad {variant}")

@@ -411,6 +411,21 @@ print(worst)
     assert float(out.stdout.strip()) < BUDGET
 
 
+@pytest.mark.parametrize("variant", ["det", "fast"])
+def test_wgrad_default_form_by_rows_per_group(variant):
+    """The default wgrad takes the cluster-pair form when groups average at most 512 rows and the
+    output is bf16; longer groups and FP32 outputs take the splitting form. Both give the
+    reference's answer."""
+    n, k = 256, 512
+    for sizes, pair in (([300, 0, 700, 500], True), ([2048, 0, 1500, 2600], False)):
+        x, w, g, offs = _problem(sizes, n, k, seed=5, pad=0)
+        for dtype in (torch.bfloat16, torch.float32):
+            launch = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant=variant, out_dtype=dtype)
+            want_form = f"gg_sm90_wgrad_{variant}" + ("_c2" if pair and dtype == torch.bfloat16 else "")
+            assert launch.form == want_form, (sizes, dtype, launch.form)
+            assert ref.rel_rms(launch.launch(), ref.wgrad(g, x, offs)) < BUDGET / (50 if dtype == torch.float32 else 1)
+
+
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])
 @pytest.mark.parametrize("tile", SM90_TILES)
 def test_every_sm90_tile_form(op, tile):
@@ -429,3 +444,34 @@ def test_every_sm90_tile_form(op, tile):
     _check_rows(launch.launch(), want)
     with pytest.raises(ValueError, match="does not serve"):
         cake_moe.prepare_grouped_gemm_fwd(x, w, offs, form="gg_sm90_fwd_32x32")
+
+
+@pytest.mark.parametrize("variant", ["det", "fast"])
+@pytest.mark.parametrize("pattern", ["mixed", "ragged6", "tiny", "all_empty", "one_hot"])
+@pytest.mark.parametrize("nk", [(256, 512), (200, 264), (384, 136)])
+def test_wgrad_cluster_pair_forms(variant, pattern, nk):
+    """The cluster-pair wgrad forms (CTA pairs multicasting X): within budget, exact zeros for
+    empty groups, untouched outside dW; N with an odd count of 128-row tiles (a pair's second
+    half past N) and K with a partial last 256-column tile. Groups under 2048 rows are not split
+    by the default form either, and each tile then sums the same products in the same order:
+    the pair form must give the default form's bits there."""
+    n, k = nk
+    sizes = PATTERNS[pattern]
+    x, w, g, offs = _problem(sizes, n, k, seed=11)
+    dw = poison_(torch.empty(len(sizes), n, k, dtype=torch.bfloat16, device="cuda"))
+    launch = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, out=dw, variant=variant,
+                                                 form=f"gg_sm90_wgrad_{variant}_c2")
+    assert launch.form == f"gg_sm90_wgrad_{variant}_c2"
+    launch.launch()
+    want = ref.wgrad(g, x, offs)
+    assert not dw.isnan().any(), "a dW element was not written"
+    assert ref.rel_rms(dw, want) < BUDGET
+    for e, size in enumerate(sizes):
+        if size == 0:
+            assert torch.equal(dw[e], torch.zeros_like(dw[e])), "an empty group's dW must be exactly zero"
+    if max(sizes) < 2048:
+        unpaired = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant=variant, form=f"gg_sm90_wgrad_{variant}")
+        assert torch.equal(dw, unpaired.launch())
+    with pytest.raises(ValueError, match="bf16 only"):
+        cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, out_dtype=torch.float32, variant=variant,
+                                            form=f"gg_sm90_wgrad_{variant}_c2")

@@ -111,6 +111,20 @@ def _grouped_gemm_sm90_wgrad_forms() -> list[Form]:
                           "cake_moe::sm90::GroupedGemmWgradParams", tuple(kernels),
                           {"op": "wgrad", "variant": variant, "bm": 128, "bn": 256, "bk": 64, "stages": 4},
                           arches=("90a",), native=("90a",), prelude="\n".join(checks), validated=("90a",)))
+        # CTA pairs sharing X by multicast (bf16 output; the default on short groups, see
+        # use_sm90_wgrad_pair in cpp/host/grouped_gemm/heuristics_sm90.hpp)
+        pair = ["#include \"grouped_gemm/sm90_geometry.hpp\"",
+                "using Geo = cake_moe::sm90::GroupedGemmWgradGeometry;",
+                "using WgradPair = cake_moe::sm90::GroupedGemmWgradKernel<Geo::kBN, Geo::kStages, "
+                f"cake_moe::sm90::WgradReduce::{enum}, __nv_bfloat16, Geo::kTableBf16, 8, 32, true>;",
+                "static_assert(WgradPair::kSmemBytes == Geo::kSmemBytesBf16 && WgradPair::kNumThreads == Geo::kThreads);"]
+        forms.append(Form(f"gg_sm90_wgrad_{variant}_c2", "grouped_gemm", "grouped_gemm/sm90_bf16_grouped_gemm_wgrad.cuh",
+                          "cake_moe::sm90::GroupedGemmWgradParams",
+                          (Kernel(f"cake_gg_sm90_wgrad_{variant}_c2_128x256_bf16", "WgradPair::run", threads=384,
+                                  min_blocks=1),),
+                          {"op": "wgrad", "variant": variant, "bm": 128, "bn": 256, "bk": 64, "stages": 4,
+                           "cluster": 2},
+                          arches=("90a",), native=("90a",), prelude="\n".join(pair), validated=("90a",)))
     return forms
 
 

@@ -69,6 +69,8 @@ Loaded load() {
   resolve(gpa, d.TensorMapReplaceAddress, "cuTensorMapReplaceAddress", 12000, err);
   std::string optional_error;  // only the CAKE_MOE_SYNC_CHECK debug mode needs this one
   resolve(gpa, d.StreamSynchronize, "cuStreamSynchronize", 2000, optional_error);
+  resolve(gpa, d.KernelGetFunction, "cuKernelGetFunction", 12000, err);
+  resolve(gpa, d.OccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters", 11080, err);
   if (!err.empty()) return out;
   CUresult r = d.Init(0);
   if (r != CUDA_SUCCESS) {

@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "runtime/driver.hpp"
@@ -61,6 +62,40 @@ void set_max_dynamic_smem(CUkernel kernel, int device, unsigned bytes) {
   check(d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(bytes), kernel, dev),
         "cuKernelSetAttribute(max dynamic smem)");
   set[{kernel, device}] = bytes;
+}
+
+int max_active_clusters(CUkernel kernel, int device, const LaunchConfig& cfg) {
+  static std::mutex mu;
+  using Key = std::tuple<CUkernel, int, unsigned, unsigned, unsigned>;
+  static std::map<Key, int> known;
+  const unsigned cluster = cfg.cluster[0] * (cfg.cluster[1] ? cfg.cluster[1] : 1) * (cfg.cluster[2] ? cfg.cluster[2] : 1);
+  const Key key{kernel, device, cfg.block[0] * cfg.block[1] * cfg.block[2], cfg.smem_bytes, cluster};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  const Driver& d = driver();
+  ScopedDevice scope(device);  // the kernel's function in this device's context
+  CUfunction fn = nullptr;
+  check(d.KernelGetFunction(&fn, kernel), "cuKernelGetFunction");
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr.value.clusterDim.x = cfg.cluster[0] ? cfg.cluster[0] : 1;
+  attr.value.clusterDim.y = cfg.cluster[1] ? cfg.cluster[1] : 1;
+  attr.value.clusterDim.z = cfg.cluster[2] ? cfg.cluster[2] : 1;
+  CUlaunchConfig lc{};
+  lc.gridDimX = attr.value.clusterDim.x;  // the query wants a grid of whole clusters
+  lc.gridDimY = attr.value.clusterDim.y;
+  lc.gridDimZ = attr.value.clusterDim.z;
+  lc.blockDimX = cfg.block[0];
+  lc.blockDimY = cfg.block[1];
+  lc.blockDimZ = cfg.block[2];
+  lc.sharedMemBytes = cfg.smem_bytes;
+  lc.attrs = &attr;
+  lc.numAttrs = 1;
+  int n = 0;
+  check(d.OccupancyMaxActiveClusters(&n, fn, &lc), "cuOccupancyMaxActiveClusters");
+  known[key] = n;
+  return n;
 }
 
 }  // namespace cake_moe::runtime

@@ -25,4 +25,10 @@ void launch(CUkernel kernel, const LaunchConfig& cfg, const void* args, const ch
 // Raises the kernel's dynamic shared-memory limit on `device` (needed above 48 KiB).
 void set_max_dynamic_smem(CUkernel kernel, int device, unsigned bytes);
 
+// How many clusters of `cfg.cluster` CTAs (with cfg's block size and dynamic smem) can be
+// resident on `device` at once: fewer than SMs / cluster size where a GPC's SM count is not a
+// multiple of it. Persistent cluster kernels size their grid by it; a cluster launched beyond it
+// waits for a whole earlier cluster to finish. Cached per (kernel, device, block, smem, cluster).
+int max_active_clusters(CUkernel kernel, int device, const LaunchConfig& cfg);
+
 }  // namespace cake_moe::runtime

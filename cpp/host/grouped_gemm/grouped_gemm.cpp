@@ -46,13 +46,14 @@ int64_t workspace_bytes(const Problem& p) {
 
 namespace {
 // An explicitly requested form (benchmarks and tuning): gg_portable_<op>, gg_sm90_<op>_<BM>x<BN>,
-// gg_sm90_wgrad_<variant>.
+// gg_sm90_wgrad_<variant>, gg_sm90_wgrad_<variant>_c2.
 std::unique_ptr<Launch> prepare_form(const Problem& p) {
   const std::string op = op_name(p.op);
   if (p.form == "gg_portable_" + op) return make_portable_launch(p);
   if (runtime::device_arch(p.device) == "90a") {
-    if (p.op == Op::kWgrad && p.form == std::string("gg_sm90_wgrad_") + (p.variant == Variant::kFast ? "fast" : "det"))
-      return make_sm90_wgrad_launch(p);
+    const std::string wgrad = std::string("gg_sm90_wgrad_") + (p.variant == Variant::kFast ? "fast" : "det");
+    if (p.op == Op::kWgrad && p.form == wgrad) return make_sm90_wgrad_launch(p);
+    if (p.op == Op::kWgrad && p.form == wgrad + "_c2") return make_sm90_wgrad_launch(p, true);
     for (const Sm90Tile& t : kSm90Tiles)
       if (p.op != Op::kWgrad && p.form == "gg_sm90_" + op + "_" + std::to_string(t.bm) + "x" + std::to_string(t.bn))
         return make_sm90_launch(p, t);
@@ -67,7 +68,7 @@ std::unique_ptr<Launch> prepare(const Problem& p) {
   if (p.rows == 0 || p.num_groups == 0) return nullptr;  // Python zero-fills an empty wgrad
   if (!p.form.empty()) return prepare_form(p);
   if (native_sm90(p.device)) {
-    if (p.op == Op::kWgrad) return make_sm90_wgrad_launch(p);
+    if (p.op == Op::kWgrad) return make_sm90_wgrad_launch(p, use_sm90_wgrad_pair(p.rows, p.num_groups, p.out_f32));
     const int32_t n_out = p.op == Op::kDgrad ? p.k : p.n;
     return make_sm90_launch(p, choose_sm90_tile(p.rows, p.num_groups, n_out, p.op == Op::kDgrad,
                                                 runtime::device_sm_count(p.device)));

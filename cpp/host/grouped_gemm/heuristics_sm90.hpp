@@ -1,4 +1,4 @@
-// Tile choice of the sm_90a grouped GEMM (fwd, dgrad). Only host-side facts are available (the
+// Form choice of the sm_90a grouped GEMM (fwd / dgrad tiles, the wgrad's CTA pairs). Only host-side facts are available (the
 // group sizes live on the device): the row capacity, the group count and the output width.
 #pragma once
 #include <cmath>
@@ -42,6 +42,15 @@ inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out
   if (dgrad ? cost(kSm90Tiles[1]) < cost(best) : per_group >= 2048 && n_out >= 512) best = kSm90Tiles[1];
   if (per_group < 1024 && cost(kSm90Tiles[3]) < 0.85 * cost(best)) best = kSm90Tiles[3];
   return best;
+}
+
+// The wgrad on CTA pairs (gg_sm90_wgrad_<variant>_c2: X multicast into both CTAs, no split) when
+// groups average at most 512 rows: no group of that size gains from the default form's split, and
+// reading X once per pair wins 1-9% there (det, every T = 4096 row of the grid, H200 2026-12-02,
+// bench/results/2026-12-02_h200_grouped_gemm_wgrad_pair_ab.md); at 1024 rows per group the two
+// are even (-2..+1%), from ~1800 on the split's balance wins (up to 9%). bf16 output only.
+inline bool use_sm90_wgrad_pair(int64_t rows, int32_t num_groups, bool out_f32) {
+  return !out_f32 && num_groups > 0 && rows <= 512 * int64_t(num_groups);
 }
 
 }  // namespace cake_moe::grouped_gemm

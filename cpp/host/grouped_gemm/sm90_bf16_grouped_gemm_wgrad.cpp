@@ -21,10 +21,10 @@ using Geo = GroupedGemmWgradGeometry;
 
 class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
  public:
-  explicit Sm90WgradLaunch(const Problem& p) {
+  Sm90WgradLaunch(const Problem& p, bool pair) {
     bound_.device = p.device;
     runtime::ScopedDevice scope(p.device);  // tensor-map encoding needs a current context
-    const std::string variant = p.variant == Variant::kFast ? "fast" : "det";
+    const std::string variant = std::string(p.variant == Variant::kFast ? "fast" : "det") + (pair ? "_c2" : "");
     bound_.form = "gg_sm90_wgrad_" + variant;
     const std::string kernel = "cake_gg_sm90_wgrad_" + variant + "_128x256_" + (p.out_f32 ? "f32" : "bf16");
     const int sms = runtime::device_sm_count(p.device);
@@ -52,7 +52,8 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
     q.k = p.k;
     q.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
     q.num_workers = sms;  // fixes the split granularity: det bits depend on it, not on timing
-    q.ws_slots = p.workspace ? sm90::grouped_gemm_wgrad_slots_that_fit(Geo::kBM, Geo::kBN, q.workspace_bytes) : 0;
+    q.ws_slots = p.workspace && !pair ? sm90::grouped_gemm_wgrad_slots_that_fit(Geo::kBM, Geo::kBN, q.workspace_bytes)
+                                      : 0;
     bound_.kernel = runtime::get_kernel(bound_.form, kernel.c_str(), p.device);
     const uint32_t smem = Geo::smem_bytes(p.out_f32);
     runtime::set_max_dynamic_smem(bound_.kernel, p.device, smem);
@@ -61,6 +62,17 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
     bound_.cfg.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(sms, tiles + 8 * int64_t(sms))));
     bound_.cfg.block[0] = Geo::kThreads;
     bound_.cfg.smem_bytes = smem;
+    if (pair) {
+      // as many pairs as can be resident at once (an H200 holds 66 pairs on 132 SMs only if every
+      // GPC's SM count is even): a pair launched past them would start its statically assigned
+      // units only when a whole earlier pair exits. CTAs past the last unit only sync and exit.
+      bound_.cfg.cluster[0] = 2;
+      bound_.cfg.cluster[1] = 1;
+      bound_.cfg.cluster[2] = 1;
+      const int pairs = std::min(sms / 2, runtime::max_active_clusters(bound_.kernel, p.device, bound_.cfg));
+      if (pairs < 1) throw CudaError("the cluster-pair wgrad form cannot be resident on this device");
+      bound_.cfg.grid[0] = unsigned(2 * pairs);
+    }
   }
 
 };
@@ -72,9 +84,10 @@ int64_t sm90_wgrad_workspace_bytes(int device) {
   return int64_t(sm90::grouped_gemm_wgrad_workspace_bytes(Geo::kBM, Geo::kBN, slots));
 }
 
-std::unique_ptr<Launch> make_sm90_wgrad_launch(const Problem& p) {
+std::unique_ptr<Launch> make_sm90_wgrad_launch(const Problem& p, bool pair) {
   if (p.op != Op::kWgrad) throw NotImplemented("the sm_90a wgrad launcher only runs wgrad");
-  return std::make_unique<Sm90WgradLaunch>(p);
+  if (pair && p.out_f32) throw ValueError("the cluster-pair wgrad forms write bf16 only");
+  return std::make_unique<Sm90WgradLaunch>(p, pair);
 }
 
 }  // namespace cake_moe::grouped_gemm

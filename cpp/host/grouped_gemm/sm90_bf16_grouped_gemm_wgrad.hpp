@@ -12,6 +12,8 @@ namespace cake_moe::grouped_gemm {
 // Workspace bytes of the split-K reduction on `device` (4 split-tile slots per SM).
 int64_t sm90_wgrad_workspace_bytes(int device);
 
-std::unique_ptr<Launch> make_sm90_wgrad_launch(const Problem& p);
+// pair: the cluster-pair form (gg_sm90_wgrad_<variant>_c2: CTA pairs multicast X; bf16 output,
+// no split, no workspace); the default on short groups (use_sm90_wgrad_pair, heuristics_sm90.hpp).
+std::unique_ptr<Launch> make_sm90_wgrad_launch(const Problem& p, bool pair = false);
 
 }  // namespace cake_moe::grouped_gemm

@@ -55,6 +55,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/ptx/cluster.cuh"
 #include "common/ptx/mbarrier.cuh"
 #include "common/ptx/smem.cuh"
 #include "common/ptx/tma.cuh"
@@ -73,8 +74,12 @@ namespace sm90 {
 // 32 k-blocks = 2048 rows cost more in workspace round trips than they gain in
 // balance -- min 4 was 5-30% slower at T <= 16384 -- while splitting groups
 // longer than that gains up to 18% at T = 65536 over never splitting).
+// kPair: CTA pairs (clusters of 2, ranks 0 and 1) take the two 128-row halves of one 256 x kBN
+// tile; each loads its own G rows and half of the X boxes, multicast to both, so a pair reads
+// X once (32 of a stage's 48 KB). The pair forms never split a group (no workspace) and stride
+// statically over the units: both CTAs of a pair walk the same units in the same order.
 template <int kBN, int kStages, WgradReduce kReduce, typename OutT, int kTableSize = 1024, int kSplitQ = 8,
-          int kMinChunkKB = 32>
+          int kMinChunkKB = 32, bool kPair = false>
 struct GroupedGemmWgradKernel {
   static constexpr int kBM = 128;
   static constexpr int kBK = 64;  // token rows per stage (one 128-B swizzle row per token per 64 columns)
@@ -85,7 +90,9 @@ struct GroupedGemmWgradKernel {
   static constexpr int kBChunks = kBN / 64;
   static constexpr bool kOutF32 = std::is_same<OutT, float>::value;
   static constexpr bool kDet = kReduce == WgradReduce::kDet;
+  static constexpr int kClusterSize = kPair ? 2 : 1;
   static_assert(kBN == 128 || kBN == 256, "BN: 128 or 256 (wgmma n, 64-column TMA boxes)");
+  static_assert(!kPair || kBN / 64 % 2 == 0, "pairs: each CTA multicasts half of the X boxes");
   static_assert(kStages >= 2, "need at least double buffering");
   static_assert(std::is_same<OutT, float>::value || std::is_same<OutT, __nv_bfloat16>::value, "out: bf16 or f32");
   // the form's parameters, for hosts and harnesses
@@ -101,7 +108,7 @@ struct GroupedGemmWgradKernel {
   static constexpr uint32_t kABytes = kAChunks * kChunkBytes;
   static constexpr uint32_t kBBytes = kBChunks * kChunkBytes;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
-  using Scheduler = WgradScheduler<kBM, kBN, kSplitQ, kMinChunkKB, kTableSize>;
+  using Scheduler = WgradScheduler<kBM * kClusterSize, kBN, kSplitQ, kMinChunkKB, kTableSize>;
   static constexpr uint32_t kOffBar = kStages * kStageBytes;
   // decoded units, producer -> consumers (unit_slots.cuh)
   using Slots = UnitSlots<WgradUnit, unit_slot_count(kStages), kNumConsumerWG * 128>;
@@ -146,7 +153,15 @@ struct GroupedGemmWgradKernel {
     Slots slots;
     typename Slots::Reader unit_reader;
     uint32_t stage, phase;
+    uint32_t peer_empty;  // kPair: the other CTA's empty_bar[0] (shared::cluster address)
     Epilogue epi;
+
+    // Stage `s` read (lane 0 of each warp): one arrival on this CTA's empty barrier, and for
+    // pairs one on the other CTA's, whose producer multicasts into this CTA's stage too.
+    __device__ __forceinline__ void release(uint32_t s) const {
+      ptx::mbar_arrive(&empty_bar[s]);
+      if constexpr (kPair) ptx::mbar_arrive_cluster(peer_empty + s * 8u);
+    }
 
     __device__ __forceinline__ void advance() {
       if (++stage == kStages) {
@@ -217,13 +232,13 @@ struct GroupedGemmWgradKernel {
         ptx::reg_fence(acc);
         ptx::wgmma_wait<1>();
         ptx::reg_fence(acc);
-        if (i > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
+        if (i > 0 && lane == 0) release(prev_stage);
         prev_stage = stage;
         advance();
       }
       ptx::wgmma_wait<0>();
       ptx::reg_fence(acc);
-      if (w.kb > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
+      if (w.kb > 0 && lane == 0) release(prev_stage);
     }
 
   };
@@ -247,7 +262,7 @@ struct GroupedGemmWgradKernel {
 
     // workspace: [control 256 B][flags][FP32 tiles]
     uint8_t* ws = reinterpret_cast<uint8_t*>(p.workspace);
-    const bool dynamic = ws != nullptr && p.workspace_bytes >= kWgradWsControlBytes;
+    const bool dynamic = !kPair && ws != nullptr && p.workspace_bytes >= kWgradWsControlBytes;
     int32_t slots = 0;
     if (dynamic) {
       const int fit = grouped_gemm_wgrad_slots_that_fit(kBM, kBN, p.workspace_bytes);
@@ -261,7 +276,7 @@ struct GroupedGemmWgradKernel {
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
         ptx::mbar_init(&full_bar[s], 1);                    // producer's (expect_tx) arrival
-        ptx::mbar_init(&empty_bar[s], kNumConsumerWG * 4);  // one arrival per consumer warp
+        ptx::mbar_init(&empty_bar[s], kClusterSize * kNumConsumerWG * 4);  // a consumer warp's (both CTAs')
       }
       unit_slots.init();
       ptx::mbar_fence_init();
@@ -271,6 +286,7 @@ struct GroupedGemmWgradKernel {
     }
     Scheduler sched;
     sched.init(table, p, workers, slots);  // collective; its __syncthreads publish the barrier init
+    if constexpr (kPair) ptx::cluster_sync();  // the other CTA's barriers are initialised too
 
     if (warpgroup == 0) {
       // ============================ producer ============================
@@ -280,9 +296,12 @@ struct GroupedGemmWgradKernel {
         typename Slots::Writer units;
         const uint32_t total = static_cast<uint32_t>(sched.total_units);
         for (uint32_t iter = 0;; ++iter) {
-          const uint32_t u = dynamic ? atomicAdd(&ctrl[0], 1u) : blockIdx.x + iter * gridDim.x;
+          // pairs: cluster c = CTAs 2c and 2c + 1 (cluster dims {2, 1, 1}); a unit is one 256-row tile
+          const uint32_t u = dynamic ? atomicAdd(&ctrl[0], 1u)
+                                     : blockIdx.x / kClusterSize + iter * (gridDim.x / kClusterSize);
           if (u >= total) break;
-          const WgradUnit w = sched.decode(static_cast<int32_t>(u));
+          WgradUnit w = sched.decode(static_cast<int32_t>(u));
+          if constexpr (kPair) w.n0 += static_cast<int32_t>(ptx::cluster_ctarank()) * kBM;  // this CTA's half
           if (w.kb == 0) {
             // empty group: no data, the consumers store zeros
             ptx::mbar_wait_parity(&empty_bar[stage], phase ^ 1u);
@@ -296,7 +315,8 @@ struct GroupedGemmWgradKernel {
           }
           // boxes wholly past N / K are skipped: their stale smem only feeds
           // output rows / columns that are never stored
-          const int32_t na = min(kAChunks, (p.n - w.n0 + 63) / 64);
+          int32_t na = min(kAChunks, (p.n - w.n0 + 63) / 64);
+          if constexpr (kPair) na = max(na, 0);  // a pair's second half may lie past N
           const int32_t nb = min(kBChunks, (p.k - w.k0 + 63) / 64);
           const uint32_t tx = static_cast<uint32_t>(na + nb) * kChunkBytes;
           for (int32_t i = 0; i < w.kb; ++i) {
@@ -308,8 +328,16 @@ struct GroupedGemmWgradKernel {
             const int32_t row = w.row0 + i * kBK - (i == w.kb - 1 && shifted_tail(w) ? kBK - w.tail : 0);
             for (int32_t j = 0; j < na; ++j)
               ptx::tma_load_2d(&p.tmap_g, &full_bar[stage], sa + j * kChunkBytes, w.n0 + 64 * j, row);
-            for (int32_t j = 0; j < nb; ++j)
-              ptx::tma_load_2d(&p.tmap_x, &full_bar[stage], sb + j * kChunkBytes, w.k0 + 64 * j, row);
+            if constexpr (kPair) {
+              // X box j comes from rank j / (kBChunks / 2), into both CTAs' stage
+              const int32_t rank = static_cast<int32_t>(ptx::cluster_ctarank());
+              for (int32_t j = rank * (kBChunks / 2); j < min(nb, (rank + 1) * (kBChunks / 2)); ++j)
+                ptx::tma_load_2d_multicast(&p.tmap_x, &full_bar[stage], sb + j * kChunkBytes, w.k0 + 64 * j, row,
+                                           static_cast<uint16_t>(0x3));
+            } else {
+              for (int32_t j = 0; j < nb; ++j)
+                ptx::tma_load_2d(&p.tmap_x, &full_bar[stage], sb + j * kChunkBytes, w.k0 + 64 * j, row);
+            }
             if (++stage == kStages) {
               stage = 0;
               phase ^= 1u;
@@ -347,6 +375,7 @@ struct GroupedGemmWgradKernel {
       c.unit_reader = {};
       c.stage = 0;
       c.phase = 0;
+      if constexpr (kPair) c.peer_empty = ptx::map_shared_rank(ptx::smem_addr(empty_bar), ptx::cluster_ctarank() ^ 1u);
       c.epi.cw = c.cw;
       c.epi.tid_wg = tid_wg;
       c.epi.lane = c.lane;
@@ -366,7 +395,7 @@ struct GroupedGemmWgradKernel {
           break;
         }
         if (w.kb == 0) {
-          if (c.lane == 0) ptx::mbar_arrive(&empty_bar[c.stage]);
+          if (c.lane == 0) c.release(c.stage);
           c.advance();
 #pragma unroll
           for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
@@ -376,6 +405,8 @@ struct GroupedGemmWgradKernel {
         c.epi.run(acc, w, p);
       }
     }
+    // pairs: no CTA leaves while the other may still arrive on its barriers or multicast into it
+    if constexpr (kPair) ptx::cluster_sync();
 #endif
   }
 };
