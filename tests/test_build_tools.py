@@ -141,3 +141,18 @@ def test_mxfp4_moe_tile_lists_agree():
     assert host == built
     assert python == built
     assert set(_decide.SM90_TILES) == {t[0] for t in forms.MXFP4_MOE_SM90_TILINGS if not t[0].endswith("_rb")}
+
+
+def test_ab_table_reads_two_logs_and_rejects_a_missing_column(tmp_path):
+    """ci/ab_table.py: per-row ratios of two ab_forms logs over passes, and their quotient."""
+    tool = pathlib.Path(__file__).resolve().parents[1] / "ci" / "ab_table.py"
+    row = "wgrad N= 1536 K= 2048 E=16 T=  4096 random torch     77.3 us  default x{a}  gg_x x{b}\n"
+    log = tmp_path / "a.log"
+    log.write_text(row.format(a="1.200", b="1.300") + "geomean over torch: default x1.200\n" +
+                   row.format(a="1.100", b="1.300") + "geomean over torch: default x1.100\n")
+    out = subprocess.run([sys.executable, str(tool), str(log), f"{log}:gg_x", "--labels", "one,two"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "| 1536 | 2048 | 16 | 4096 | random | 256 | 77.3 | 1.200, 1.100 | 1.300, 1.300 | 1.130 |" in out.stdout
+    bad = subprocess.run([sys.executable, str(tool), str(log), f"{log}:nope"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "no column 'nope'" in bad.stderr
