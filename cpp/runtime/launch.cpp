@@ -10,17 +10,22 @@
 #include "runtime/driver.hpp"
 
 namespace cake_moe::runtime {
+namespace {
+// The cluster-dimension attribute of `cfg` (unset dims count as 1; x = 0 means one CTA).
+CUlaunchAttribute cluster_attribute(const LaunchConfig& cfg) {
+  CUlaunchAttribute a{};
+  a.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  a.value.clusterDim.x = cfg.cluster[0] ? cfg.cluster[0] : 1;
+  a.value.clusterDim.y = cfg.cluster[1] ? cfg.cluster[1] : 1;
+  a.value.clusterDim.z = cfg.cluster[2] ? cfg.cluster[2] : 1;
+  return a;
+}
+}  // namespace
 
 void launch(CUkernel kernel, const LaunchConfig& cfg, const void* args, const char* what) {
   CUlaunchAttribute attrs[2];
   unsigned n = 0;
-  if (cfg.cluster[0] != 0) {
-    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attrs[n].value.clusterDim.x = cfg.cluster[0];
-    attrs[n].value.clusterDim.y = cfg.cluster[1] ? cfg.cluster[1] : 1;
-    attrs[n].value.clusterDim.z = cfg.cluster[2] ? cfg.cluster[2] : 1;
-    ++n;
-  }
+  if (cfg.cluster[0] != 0) attrs[n++] = cluster_attribute(cfg);
   if (cfg.pdl) {
     attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attrs[n].value.programmaticStreamSerializationAllowed = 1;
@@ -68,7 +73,8 @@ int max_active_clusters(CUkernel kernel, int device, const LaunchConfig& cfg) {
   static std::mutex mu;
   using Key = std::tuple<CUkernel, int, unsigned, unsigned, unsigned>;
   static std::map<Key, int> known;
-  const unsigned cluster = cfg.cluster[0] * (cfg.cluster[1] ? cfg.cluster[1] : 1) * (cfg.cluster[2] ? cfg.cluster[2] : 1);
+  CUlaunchAttribute attr = cluster_attribute(cfg);
+  const unsigned cluster = attr.value.clusterDim.x * attr.value.clusterDim.y * attr.value.clusterDim.z;
   const Key key{kernel, device, cfg.block[0] * cfg.block[1] * cfg.block[2], cfg.smem_bytes, cluster};
   std::lock_guard<std::mutex> lock(mu);
   auto it = known.find(key);
@@ -77,11 +83,6 @@ int max_active_clusters(CUkernel kernel, int device, const LaunchConfig& cfg) {
   ScopedDevice scope(device);  // the kernel's function in this device's context
   CUfunction fn = nullptr;
   check(d.KernelGetFunction(&fn, kernel), "cuKernelGetFunction");
-  CUlaunchAttribute attr{};
-  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  attr.value.clusterDim.x = cfg.cluster[0] ? cfg.cluster[0] : 1;
-  attr.value.clusterDim.y = cfg.cluster[1] ? cfg.cluster[1] : 1;
-  attr.value.clusterDim.z = cfg.cluster[2] ? cfg.cluster[2] : 1;
   CUlaunchConfig lc{};
   lc.gridDimX = attr.value.clusterDim.x;  // the query wants a grid of whole clusters
   lc.gridDimY = attr.value.clusterDim.y;

@@ -57,6 +57,18 @@ CUtensorMap encode_bf16_rows(const void* base, int64_t cols, int64_t rows, uint3
   return encode_tiled(s);
 }
 
+CUtensorMap encode_bf16_experts(const void* base, int64_t experts, int64_t rows, int64_t cols, uint32_t box_rows,
+                                int64_t row_stride, int64_t expert_stride) {
+  const uint64_t row = uint64_t(row_stride > 0 ? row_stride : cols);
+  const uint64_t expert = uint64_t(expert_stride > 0 ? expert_stride : int64_t(row) * rows);
+  TensorMapSpec s;
+  s.base = const_cast<void*>(base);
+  s.dims = {uint64_t(cols), uint64_t(rows), uint64_t(experts)};
+  s.strides = {row * 2, expert * 2};
+  s.box = {64, box_rows, 1};
+  return encode_tiled(s);
+}
+
 void replace_address(CUtensorMap& map, void* base) {
   if (reinterpret_cast<std::uintptr_t>(base) % 16 != 0)
     throw ValueError("tensor map: base address must be 16-byte aligned");

@@ -28,6 +28,13 @@ CUtensorMap encode_tiled(const TensorMapSpec& spec);
 // swizzle (one box row = one swizzle row): the operand maps of the grouped GEMMs.
 CUtensorMap encode_bf16_rows(const void* base, int64_t cols, int64_t rows, uint32_t box_rows, int64_t row_stride = 0);
 
+// A bf16 tensor [experts, rows, cols] as a 3D map (cols innermost), boxes of 64 columns x
+// `box_rows` rows of one expert: a box past `rows` or `cols` is clipped within its expert, never
+// reaching into the next. Strides in elements (0: packed, cols and rows * row stride): the
+// expert weights W [E, N, K] of the grouped GEMM and its weight gradient dW [E, N, K].
+CUtensorMap encode_bf16_experts(const void* base, int64_t experts, int64_t rows, int64_t cols, uint32_t box_rows,
+                                int64_t row_stride = 0, int64_t expert_stride = 0);
+
 // Points an encoded map at a new base address (same geometry).
 void replace_address(CUtensorMap& map, void* base);
 

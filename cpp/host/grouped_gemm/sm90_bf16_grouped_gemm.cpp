@@ -14,8 +14,6 @@
 namespace cake_moe::grouped_gemm {
 namespace {
 
-using runtime::TensorMapSpec;
-
 class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
  public:
   Sm90Launch(const Problem& p, Sm90Tile tile) {
@@ -31,14 +29,8 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     std::memset(bound_.params.get(), 0, sizeof(sm90::GroupedGemmParams));
     sm90::GroupedGemmParams& q = *bound_.params;
     q.tmap_a = runtime::encode_bf16_rows(p.a, k_red, p.rows, uint32_t(geo.box_a_rows()), p.a_row_stride);
-    TensorMapSpec w;  // w [E, N, K] as a 3D map: K innermost
-    const uint64_t w_row = uint64_t(p.b_row_stride > 0 ? p.b_row_stride : p.k);
-    const uint64_t w_expert = uint64_t(p.b_expert_stride > 0 ? p.b_expert_stride : int64_t(p.k) * p.n);
-    w.base = const_cast<void*>(p.b);
-    w.dims = {uint64_t(p.k), uint64_t(p.n), uint64_t(p.num_groups)};
-    w.strides = {w_row * 2, w_expert * 2};
-    w.box = {64, uint32_t(geo.box_b_rows(dgrad)), 1};
-    q.tmap_b = runtime::encode_tiled(w);
+    q.tmap_b = runtime::encode_bf16_experts(p.b, p.num_groups, p.n, p.k, uint32_t(geo.box_b_rows(dgrad)),
+                                           p.b_row_stride, p.b_expert_stride);  // w [E, N, K]
     q.tmap_d = runtime::encode_bf16_rows(p.out, n_out, p.rows, 64);
     q.out = p.out;
     q.offs = p.offs;

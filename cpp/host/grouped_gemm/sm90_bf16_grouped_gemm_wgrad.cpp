@@ -33,16 +33,8 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
     q.tmap_g = runtime::encode_bf16_rows(p.a, p.n, p.rows, 64, p.a_row_stride);
     q.tmap_x = runtime::encode_bf16_rows(p.b, p.k, p.rows, 64, p.b_row_stride);
     q.out = p.out;
-    if (!p.out_f32 && p.num_groups > 0) {
-      // dW [E, N, K] as a 3D map: a box past N or K of one expert is clipped, never written into
-      // the next expert's rows
-      runtime::TensorMapSpec d;
-      d.base = p.out;
-      d.dims = {uint64_t(p.k), uint64_t(p.n), uint64_t(p.num_groups)};
-      d.strides = {uint64_t(p.k) * 2, uint64_t(p.n) * uint64_t(p.k) * 2};
-      d.box = {64, 64, 1};
-      q.tmap_out = runtime::encode_tiled(d);
-    }
+    // dW [E, N, K]: a store box past N or K of one expert is clipped, never written into the next
+    if (!p.out_f32 && p.num_groups > 0) q.tmap_out = runtime::encode_bf16_experts(p.out, p.num_groups, p.n, p.k, 64);
     q.workspace = p.workspace;
     q.workspace_bytes = uint64_t(p.workspace_bytes);
     q.offs = p.offs;
