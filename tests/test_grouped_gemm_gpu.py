@@ -415,15 +415,20 @@ print(worst)
 def test_wgrad_default_form_by_rows_per_group(variant):
     """The default wgrad takes the cluster-pair form when groups average at most 512 rows and the
     output is bf16; longer groups and FP32 outputs take the splitting form. Both give the
-    reference's answer."""
+    reference's answer. Only the splitting form holds a split-K workspace (also when named on
+    short groups); the pair form never splits and gets none."""
     n, k = 256, 512
     for sizes, pair in (([300, 0, 700, 500], True), ([2048, 0, 1500, 2600], False)):
         x, w, g, offs = _problem(sizes, n, k, seed=5, pad=0)
         for dtype in (torch.bfloat16, torch.float32):
             launch = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant=variant, out_dtype=dtype)
-            want_form = f"gg_sm90_wgrad_{variant}" + ("_c2" if pair and dtype == torch.bfloat16 else "")
-            assert launch.form == want_form, (sizes, dtype, launch.form)
+            paired = pair and dtype == torch.bfloat16
+            assert launch.form == f"gg_sm90_wgrad_{variant}" + ("_c2" if paired else ""), (sizes, dtype, launch.form)
+            workspace = launch._keep[3]
+            assert (workspace is None) == paired, (sizes, dtype)
             assert ref.rel_rms(launch.launch(), ref.wgrad(g, x, offs)) < BUDGET / (50 if dtype == torch.float32 else 1)
+        named = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant=variant, form=f"gg_sm90_wgrad_{variant}")
+        assert named._keep[3] is not None and named._keep[3].numel() > 0
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])

@@ -110,11 +110,15 @@ void bind_grouped_gemm(nb::module_& m) {
         nb::arg("out_f32"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("form") = "");
 
   m.def("grouped_gemm_workspace_bytes",
-        [](int op, int variant, int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32, int device) {
+        [](int op, int variant, int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32, int device,
+           const std::string& form) {
           grouped_gemm::Problem p = shape(op, variant, num_groups, n, k, rows, out_f32);
           p.device = device;
+          p.form = form;
           return grouped_gemm::workspace_bytes(p);
-        });
+        },
+        nb::arg("op"), nb::arg("variant"), nb::arg("num_groups"), nb::arg("n"), nb::arg("k"), nb::arg("rows"),
+        nb::arg("out_f32"), nb::arg("device"), nb::arg("form") = "");
 }
 
 }  // namespace cake_moe::bindings

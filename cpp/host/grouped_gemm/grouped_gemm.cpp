@@ -41,7 +41,11 @@ bool force_portable() {
 bool native_sm90(int device) { return !force_portable() && runtime::device_arch(device) == "90a"; }
 
 int64_t workspace_bytes(const Problem& p) {
-  return p.op == Op::kWgrad && native_sm90(p.device) ? sm90_wgrad_workspace_bytes(p.device) : 0;
+  if (p.op != Op::kWgrad || !native_sm90(p.device)) return 0;
+  // the cluster-pair forms never split a group: no workspace (by name, or the default's choice)
+  const bool pair = p.form.empty() ? use_sm90_wgrad_pair(p.rows, p.num_groups, p.out_f32)
+                                   : p.form.size() > 3 && p.form.compare(p.form.size() - 3, 3, "_c2") == 0;
+  return pair ? 0 : sm90_wgrad_workspace_bytes(p.device);
 }
 
 namespace {

@@ -224,7 +224,8 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
     taken as E cumulative ends. Empty groups give exact zeros. The split-K reduction uses a
     zero-initialised uint8 scratch buffer that every launch leaves zeroed again: a prepared
     launch owns one (allocated here, or ``workspace=``); one-shot calls use one per device and
-    stream (see :func:`release`).
+    stream (see :func:`release`). The form for short bf16 groups (CTA pairs) never splits and
+    takes none.
     """
     _bf16(g, "g", 2)
     _bf16(x, "x", 2, g.device)
@@ -246,7 +247,7 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
     if g.shape[0] == 0 or e == 0:  # no rows: dW is all zeros, no kernel needed
         return GroupedGemmLaunch("wgrad", None, g.device, out, (g, x, offs), pre=out.zero_)
     nbytes = ext.grouped_gemm_workspace_bytes(_OPS["wgrad"], _VARIANTS[v], e, n, k, g.shape[0],
-                                              out_dtype == torch.float32, g.device.index or 0)
+                                              out_dtype == torch.float32, g.device.index or 0, form)
     if workspace is None:
         ws = torch.zeros(nbytes, dtype=torch.uint8, device=g.device) if nbytes else None
     elif workspace is _PER_STREAM:
