@@ -44,7 +44,7 @@ int64_t workspace_bytes(const Problem& p) {
   if (p.op != Op::kWgrad || !native_sm90(p.device)) return 0;
   // the cluster-pair forms never split a group: no workspace (by name, or the default's choice)
   const bool pair = p.form.empty() ? use_sm90_wgrad_pair(p.rows, p.num_groups, p.out_f32)
-                                   : p.form.size() > 3 && p.form.compare(p.form.size() - 3, 3, "_c2") == 0;
+                                   : p.form == sm90_wgrad_form(p.variant, true);
   return pair ? 0 : sm90_wgrad_workspace_bytes(p.device);
 }
 
@@ -55,9 +55,8 @@ std::unique_ptr<Launch> prepare_form(const Problem& p) {
   const std::string op = op_name(p.op);
   if (p.form == "gg_portable_" + op) return make_portable_launch(p);
   if (runtime::device_arch(p.device) == "90a") {
-    const std::string wgrad = std::string("gg_sm90_wgrad_") + (p.variant == Variant::kFast ? "fast" : "det");
-    if (p.op == Op::kWgrad && p.form == wgrad) return make_sm90_wgrad_launch(p);
-    if (p.op == Op::kWgrad && p.form == wgrad + "_c2") return make_sm90_wgrad_launch(p, true);
+    for (const bool pair : {false, true})
+      if (p.op == Op::kWgrad && p.form == sm90_wgrad_form(p.variant, pair)) return make_sm90_wgrad_launch(p, pair);
     for (const Sm90Tile& t : kSm90Tiles)
       if (p.op != Op::kWgrad && p.form == "gg_sm90_" + op + "_" + std::to_string(t.bm) + "x" + std::to_string(t.bn))
         return make_sm90_launch(p, t);

@@ -24,9 +24,8 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
   Sm90WgradLaunch(const Problem& p, bool pair) {
     bound_.device = p.device;
     runtime::ScopedDevice scope(p.device);  // tensor-map encoding needs a current context
-    const std::string variant = std::string(p.variant == Variant::kFast ? "fast" : "det") + (pair ? "_c2" : "");
-    bound_.form = "gg_sm90_wgrad_" + variant;
-    const std::string kernel = "cake_gg_sm90_wgrad_" + variant + "_128x256_" + (p.out_f32 ? "f32" : "bf16");
+    bound_.form = sm90_wgrad_form(p.variant, pair);
+    const std::string kernel = "cake_" + bound_.form + "_128x256_" + (p.out_f32 ? "f32" : "bf16");
     const int sms = runtime::device_sm_count(p.device);
     std::memset(bound_.params.get(), 0, sizeof(sm90::GroupedGemmWgradParams));
     sm90::GroupedGemmWgradParams& q = *bound_.params;
@@ -70,6 +69,10 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
 };
 
 }  // namespace
+
+std::string sm90_wgrad_form(Variant variant, bool pair) {
+  return std::string("gg_sm90_wgrad_") + (variant == Variant::kFast ? "fast" : "det") + (pair ? "_c2" : "");
+}
 
 int64_t sm90_wgrad_workspace_bytes(int device) {
   const int slots = sm90::grouped_gemm_wgrad_default_slots(runtime::device_sm_count(device));
