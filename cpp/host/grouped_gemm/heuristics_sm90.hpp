@@ -1,5 +1,6 @@
-// Form choice of the sm_90a grouped GEMM (fwd / dgrad tiles, the wgrad's CTA pairs). Only host-side facts are available (the
-// group sizes live on the device): the row capacity, the group count and the output width.
+// Form choice of the sm_90a grouped GEMM (fwd / dgrad tiles, the wgrad's CTA pairs). Only
+// host-side facts are available (the group sizes live on the device): the row capacity, the group
+// count and the output width.
 #pragma once
 #include <cmath>
 #include <cstdint>
