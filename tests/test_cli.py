@@ -2,6 +2,8 @@
 verdicts decide what the docs claim, so they are tested on synthetic rows)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -37,7 +39,10 @@ def test_info_without_the_extension_says_so_in_one_line(monkeypatch, capsys):
 def _row(layout, t, path, tile, us, frac, tflops, speedup, peer=None):
     return {"layout": layout, "T": t, "path": path, "tile": tile, "ours_us": us, "naive_us": us * speedup,
             "speedup": speedup, "routed_experts": 1.0, "bytes": 1e6, "eff_bw_frac": frac, "tflops": tflops,
-            "peer_us_perf_md": peer, "naive_rel_diff": 0.027}
+            "peer_us_perf_md": peer, "naive_rel_diff": 0.027,
+            # decode rows also time one eager naive call (here 4x the graph-replayed naive)
+            "naive_eager_us": us * speedup * 4 if t <= 64 else math.nan,
+            "speedup_eager_naive": speedup * 4 if t <= 64 else math.nan}
 
 
 def test_summary_verdicts_ignore_forced_rows():
@@ -53,6 +58,7 @@ def test_summary_verdicts_ignore_forced_rows():
     assert "decode bandwidth >= 0.50 of copy (T <= 4): met (1 rows)" in s
     assert "prefill >= 600 TFLOP/s (T >= 4096): met (1 rows)" in s
     assert "vs naive >= 30x (T = 1): met" in s and "vs naive >= 4x (T = 16384): met" in s
+    assert "vs naive called eagerly as PERF.md's anchor was >= 30x (T = 1): met (1 rows)" in s
     assert "faster than the PERF.md peer (tp8): MISSED at tp8 T=16384 (1 of 4 rows)" in s
 
 
@@ -63,6 +69,9 @@ def test_markdown_has_one_line_per_row_with_its_tile():
     assert len(md) == 2 + len(rows)
     assert md[2].startswith("| ep8 | 4096 | prefill | wg128 | 4767.0 |")
     assert "not run: tile 'wg128' is an sm_90a form" in md[3]
+    assert "| 4.0 | - | - |" in md[2]  # no eager naive call timed at prefill rows
+    decode = bench_moe.markdown([_row("tp8", 1, "decode", "n8_narrow", 40.0, 0.5, 5, 6.0)]).splitlines()[2]
+    assert "| 240.0 | 6.0 | 960.0 | 24.0 |" in decode
     assert all(line.count("|") == md[0].count("|") for line in md[1:])
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -67,6 +68,22 @@ def time_graph(fn: Callable[[], object], *, calls: int = 50, reps: int = 20) -> 
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
+
+
+def time_wall(fn: Callable[[], object], *, warmup: int = 3, reps: int = 30) -> float:
+    """Median host-clock milliseconds of one call of ``fn()``, from the call to the GPU's
+    completion (synchronised before and after): what one eager call costs its caller, launch
+    overhead included."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
