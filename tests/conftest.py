@@ -1,5 +1,8 @@
-"""Shared test plumbing: the `gpu` marker skips without CUDA (and says so), NaN poisoning."""
+"""Shared test plumbing: the `gpu` marker skips without CUDA (and says so), NaN poisoning, the
+check that calls never make the host wait for the GPU."""
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -27,3 +30,29 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def poison():
     return poison_
+
+
+# ~0.5 s of GPU spin at the H200's clocks: longer than any call checked under host_never_waits
+SPIN_CYCLES = 1_000_000_000
+
+
+@contextlib.contextmanager
+def host_never_waits():
+    """Calls inside never make the host wait for the GPU: torch's sync debug mode raises on an
+    implicit synchronisation by a torch op, and a GPU spin queued on the current stream before
+    the block must still be running after it (a wait anywhere, in the extension or the driver,
+    would have outlasted the spin). Warm the calls up first: loading a kernel image and growing
+    the caching allocator are first-call costs, not what this checks (torch's autograd waits
+    for the device on the first two backward calls of any graph, a plain matmul's included:
+    measured on the H200, so tests of backward calls warm them up twice)."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SPIN_CYCLES)
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
+    still_spinning = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    assert still_spinning, "a call waited for the GPU (the spin queued before the calls had ended)"

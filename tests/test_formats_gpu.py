@@ -7,7 +7,7 @@ import torch
 from cake_moe import formats
 from cake_moe.reference import formats as ref
 
-from .conftest import poison_
+from .conftest import host_never_waits, poison_
 
 pytestmark = pytest.mark.gpu
 
@@ -181,6 +181,33 @@ def test_fp4_rounding_ties_and_neighbours(fmt):
         want = ref.quantize_mx(x, "mxfp4")
         got = formats.mxfp4_quantize(x.cuda())
     assert _equal_bytes(got[1], want[1]) and _equal_bytes(got[0], want[0])
+
+
+def test_host_never_waits_catches_both_kinds_of_wait():
+    """The check itself can fail: on a torch op that syncs, and on a wait torch does not report."""
+    x = torch.ones(4, device="cuda")
+    with pytest.raises(RuntimeError):
+        with host_never_waits():
+            x.sum().item()
+    with pytest.raises(AssertionError, match="waited"):
+        with host_never_waits():
+            torch.cuda.set_sync_debug_mode(0)
+            torch.cuda.current_stream().synchronize()
+
+
+def test_calls_never_make_the_host_wait():
+    x = _draw(257, 512, torch.bfloat16, seed=4).cuda()
+    gs = torch.tensor([0.5], device="cuda")  # NVFP4's encode scale stays on the device
+
+    def calls():
+        for swizzled in (False, True):
+            formats.mxfp8_dequantize(*formats.mxfp8_quantize(x, swizzled=swizzled), swizzled=swizzled)
+            formats.mxfp4_dequantize(*formats.mxfp4_quantize(x, swizzled=swizzled), swizzled=swizzled)
+            formats.nvfp4_dequantize(*formats.nvfp4_quantize(x, gs, swizzled=swizzled), gs, swizzled=swizzled)
+
+    calls()
+    with host_never_waits():
+        calls()
 
 
 def test_sync_check_debug_mode_runs():

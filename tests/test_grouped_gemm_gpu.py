@@ -13,7 +13,7 @@ import cake_moe
 from cake_moe.reference import grouped_gemm as ref
 from cake_moe.bench.grouped_gemm import SM90_TILES  # every sm_90a fwd/dgrad tile form
 
-from .conftest import poison_
+from .conftest import host_never_waits, poison_
 from .grouped_gemm_cases import LAYERS, PATTERNS, bf16, offsets, random_sizes
 
 # the new-process checks import the case helpers from here, whatever the working directory
@@ -164,6 +164,32 @@ def test_prepared_launch_follows_new_offsets_without_allocating():
         torch.cuda.synchronize()
         assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "launch() allocated"
         _check_rows(launch.out, ref.fwd(x, w, offs))
+
+
+def test_calls_never_make_the_host_wait():
+    """Offsets are read on the device only: no call of the API (one-shot, prepared, autograd)
+    synchronises with the host once warm."""
+    x, w, g, offs = _problem([300, 0, 1, 700], 256, 512, seed=13)
+    indptr = offsets([300, 0, 1, 700], leading_zero=True)
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+
+    def calls():
+        cake_moe.grouped_gemm_fwd(x, w, offs)
+        cake_moe.grouped_gemm_dgrad(g, w, offs)
+        for variant in ("det", "fast"):
+            cake_moe.grouped_gemm_wgrad(g, x, offs, variant=variant)
+            cake_moe.grouped_gemm_wgrad(g, x, offs, out_dtype=torch.float32, variant=variant)
+        cake_moe.grouped_mm_bf16(x, w, indptr)
+        cake_moe.grouped_mm(xl, wl, offs).backward(g)
+        launches = (cake_moe.prepare_grouped_gemm_fwd(x, w, offs), cake_moe.prepare_grouped_gemm_dgrad(g, w, offs),
+                    cake_moe.prepare_grouped_gemm_wgrad(g, x, offs))
+        for launch in launches:
+            launch.launch()
+
+    calls()
+    calls()  # torch's autograd itself waits on the first two backward calls (see host_never_waits)
+    with host_never_waits():
+        calls()
 
 
 @pytest.mark.parametrize("call,match", [

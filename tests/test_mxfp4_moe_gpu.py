@@ -19,7 +19,7 @@ import torch
 from cake_moe.reference import moe as ref
 from cake_moe.reference.grouped_gemm import rel_rms
 
-from .conftest import poison_
+from .conftest import host_never_waits, poison_
 from .mxfp4_moe_cases import (CONTRACT, GENERAL, LOOKAHEAD_CASES, REGIMES, Case, Geometry, Layer, bad_slots,
                               few_routes_case, local_routes, lookahead_case, make_case, named_layer, reference,
                               regime_applies, wide_scale_weights, without_slots)
@@ -427,6 +427,20 @@ def test_run_allocates_nothing(layers, name, t):
         plan.run()
     torch.cuda.synchronize()
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "run() allocated"
+
+
+@pytest.mark.parametrize("name,t", [("tp8", 1), ("h512_e40_k5", 1025)])
+def test_plan_and_run_never_make_the_host_wait(layers, name, t):
+    """Neither plan() nor run() synchronises with the host once warm: the routes are counted
+    and sorted on the device."""
+    layer = layers(name)
+    case = make_case(layer.geom, t, seed=37)
+    ws = layer.workspace(t)
+    layer.plan(case, workspace=ws)[0].run()
+    with host_never_waits():
+        plan, _ = layer.plan(case, workspace=ws)
+        plan.run()
+        plan.run()
 
 
 # --- refusals --------------------------------------------------------------------------------
