@@ -41,10 +41,10 @@ def host_never_waits():
     """Calls inside never make the host wait for the GPU: torch's sync debug mode raises on an
     implicit synchronisation by a torch op, and a GPU spin queued on the current stream before
     the block must still be running after it (a wait anywhere, in the extension or the driver,
-    would have outlasted the spin). Warm the calls up first: loading a kernel image and growing
-    the caching allocator are first-call costs, not what this checks (torch's autograd waits
-    for the device on the first two backward calls of any graph, a plain matmul's included:
-    measured on the H200, so tests of backward calls warm them up twice)."""
+    would have outlasted the spin). Warm the calls up first: a form's first call loads its
+    kernel image, which is not what this checks; and torch's autograd waits for the device on
+    the first two backward calls of any graph, a plain matmul's included (measured on the
+    H200), so tests of backward calls warm them up twice."""
     torch.cuda.synchronize()
     torch.cuda._sleep(SPIN_CYCLES)
     mode = torch.cuda.get_sync_debug_mode()
