@@ -31,7 +31,7 @@ def main() -> None:
             info["sha256"] = hashlib.sha256(data).hexdigest()
             info["bytes"] = len(data)
             sym = f"cake_moe_image_{idx}"
-            asm += [f'".balign 64\\n"', f'".hidden {sym}\\n.globl {sym}\\n{sym}:\\n"',
+            asm += ['".balign 64\\n"', f'".hidden {sym}\\n.globl {sym}\\n{sym}:\\n"',
                     f'".incbin \\"{path.as_posix()}\\"\\n"',
                     f'".hidden {sym}_end\\n.globl {sym}_end\\n{sym}_end:\\n"']
             decls.append(f'extern "C" const unsigned char {sym}[], {sym}_end[];')
