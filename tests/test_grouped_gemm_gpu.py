@@ -455,6 +455,9 @@ def test_wgrad_default_form_by_rows_per_group(variant):
             assert ref.rel_rms(launch.launch(), ref.wgrad(g, x, offs)) < BUDGET / (50 if dtype == torch.float32 else 1)
         named = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant=variant, form=f"gg_sm90_wgrad_{variant}")
         assert named._keep[3] is not None and named._keep[3].numel() > 0
+        portable = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant=variant, form="gg_portable_wgrad")
+        assert portable._keep[3] is None, "the portable form splits no K: no workspace"
+        assert ref.rel_rms(portable.launch(), ref.wgrad(g, x, offs)) < BUDGET
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])

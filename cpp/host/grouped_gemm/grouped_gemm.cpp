@@ -41,11 +41,12 @@ bool force_portable() {
 bool native_sm90(int device) { return !force_portable() && runtime::device_arch(device) == "90a"; }
 
 int64_t workspace_bytes(const Problem& p) {
-  if (p.op != Op::kWgrad || !native_sm90(p.device)) return 0;
-  // the cluster-pair forms never split a group: no workspace (by name, or the default's choice)
-  const bool pair = p.form.empty() ? use_sm90_wgrad_pair(p.rows, p.num_groups, p.out_f32)
-                                   : p.form == sm90_wgrad_form(p.variant, true);
-  return pair ? 0 : sm90_wgrad_workspace_bytes(p.device);
+  if (p.op != Op::kWgrad || runtime::device_arch(p.device) != "90a") return 0;
+  // only the splitting sm_90a form holds a split-K workspace (by name, or the default's choice):
+  // the cluster-pair form never splits a group and the portable form never splits K
+  const bool split = p.form.empty() ? native_sm90(p.device) && !use_sm90_wgrad_pair(p.rows, p.num_groups, p.out_f32)
+                                    : p.form == sm90_wgrad_form(p.variant, false);
+  return split ? sm90_wgrad_workspace_bytes(p.device) : 0;
 }
 
 namespace {
