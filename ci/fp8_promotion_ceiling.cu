@@ -125,6 +125,18 @@ __device__ __forceinline__ void e4m3_pair(uint32_t w, uint2 tab, uint32_t& lo, u
   hi = prmt(tab.x, tab.y, sel >> 16) | ((w << 4) & 0x80808080u);
 }
 
+// Commit this step's wgmmas and retire the previous step's (one group stays in flight); drain.
+__device__ __forceinline__ void commit_keep_one(float (&acc)[64]) {
+  ptx::wgmma_commit();
+  ptx::reg_fence(acc);
+  ptx::wgmma_wait<1>();
+  ptx::reg_fence(acc);
+}
+__device__ __forceinline__ void drain(float (&acc)[64]) {
+  ptx::wgmma_wait<0>();
+  ptx::reg_fence(acc);
+}
+
 struct StepDescs {
   uint32_t a, b;  // shared addresses of this warpgroup's A and of B
   __device__ uint64_t da(int s) const { return ptx::make_desc_kmajor_sw128(a + 32u * uint32_t(s & 3)); }
@@ -141,31 +153,19 @@ __device__ void consumer(const uint8_t* smem, int wg, int steps, float* out) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
   ptx::reg_fence(acc);
-  if constexpr (kMode == 0 || kMode == 6) {
+  if constexpr (kMode == 0 || kMode == 6 || kMode == 1) {  // accumulated in place
 #pragma unroll 1
     for (int s = 0; s < steps; ++s) {
       ptx::wgmma_fence();
-      wgmma_bf16_m64n128k16(acc, d.da(2 * s), d.db(2 * s));
-      wgmma_bf16_m64n128k16(acc, d.da(2 * s + 1), d.db(2 * s + 1));
-      ptx::wgmma_commit();
-      ptx::reg_fence(acc);
-      ptx::wgmma_wait<1>();
-      ptx::reg_fence(acc);
+      if constexpr (kMode == 1) {
+        wgmma_e4m3_m64n128k32(acc, d.da(s), d.db(s), 1u);
+      } else {  // a k32 step is two BF16 k16 wgmmas
+        wgmma_bf16_m64n128k16(acc, d.da(2 * s), d.db(2 * s));
+        wgmma_bf16_m64n128k16(acc, d.da(2 * s + 1), d.db(2 * s + 1));
+      }
+      commit_keep_one(acc);
     }
-    ptx::wgmma_wait<0>();
-    ptx::reg_fence(acc);
-  } else if constexpr (kMode == 1) {
-#pragma unroll 1
-    for (int s = 0; s < steps; ++s) {
-      ptx::wgmma_fence();
-      wgmma_e4m3_m64n128k32(acc, d.da(s), d.db(s), 1u);
-      ptx::wgmma_commit();
-      ptx::reg_fence(acc);
-      ptx::wgmma_wait<1>();
-      ptx::reg_fence(acc);
-    }
-    ptx::wgmma_wait<0>();
-    ptx::reg_fence(acc);
+    drain(acc);
   } else if constexpr (kMode == 2 || kMode == 4) {
     float t[64];
 #pragma unroll 1
@@ -194,13 +194,9 @@ __device__ void consumer(const uint8_t* smem, int wg, int steps, float* out) {
       ptx::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) ptx::WgmmaBf16RS<128, 0>::mma(acc, a[kk], d.db(kk), 1u);
-      ptx::wgmma_commit();
-      ptx::reg_fence(acc);
-      ptx::wgmma_wait<1>();
-      ptx::reg_fence(acc);
+      commit_keep_one(acc);
     }
-    ptx::wgmma_wait<0>();
-    ptx::reg_fence(acc);
+    drain(acc);
   } else if constexpr (kMode == 8) {  // E4M3 RS, conversion by table, promotion per token column
     const uint2* src2 = reinterpret_cast<const uint2*>(smem + kOffSrc);
     const uint2* tab = reinterpret_cast<const uint2*>(smem + kOffTab);
