@@ -18,6 +18,12 @@
 //   4 fp8-p1+cv mode 2 plus a converter warpgroup turning packed E2M1 words into E4M3 bytes
 //   5 fp8-p2+cv mode 3 plus the converter
 //   6 bf16+cv   mode 0 plus the converter (for the same-issue comparison)
+//   7 bf16-rs   the family-B prefill mainloop's shape: weights on M, converted in registers from
+//               packed words (mxfp4_moe/weight_fragments.cuh, one multiply), RS BF16 wgmmas, tokens
+//               on N from shared memory
+//   8 fp8-rs-p1 the same orientation in E4M3: weights converted by the byte-permute table, RS E4M3
+//               wgmma into temporaries, promotion by per-token-column factors (32 per thread)
+// Rows marked x3 / x4 run three / four consumer warpgroups instead of two.
 // The converter's work per step is the B tile of the step: 128 rows x 32 weights, one word of
 // eight weights to two E4M3 words by a byte permute on a per-(row, block) table of the eight
 // magnitudes times 2^d (d: the folded block scale), sign bits by a mask; it is not synchronized
