@@ -1,0 +1,83 @@
+"""Family B: time the layer with each (GEMM1, GEMM2) form pair of one token-tile size, on the
+same inputs, round-robin in one process (the pairs the decision table does not bind together
+included), and check each pair's output against the table's own plan.
+
+    python ci/moe_gemm_pairs.py ep8 1 2 --pairs n8_narrow/n8_narrow,n8_narrow/n8 --rounds 4
+
+A pair is GEMM1_SUFFIX/GEMM2_SUFFIX (see `_decide.gemm_tiles`); both must share a block_n. Rows
+use the benchmark's inputs and weights (`cake_moe.bench.mxfp4_moe`), eight routings rotated in
+one CUDA graph, and report time, the fraction of the copy bandwidth measured in the same run, and
+the relative difference to the table's plan (different K splits sum in another order: a few
+1e-3 at most, much more means a broken pair).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from cake_moe.bench import mxfp4_moe as bench
+from cake_moe.bench import timing
+from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, _decide, prepare_cake_mxfp4_weights
+
+
+def _routed_experts(ids: torch.Tensor, offset: int, l: int) -> int:
+    local = ids.long() - offset
+    return local[(local >= 0) & (local < l)].unique().numel()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("layout", choices=sorted(bench.LAYOUTS))
+    ap.add_argument("tokens", type=int, nargs="+")
+    ap.add_argument("--pairs", required=True, help="comma list of GEMM1/GEMM2 form suffixes")
+    ap.add_argument("--rounds", type=int, default=4)
+    args = ap.parse_args()
+    pairs = [tuple(p.split("/")) for p in args.pairs.split(",")]
+    copy_bw = timing.copy_bandwidth(1 << 30)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    l, offset, i_shard = bench.layout_dims(args.layout)
+    bank = bench.random_bank(l, i_shard, gen)
+    prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+    del bank
+    beta, lbeta = bench.random_situ(l, gen)
+    runner = CakeMxfp4MoEWrapper(bench.E, bench.TOP_K, bench.H, bench.I, **bench.LAYOUTS[args.layout])
+    table_tiles = _decide.gemm_tiles
+    print(f"copy {copy_bw / 1e12:.2f} TB/s", flush=True)
+    for t in args.tokens:
+        inputs = [bench.random_inputs(t, l, offset, gen) for _ in range(bench.ROTATIONS)]
+        experts = statistics.mean(_routed_experts(ids, offset, l) for _, _, ids, _ in inputs)
+        nbytes = experts * bench.expert_bytes(i_shard)
+        calls, outs = {}, {}
+        for pair in [("table", "")] + pairs:
+            _decide.gemm_tiles = table_tiles if pair[0] == "table" else (lambda *_a, p=pair: p)
+            plans, outs[pair] = [], []
+            for x, x_sf, ids, w in inputs:
+                out = torch.full((t, bench.H), float("nan"), dtype=torch.bfloat16, device="cuda")
+                ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
+                plans.append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws,
+                                         output=out).run)
+                outs[pair].append(out)
+            calls[pair] = bench._cycle(plans)
+        _decide.gemm_tiles = table_tiles
+        times = {pair: [] for pair in calls}
+        for r in range(args.rounds):
+            order = list(calls)
+            order = order[r % len(order):] + order[:r % len(order)]
+            for pair in order:
+                times[pair].append(timing.time_graph(calls[pair], calls=48, reps=10))
+        torch.cuda.synchronize()
+        ref = torch.cat([o.double() for o in outs[("table", "")]])
+        for pair, ts in times.items():
+            ms = statistics.median(ts)
+            got = torch.cat([o.double() for o in outs[pair]])
+            diff = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("nan")
+            name = "table " + "/".join(table_tiles(runner.decide(t).tile, bench.H, i_shard)) \
+                if pair[0] == "table" else "/".join(pair)
+            print(f"{args.layout} T={t:3} {name:28} {ms * 1e3:8.1f} us  {nbytes / (ms * 1e-3) / copy_bw:.4f} of copy"
+                  f"  rounds {' '.join(f'{x * 1e3:.1f}' for x in ts)}  diff {diff:.2e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
