@@ -116,6 +116,34 @@ __device__ __forceinline__ void bf16_fragment(uint32_t (&a)[4], uint2 rg, uint2 
   }
 }
 
+// The two prepared words (k32 blocks 2i, 2i + 1 of the 64-element unit at stage element k0) and
+// the two codes of rows row0 + g and row0 + g + 8 of ring slot `sl`: one m16 block's share of a
+// unit, as the layer's load_unit reads it.
+__device__ __forceinline__ void load_block(const Slot& sl, int row0, int k0, int g, int q, uint2 (&wrow)[2],
+                                           uint32_t (&codes)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row0 + 8 * h + g;
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(wrow[h].x), "=r"(wrow[h].y)
+                 : "r"(sl.w + w_off(r, k0 / 32 + (q >> 1)) + 8 * (q & 1)));
+    uint16_t c16;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(c16) : "r"(sl.sf + r * 32 + k0 / 32));
+    codes[h] = c16;
+  }
+}
+
+// The BF16 A fragment of k16 sub-step s (0..3) of a unit, s known at compile time after unrolling.
+template <bool kOneAnd>
+__device__ __forceinline__ void bf16_step_fragment(int s, uint32_t (&a)[4], const uint2 (&wrow)[2],
+                                                   uint32_t cg, uint32_t cg8) {
+  switch (s) {
+    case 0: bf16_fragment<0, kOneAnd>(a, wrow[0], wrow[1], cg, cg8); break;
+    case 1: bf16_fragment<1, kOneAnd>(a, wrow[0], wrow[1], cg, cg8); break;
+    case 2: bf16_fragment<2, kOneAnd>(a, wrow[0], wrow[1], cg, cg8); break;
+    default: bf16_fragment<3, kOneAnd>(a, wrow[0], wrow[1], cg, cg8); break;
+  }
+}
+
 template <int kMode>
 __global__ void __launch_bounds__(kThreads, 2) chain(int stages, float* out) {
   extern __shared__ uint8_t smem_dyn[];
@@ -151,25 +179,13 @@ __global__ void __launch_bounds__(kThreads, 2) chain(int stages, float* out) {
       for (int u = 0; u < 8; ++u) {
         uint2 wrow[2];
         uint32_t codes[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = 16 * w + 8 * h + g;
-          const int chunk = (wg * 512 + u * 64) / 32 + (q >> 1);
-          asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(wrow[h].x), "=r"(wrow[h].y)
-                       : "r"(sl.w + w_off(r, chunk) + 8 * (q & 1)));
-          uint16_t c16;
-          asm volatile("ld.shared.u16 %0, [%1];" : "=h"(c16) : "r"(sl.sf + r * 32 + wg * 16 + u * 2));
-          codes[h] = c16;
-        }
+        load_block(sl, 16 * w, wg * 512 + u * 64, g, q, wrow, codes);
 #pragma unroll
         for (int s4 = 0; s4 < 4; ++s4) {  // k16 sub-steps of the unit; step j of the stage
           const int j = 4 * u + s4;
           const uint32_t cg = (codes[0] >> (8 * (s4 / 2))) & 0xFFu, cg8 = (codes[1] >> (8 * (s4 / 2))) & 0xFFu;
           uint32_t a[4];
-          if (s4 == 0) a_fragment<0, false>(a, wrow[0], wrow[1], cg, cg8);
-          if (s4 == 1) a_fragment<1, false>(a, wrow[0], wrow[1], cg, cg8);
-          if (s4 == 2) a_fragment<2, false>(a, wrow[0], wrow[1], cg, cg8);
-          if (s4 == 3) a_fragment<3, false>(a, wrow[0], wrow[1], cg, cg8);
+          bf16_step_fragment<false>(s4, a, wrow, cg, cg8);
           ptx::wgmma_fence();
           wgmma_bf16_m64n8k16(acc[0], a, desc0 + uint64_t(((j / 4) * 1024 + 32 * (j % 4)) >> 4));
           ptx::wgmma_commit();
@@ -192,16 +208,7 @@ __global__ void __launch_bounds__(kThreads, 2) chain(int stages, float* out) {
       for (int u = 0; u < 8; ++u) {  // 64-element units: two k32 steps each
         uint2 wrow[2];
         uint32_t codes[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = 16 * w + 8 * h + g;
-          const int chunk = (wg * 512 + u * 64) / 32 + (q >> 1);
-          asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(wrow[h].x), "=r"(wrow[h].y)
-                       : "r"(sl.w + w_off(r, chunk) + 8 * (q & 1)));
-          uint16_t c16;
-          asm volatile("ld.shared.u16 %0, [%1];" : "=h"(c16) : "r"(sl.sf + r * 32 + wg * 16 + u * 2));
-          codes[h] = c16;
-        }
+        load_block(sl, 16 * w, wg * 512 + u * 64, g, q, wrow, codes);
 #pragma unroll
         for (int kb = 0; kb < 2; ++kb) {
           const int j = 2 * u + kb;
@@ -247,17 +254,7 @@ __global__ void __launch_bounds__(kThreads, 2) chain(int stages, float* out) {
         uint2 wrow[4][2];
         uint32_t codes[4][2];
 #pragma unroll
-        for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = mb * 16 + 8 * h + g;
-            const int chunk = (warp * 128 + u * 64) / 32 + (q >> 1);
-            asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(wrow[mb][h].x), "=r"(wrow[mb][h].y)
-                         : "r"(sl.w + w_off(r, chunk) + 8 * (q & 1)));
-            uint16_t c16;
-            asm volatile("ld.shared.u16 %0, [%1];" : "=h"(c16) : "r"(sl.sf + r * 32 + warp * 4 + u * 2));
-            codes[mb][h] = c16;
-          }
+        for (int mb = 0; mb < 4; ++mb) load_block(sl, 16 * mb, warp * 128 + u * 64, g, q, wrow[mb], codes[mb]);
 #pragma unroll
         for (int sp = 0; sp < 2; ++sp) {
           uint32_t bfrag[4];
@@ -268,10 +265,7 @@ __global__ void __launch_bounds__(kThreads, 2) chain(int stages, float* out) {
             for (int mb = 0; mb < 4; ++mb) {
               const uint32_t cg = (codes[mb][0] >> (8 * sp)) & 0xFFu, cg8 = (codes[mb][1] >> (8 * sp)) & 0xFFu;
               uint32_t a[4];
-              if (sp == 0 && half == 0) bf16_fragment<0, kOneAnd>(a, wrow[mb][0], wrow[mb][1], cg, cg8);
-              if (sp == 0 && half == 1) bf16_fragment<1, kOneAnd>(a, wrow[mb][0], wrow[mb][1], cg, cg8);
-              if (sp == 1 && half == 0) bf16_fragment<2, kOneAnd>(a, wrow[mb][0], wrow[mb][1], cg, cg8);
-              if (sp == 1 && half == 1) bf16_fragment<3, kOneAnd>(a, wrow[mb][0], wrow[mb][1], cg, cg8);
+              bf16_step_fragment<kOneAnd>(2 * sp + half, a, wrow[mb], cg, cg8);
               ptx::mma_bf16_16816(acc[mb], a, bfrag[2 * half], bfrag[2 * half + 1]);
             }
           }
