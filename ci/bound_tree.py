@@ -5,6 +5,8 @@ wgmma, the output stores) against the unchanged build in one device call:
     python ci/bound_tree.py ab/nomma --drop mma
     python ci/bound_tree.py ab/nostore --drop store
     python ci/bound_tree.py ab/noload --drop load   # family B mma.sync GEMMs: no stage copies
+    python ci/bound_tree.py ab/now --drop wload     # ... no TMA weight tiles (nor their waits)
+    python ci/bound_tree.py ab/nob --drop bload     # ... no token-row copies
     bash ci/ab.sh ab/main ab/nomma ab/nostore -- python3 $PWD/ci/ab_forms.py wgrad ""
 
 (ab/main: `git archive HEAD | tar -x -C ab/main`.) A bound build computes wrong results: time

@@ -221,7 +221,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
   __device__ static __forceinline__ void load_first_weights(const GemmParams& p, const Tile& t, const Smem& sm,
                                                             uint64_t* bars, int num_k) {
     if constexpr (Cfg::kTmaWeights)
-      for (int s = 0; s < kFirstStages && s < num_k; ++s) load_weights_tma(p, t, sm, &bars[s], s, s);  // bound: load
+      for (int s = 0; s < kFirstStages && s < num_k; ++s) load_weights_tma(p, t, sm, &bars[s], s, s);  // bound: load,wload
   }
   __device__ static void drain_first_weights(uint64_t* bars, int num_k) {
     for (int s = 0; s < kFirstStages && s < num_k; ++s) ptx::mbar_wait_parity(&bars[s], 0);
@@ -272,7 +272,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     const int tile_index = blockIdx.x / p.m_blocks;
     if (tile_index >= tile_count(p, awaits_tile)) {  // the grid covers the worst case of the routing
       if (kLooksAhead && threadIdx.x == 0 && early >= 0)  // no copy outlives the CTA
-        drain_first_weights(bars, num_k_stages(p));  // bound: load
+        drain_first_weights(bars, num_k_stages(p));  // bound: load,wload
       return;
     }
     const Tile t = read_tile(p, tile_index, awaits_tile);
@@ -300,7 +300,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
           load_first_weights(p, t, sm, bars, num_k);
         } else {
           // the routes named another expert than the list
-          reload_first_weights(p, t, sm, bars, num_k);  // bound: load
+          reload_first_weights(p, t, sm, bars, num_k);  // bound: load,wload
         }
       }
     }
@@ -312,13 +312,13 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     }
     for (int ks = 0; ks < num_k; ++ks) {
       ptx::cp_async_wait<kStages - 2>();
-      if constexpr (Cfg::kTmaWeights) ptx::mbar_wait_parity(&bars[ks % kStages], uint32_t(ks / kStages) & 1u);  // bound: load
+      if constexpr (Cfg::kTmaWeights) ptx::mbar_wait_parity(&bars[ks % kStages], uint32_t(ks / kStages) & 1u);  // bound: load,wload
       __syncthreads();  // stage ks landed for every thread; slot (ks - 1) % kStages is free
       const int next = ks + kStages - 1;
       if (next < num_k) {
         load_stage(p, loader, sm, next % kStages, next);  // bound: load
         if constexpr (Cfg::kTmaWeights)
-          if (threadIdx.x == 0) load_weights_tma(p, t, sm, &bars[next % kStages], next % kStages, next);  // bound: load
+          if (threadIdx.x == 0) load_weights_tma(p, t, sm, &bars[next % kStages], next % kStages, next);  // bound: load,wload
       }
       ptx::cp_async_commit();
       if (warp_rows && ks * Cfg::kKStage + wk * Cfg::kKWarp < p.k)

@@ -167,7 +167,7 @@ struct Mxfp4MoeStageLoader {
     const uint32_t b_off = b_k_ok ? uint32_t(k0 / 8) : 0u;  // past K: nothing is read, the source stays in bounds
 #pragma unroll
     for (int j = 0; j < kBIters; ++j)
-      ptx::cp_async_16(b_base + b_dst_of(l, j), p.b + uint64_t(l.b_src[j] + b_off) * 8u, b_k_ok && (l.b_valid >> j & 1u));
+      ptx::cp_async_16(b_base + b_dst_of(l, j), p.b + uint64_t(l.b_src[j] + b_off) * 8u, b_k_ok && (l.b_valid >> j & 1u));  // bound: bload
   }
 
   // TMA weights (one thread): stage `ks`'s boxes of the tile's kBM weight rows into ring slot
