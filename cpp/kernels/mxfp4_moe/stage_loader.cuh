@@ -159,7 +159,7 @@ struct Mxfp4MoeStageLoader {
     for (int j = 0; j < kSfIters; ++j) {
       if (sf_past_tile(j)) continue;
       const bool ok = sf_k_ok && j < l.sf_rows;
-      ptx::cp_async_4(sf_base + j * kSfRowStep * Cfg::kSfRowBytes, ok ? sf_src + j * l.sf_step : l.sf_src, ok);
+      ptx::cp_async_4(sf_base + j * kSfRowStep * Cfg::kSfRowBytes, ok ? sf_src + j * l.sf_step : l.sf_src, ok);  // bound: sfload
     }
     if constexpr (!kWithB) return;
     const uint32_t b_base = ptx::smem_addr(sm.b(slot));
