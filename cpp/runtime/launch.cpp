@@ -43,15 +43,18 @@ void launch(CUkernel kernel, const LaunchConfig& cfg, const void* args, const ch
   lc.attrs = n ? attrs : nullptr;
   lc.numAttrs = n;
   void* params[] = {const_cast<void*>(args)};
-  // A CUkernel is accepted wherever a CUfunction is; it resolves in the current context.
-  check(driver().LaunchKernelEx(&lc, reinterpret_cast<CUfunction>(kernel), params, nullptr),
-        std::string("launch of ") + what);
+  // A CUkernel is accepted wherever a CUfunction is; it resolves in the current context. The
+  // error text is built only on failure (no heap allocation on the launch path).
+  const CUresult r = driver().LaunchKernelEx(&lc, reinterpret_cast<CUfunction>(kernel), params, nullptr);
+  if (r != CUDA_SUCCESS) check(r, std::string("launch of ") + what);
   static const bool sync_check = [] {
     const char* v = std::getenv("CAKE_MOE_SYNC_CHECK");
     return v && v[0] == '1';
   }();
-  if (sync_check && driver().StreamSynchronize)
-    check(driver().StreamSynchronize(lc.hStream), std::string("kernel fault in ") + what + " (CAKE_MOE_SYNC_CHECK)");
+  if (sync_check && driver().StreamSynchronize) {
+    const CUresult s = driver().StreamSynchronize(lc.hStream);
+    if (s != CUDA_SUCCESS) check(s, std::string("kernel fault in ") + what + " (CAKE_MOE_SYNC_CHECK)");
+  }
 }
 
 void set_max_dynamic_smem(CUkernel kernel, int device, unsigned bytes) {

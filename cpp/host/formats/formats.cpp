@@ -69,28 +69,48 @@ void launch_quantize(Fmt fmt, bool in_bf16, bool swizzled, const QuantizeArgs& i
   runtime::launch(k.get(device), cfg, &args, k.name());
 }
 
+namespace {
+// A dequantize launch of `args` (at least one chunk): the kernel, its shape and its parameters.
+struct DequantizeLaunch {
+  runtime::KernelRef* kernel;
+  runtime::LaunchConfig cfg;
+  DequantizeArgs args;
+};
+
+DequantizeLaunch dequantize_launch(Fmt fmt, bool out_bf16, bool swizzled, const DequantizeArgs& args, int64_t chunks) {
+  static Table table("dequantize");
+  DequantizeLaunch l{&table.at(fmt, out_bf16, swizzled), {}, args};
+  l.args.chunks_per_row = FastDivmod(uint32_t(args.cols / kChunkElems));
+  l.cfg.grid[0] = blocks_for(chunks);
+  l.cfg.block[0] = kThreads;
+  return l;
+}
+}  // namespace
+
 runtime::BoundKernel<DequantizeArgs> bind_dequantize(Fmt fmt, bool out_bf16, bool swizzled,
                                                      const DequantizeArgs& args, int device) {
-  static Table table("dequantize");
   const int64_t chunks = checked_chunks(args.rows, args.cols);
   if (chunks == 0) throw ValueError("bind_dequantize: empty tensor");
-  runtime::KernelRef& k = table.at(fmt, out_bf16, swizzled);
+  const DequantizeLaunch l = dequantize_launch(fmt, out_bf16, swizzled, args, chunks);
   runtime::ScopedDevice scope(device);
   runtime::BoundKernel<DequantizeArgs> b;
-  *b.params = args;
-  b.params->chunks_per_row = FastDivmod(uint32_t(args.cols / kChunkElems));
-  b.kernel = k.get(device);
-  b.form = k.form();
+  *b.params = l.args;
+  b.kernel = l.kernel->get(device);
+  b.form = l.kernel->form();
   b.device = device;
-  b.cfg.grid[0] = blocks_for(chunks);
-  b.cfg.block[0] = kThreads;
+  b.cfg = l.cfg;
   return b;
 }
 
+// The eager path: the parameters on the stack, nothing allocated per call.
 void launch_dequantize(Fmt fmt, bool out_bf16, bool swizzled, const DequantizeArgs& args, int device,
                        std::uintptr_t stream) {
-  if (checked_chunks(args.rows, args.cols) == 0) return;
-  bind_dequantize(fmt, out_bf16, swizzled, args, device).launch(stream);
+  const int64_t chunks = checked_chunks(args.rows, args.cols);
+  if (chunks == 0) return;
+  DequantizeLaunch l = dequantize_launch(fmt, out_bf16, swizzled, args, chunks);
+  runtime::ScopedDevice scope(device);
+  l.cfg.stream = stream;
+  runtime::launch(l.kernel->get(device), l.cfg, &l.args, l.kernel->name());
 }
 
 }  // namespace cake_moe::formats
