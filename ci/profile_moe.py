@@ -11,7 +11,7 @@ Two uses:
   its CTA count (96 GEMM1 CTAs per expert in ``n8_narrow`` at ep8).
 
 usage: python ci/profile_moe.py LAYOUT T [T ...] [--tile TILE] [--runs N] [--kernel-times | --timeline
-       [--rotate N]] [--local-experts N]
+       [--rotate N [--per-routing]]] [--local-experts N]
 """
 import argparse
 
@@ -42,14 +42,31 @@ def kernel_times(plan, runs: int) -> list[tuple[str, float]]:
     return sorted(((name, us / runs) for name, us in totals.items()), key=lambda kv: -kv[1])
 
 
-def timeline(plan, runs: int) -> list[tuple[str, float, float]]:
-    """(kernel name, start, end) in microseconds from the first kernel's start, of the last of
-    `runs` back-to-back runs: shows the gaps and the dependent-launch overlaps between kernels."""
+def timelines(plan, runs: int, last: int = 1) -> list[list[tuple[str, float, float]]]:
+    """Per run, (kernel name, start, end) in microseconds from the run's first kernel, of the
+    last `last` of `runs` back-to-back runs: shows the gaps and the dependent-launch overlaps
+    between kernels (with plans run in turn, one run per plan when `last` is their count)."""
     events = sorted((e.time_range.start, e.time_range.end, e.name) for e in cuda_events(plan, runs))
-    # the launches of the last run: five, or seven with the routing over several CTAs
-    last = events[-(len(events) // runs):]
-    t0 = last[0][0]
-    return [(name, start - t0, end - t0) for start, end, name in last]
+    per = len(events) // runs  # the launches of one run: five, or seven with the routing over several CTAs
+    out = []
+    for r in range(runs - last, runs):
+        run = events[r * per:(r + 1) * per]
+        out.append([(name, start - run[0][0], end - run[0][0]) for start, end, name in run])
+    return out
+
+
+def timeline(plan, runs: int) -> list[tuple[str, float, float]]:
+    """The kernels of the last of `runs` runs (timelines)."""
+    return timelines(plan, runs)[0]
+
+
+def short_name(kernel: str) -> str:
+    return kernel.replace("cake_mxfp4_moe_", "").replace("cake_moe_", "").replace("cake_", "")
+
+
+def local_expert_count(ids: torch.Tensor, offset: int, l: int) -> int:
+    """Distinct local experts among a routing's ids."""
+    return int(ids[(ids >= offset) & (ids < offset + l)].unique().numel())
 
 
 def local_expert_ids(t: int, experts: list[int], gen: torch.Generator, l: int, offset: int) -> torch.Tensor:
@@ -92,6 +109,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--kernel-times", action="store_true")
     ap.add_argument("--timeline", action="store_true", help="start/end of each kernel of one run")
+    ap.add_argument("--per-routing", action="store_true",
+                    help="with --timeline --rotate N: the last run of each routing, with its local expert count")
     ap.add_argument("--rotate", type=int, default=1,
                     help="with --timeline: plan N routings and run them in turn (weights from DRAM)")
     ap.add_argument("--local-experts", type=int, default=None, help="route every token to N local experts (0: 1..6)")
@@ -114,9 +133,10 @@ def main() -> None:
         scan_local_experts(args, runner, prepared, beta, lbeta, gen, l, offset)
         return
     for t in args.tokens:
-        plans = []
+        plans, local = [], []
         for _ in range(args.rotate if args.timeline else 1):
             x, x_sf, ids, w = b.random_inputs(t, l, offset, gen)
+            local.append(local_expert_count(ids, offset, l))
             out = torch.empty(t, b.H, dtype=torch.bfloat16, device="cuda")
             ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
             plans.append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws,
@@ -125,6 +145,14 @@ def main() -> None:
         if args.timeline:
             print(f"{args.layout} T={t} ({plan.decision.tile}): one run of {len(plans)} routing(s) in turn, "
                   f"microseconds from its first kernel")
+            if args.per_routing:
+                runs = max(args.runs, 2 * len(plans))
+                for i, run in enumerate(timelines(plans, runs, last=len(plans))):
+                    r = (runs - len(plans) + i) % len(plans)
+                    print(f"  routing {r} ({local[r]} local experts), end "
+                          f"{run[-1][2]:5.1f}: " + " | ".join(f"{short_name(name)} {start:.1f}-{end:.1f}"
+                                                             for name, start, end in run))
+                continue
             for name, start, end in timeline(plans, max(args.runs, 2 * len(plans))):
                 print(f"  {start:8.1f} .. {end:8.1f} ({end - start:6.1f})  {name}")
             continue

@@ -99,6 +99,19 @@ def run_mxfp4_moe() -> None:
             want = reference(case.to("cpu"), bank)
             ok = torch.equal(got, want) if regime == "remote" else gref.rel_rms(got, want) < 5e-3
             check(ok, f"mxfp4_moe {name} {regime} T={t} {dtype} {tile or 'decided'}{' +sync' if sync else ''}")
+    # GEMM1's unit queue (tile sync) on a grid of 3 CTAs, each taking several units: its ring
+    # continues across units and the K-split tail's shared memory is reused by the next unit
+    layer = named_layer("h256_e8_k2")
+    bank = {k: v.cpu() for k, v in layer.bank.items()}
+    os.environ["CAKE_MOE_UNIT_QUEUE"] = "3"
+    try:
+        for regime, t, tile in (("dup", 1, None), ("zipf", 17, "n8"), ("zipf", 17, "n8_narrow")):
+            case = make_case(layer.geom, t, regime, seed=t + 5, weights_dtype=torch.float32)
+            got = layer.run(case, tile=tile, tile_sync=True).cpu()
+            check(gref.rel_rms(got, reference(case.to("cpu"), bank)) < 5e-3,
+                  f"mxfp4_moe h256_e8_k2 {regime} T={t} {tile or 'decided'} +sync, 3 GEMM1 CTAs")
+    finally:
+        del os.environ["CAKE_MOE_UNIT_QUEUE"]
 
 
 FAMILIES = {"formats": run_formats, "grouped_gemm": run_grouped_gemm, "mxfp4_moe": run_mxfp4_moe}

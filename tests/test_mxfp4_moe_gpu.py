@@ -197,6 +197,35 @@ def test_tile_sync_changes_no_bit(layers, name, t, tile):
     assert torch.equal(layer.run(case, tile=tile, tile_sync=False), synced[0]), "tile_sync changed the bits"
 
 
+@pytest.mark.parametrize("name,t,tile,ctas", [("tp8", 1, "n8_narrow", 37), ("ep8", 1, "n8_narrow", 100),
+                                              ("ep8", 2, "n8_narrow4", 1), ("ep8", 4, "n8", 64),
+                                              ("h256_e8_k2", 17, "n8_narrow", 1), ("h256_e8_k2", 17, "n8_narrow", 5),
+                                              ("h384_ep_k8", 129, "n32", 7), ("h128_e1024_k32", 1025, "n8", 13)])
+def test_gemm1_unit_queue_changes_no_bit(layers, monkeypatch, name, t, tile, ctas):
+    """Under tile sync GEMM1 runs on the CTAs resident at once and a CTA done with its unit takes
+    the next from a queue (GemmParams::unit_queue). CAKE_MOE_UNIT_QUEUE=N caps that grid at N
+    CTAs, so each takes many units (with the lookahead at T = 1, 2 for its first unit only); =0
+    launches one CTA per unit of the worst case. The same bits either way, within the budget."""
+    layer = layers(name)
+    case = make_case(layer.geom, t, "zipf", seed=t + 43)
+    outs = {}
+    for env in ("0", str(ctas), ""):
+        monkeypatch.setenv("CAKE_MOE_UNIT_QUEUE", env)
+        plan, out = layer.plan(case, tile=tile, tile_sync=True)
+        assert plan.decision.tile_sync
+        got = []
+        for _ in range(2):
+            poison_(out)
+            plan.run()
+            torch.cuda.synchronize()
+            got.append(out.clone())
+        assert torch.equal(got[0], got[1]), f"CAKE_MOE_UNIT_QUEUE={env!r}: a repeated run changed the bits"
+        outs[env] = got[0]
+    _check(case, outs["0"], reference(case, layer.bank))
+    assert torch.equal(outs[str(ctas)], outs["0"]), f"a grid of {ctas} GEMM1 CTAs changed the bits"
+    assert torch.equal(outs[""], outs["0"]), "the resident-CTA grid changed the bits"
+
+
 @pytest.mark.parametrize("name,regime,t,tile,packed", LOOKAHEAD_CASES)
 def test_gemm1_lookahead_regimes(layers, name, regime, t, tile, packed):
     """GEMM1 with at most 32 routes names each CTA's expert from the routes before the routing

@@ -27,6 +27,16 @@ bool lookahead_skew() {
   return e && e[0] == '1';
 }
 
+// GEMM1's unit queue under tile sync (GemmParams::unit_queue): by default the grid is the CTAs
+// resident at once. CAKE_MOE_UNIT_QUEUE=0 launches the routing's worst case instead (one CTA per
+// unit, idle CTAs exit); =N > 0 caps the grid at N CTAs, so that tests reach CTAs taking several
+// units on small shapes (the results must not change).
+int64_t unit_queue_ctas(int64_t resident) {
+  const char* e = std::getenv("CAKE_MOE_UNIT_QUEUE");
+  if (e == nullptr || e[0] == '\0') return resident;
+  return std::max<int64_t>(0, std::atoll(e));
+}
+
 struct TilingInfo {
   int bn, bm, threads, smem;
   const char* suffix;  // form name suffix (forms.py MXFP4_MOE_TILINGS)
@@ -162,12 +172,23 @@ class Mxfp4MoePlan final : public Plan {
     constexpr int kCtaSmemReserve = 1024, kMaxThreadsPerSm = 2048;
     const int per_sm = std::max(1, std::min(runtime::device_smem_per_sm(p.device) / (t1.smem + kCtaSmemReserve),
                                             kMaxThreadsPerSm / t1.threads));
-    const moe::RouteLookahead gemm1_lookahead{p.topk_ids, lookahead ? int32_t(routes) : 0,
-                                              runtime::device_sm_count(p.device) * per_sm, p.num_experts, p.num_local,
+    const int64_t resident = int64_t(runtime::device_sm_count(p.device)) * per_sm;
+    const moe::RouteLookahead gemm1_lookahead{p.topk_ids, lookahead ? int32_t(routes) : 0, int32_t(resident),
+                                              p.num_experts, p.num_local,
                                               p.local_offset + (lookahead_skew() ? 1 : 0), route_params.packed};
+    // Under tile sync GEMM1 runs on the CTAs resident at once, each taking the next unit from
+    // a queue when done with its own: GEMM2's dependent launch (which waits until every GEMM1 CTA
+    // has started or exited) then follows GEMM1's start, not the passage of the routing's
+    // worst case of idle CTAs (ep8 T = 1: 1536 CTAs for ~288 units) through the slots GEMM1's
+    // first wave frees.
+    const int64_t queue_ctas = tile_sync ? unit_queue_ctas(resident) : 0;
+    const int64_t gemm1_units = max_tiles * gemm1_m_blocks;
+    const bool queue = queue_ctas > 0 && queue_ctas < gemm1_units;
     bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local,
               GemmParams{p.w1, p.w1_sf, p.w1_sf_max, x_bf16, row_token, offsets, tile_count, tiles, done, act,
-                         p.beta, p.linear_beta, 2 * p.inter, p.hidden, 0, gemm1_m_blocks, gemm1_lookahead});
+                         p.beta, p.linear_beta, 2 * p.inter, p.hidden, 0, gemm1_m_blocks, gemm1_lookahead,
+                         queue ? tile_count + 1 : nullptr},
+              queue ? queue_ctas : 0);
     bind_gemm(gemm2_, "mxfp4_moe_gemm2_", t2, max_tiles, p.num_local,
               GemmParams{p.w2, p.w2_sf, p.w2_sf_max, act, nullptr, offsets, tile_count, tiles, done, rows, nullptr,
                          nullptr, p.hidden, p.inter, 0, gemm1_m_blocks});
@@ -221,8 +242,9 @@ class Mxfp4MoePlan final : public Plan {
     *b.params = params;
   }
 
+  // max_grid > 0: at most this many CTAs (GEMM1's unit queue takes the rest of the units).
   void bind_gemm(runtime::BoundKernel<GemmParams>& b, const std::string& prefix, const TilingInfo& tl, int64_t max_tiles,
-                 int64_t num_local, GemmParams params) {
+                 int64_t num_local, GemmParams params, int64_t max_grid = 0) {
     const std::string form = prefix + tl.suffix;
     params.m_blocks = (params.m + tl.bm - 1) / tl.bm;
     if (tl.w_box_bytes > 0) params.tmap_w = weight_map(params.w, num_local, params.m, params.k, tl.w_box_bytes, tl.bm);
@@ -232,7 +254,8 @@ class Mxfp4MoePlan final : public Plan {
     b.device = device_;
     b.kernel = runtime::get_kernel(form, ("cake_" + form).c_str(), device_);
     runtime::set_max_dynamic_smem(b.kernel, device_, unsigned(tl.smem));
-    const int64_t grid = tl.persistent ? std::min<int64_t>(ctas, runtime::device_sm_count(device_)) : ctas;
+    int64_t grid = tl.persistent ? std::min<int64_t>(ctas, runtime::device_sm_count(device_)) : ctas;
+    if (max_grid > 0) grid = std::min(grid, max_grid);
     b.cfg.grid[0] = unsigned(std::max<int64_t>(grid, 1));
     b.cfg.block[0] = unsigned(tl.threads);
     b.cfg.smem_bytes = unsigned(tl.smem);

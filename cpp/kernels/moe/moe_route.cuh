@@ -79,7 +79,10 @@ __device__ __forceinline__ void publish_offsets(const RouteParams& p, int32_t* c
   block_inclusive_scan(tiles_end, L, chunk_total);
   const int32_t num_tiles = L > 0 ? tiles_end[L - 1] : 0;
   for (int32_t e = tid; e <= L; e += kRouteThreads) p.offsets[e] = e == 0 ? 0 : count[e - 1];
-  if (tid == 0) *p.tile_count = num_tiles;
+  if (tid == 0) {
+    p.tile_count[0] = num_tiles;
+    p.tile_count[1] = 0;  // GEMM1's unit queue (the previous call has completed)
+  }
   for (int32_t t = tid; t < num_tiles; t += kRouteThreads) {
     const int32_t e = first_slot_above(tiles_end, L, t);
     const int32_t first_tile = e == 0 ? 0 : tiles_end[e - 1];
@@ -158,7 +161,10 @@ __device__ __forceinline__ void route_few(const RouteParams& p) {
     p.tiles[n.tiles_below + j] = TokenTile{e, n.routes_below + j * p.block_n};
     p.tile_done[n.tiles_below + j] = 0;  // the previous call has completed: nothing reads it now
   }
-  if (lane == 0) *p.tile_count = n.num_tiles;
+  if (lane == 0) {
+    p.tile_count[0] = n.num_tiles;
+    p.tile_count[1] = 0;  // GEMM1's unit queue (the previous call has completed)
+  }
 }
 
 // Launch order (a plan's run): activation dequantize, this kernel as its dependent launch, the

@@ -71,7 +71,7 @@ struct RouteParams {
   int32_t* offsets;         // [L + 1] sorted-row offset of each local expert (leading 0)
   int32_t* row_token;       // [R] token of each sorted row
   int32_t* route_row;       // [T * k] sorted row of each route, -1: not local / out of range
-  int32_t* tile_count;      // [1] number of token tiles (header of the tile list)
+  int32_t* tile_count;      // [2] number of token tiles (header of the tile list), GEMM1's unit queue (zeroed)
   TokenTile* tiles;         // [max_token_tiles]
   int32_t* tile_done;       // [max_token_tiles] zeroed for the listed tiles (GEMM1 -> GEMM2 counters)
   int32_t* chunk_rows;      // [kMaxRouteChunks, L] several-CTA routing: each chunk's count per expert,

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/ptx/global_mem.cuh"
+#include "common/ptx/mbarrier.cuh"
 #include "moe/params.hpp"
 #include "mxfp4_moe/epilogue.cuh"
 #include "mxfp4_moe/params.hpp"
@@ -24,8 +25,9 @@ struct Mxfp4MoeItemSchedule {
     return at_l2 ? ptx::ld_cg_s32(p.tile_count) : *p.tile_count;
   }
 
-  // The work tile of this CTA (token tile tile_index < tile_count, m-block from blockIdx.x).
-  __device__ static __forceinline__ Tile read_tile(const GemmParams& p, int tile_index, bool at_l2) {
+  // The work tile of unit `unit` (token tile unit / m_blocks < tile_count, m-block unit % m_blocks).
+  __device__ static __forceinline__ Tile read_tile(const GemmParams& p, int unit, bool at_l2) {
+    const int tile_index = int(uint32_t(unit) / uint32_t(p.m_blocks));  // (unsigned: the cheaper division)
     Tile t;
     int end;
     if (at_l2) {
@@ -40,8 +42,21 @@ struct Mxfp4MoeItemSchedule {
       end = p.offsets[tt.expert + 1];
     }
     t.rows = end - t.row0 < kBN ? end - t.row0 : kBN;
-    t.m0 = (blockIdx.x % p.m_blocks) * kBM;
+    t.m0 = int(uint32_t(unit) % uint32_t(p.m_blocks)) * kBM;
     return t;
+  }
+
+  // Unit queue (GEMM1, p.unit_queue): the unit after this CTA's last, past the grid's first
+  // units, in the order CTAs ask (as the block scheduler would hand a freed slot the next CTA).
+  // Thread 0 takes it; a CTA barrier hands it to every thread and orders the finished unit's
+  // shared-memory accesses (the K-split tail writes the ring) before the next unit's copies,
+  // the TMA ones included (the proxy fence).
+  __device__ static __forceinline__ int next_unit(const GemmParams& p) {
+    __shared__ int next;
+    if (threadIdx.x == 0) next = int(gridDim.x) + atomicAdd(p.unit_queue, 1);
+    ptx::fence_proxy_async_smem();
+    __syncthreads();
+    return next;
   }
 
   // GEMM2 under tile sync: every GEMM1 CTA of the tile has counted itself in (acquire), so the

@@ -63,6 +63,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
   using Tail::tail_gemm2;
   using Schedule::await_tile;
   using Schedule::count_tile_done;
+  using Schedule::next_unit;
   using Schedule::read_tile;
   using Schedule::tile_count;
   using Tile = Mxfp4MoeEpilogue::Tile;  // (the schedule's and the tail's name the same type)
@@ -219,9 +220,12 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
   }
 
   __device__ static __forceinline__ void load_first_weights(const GemmParams& p, const Tile& t, const Smem& sm,
-                                                            uint64_t* bars, int num_k) {
+                                                            uint64_t* bars, int num_k, uint32_t g = 0) {
     if constexpr (Cfg::kTmaWeights)
-      for (int s = 0; s < kFirstStages && s < num_k; ++s) load_weights_tma(p, t, sm, &bars[s], s, s);  // bound: load,wload
+      for (int s = 0; s < kFirstStages && s < num_k; ++s) {
+        const int slot = int((g + s) % kStages);  // stage s of a unit starting at stream stage g
+        load_weights_tma(p, t, sm, &bars[slot], slot, s);  // bound: load,wload
+      }
   }
   __device__ static void drain_first_weights(uint64_t* bars, int num_k) {
     for (int s = 0; s < kFirstStages && s < num_k; ++s) ptx::mbar_wait_parity(&bars[s], 0);
@@ -248,34 +252,16 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     return early;
   }
 
-  __device__ static void run(const GemmParams& p) {
-    extern __shared__ __align__(128) uint8_t smem_dyn[];
-    // TMA weights: the ring starts on a 1024-byte swizzle atom (kSmemBytes has the slack)
-    uint8_t* smem_raw = smem_dyn;
-    if constexpr (Cfg::kTmaWeights) smem_raw += (1024u - (ptx::smem_addr(smem_dyn) & 1023u)) & 1023u;
-    uint64_t* bars = reinterpret_cast<uint64_t*>(smem_raw + Cfg::kBarOffset);
-    if constexpr (Cfg::kTmaWeights) {
-      if (threadIdx.x == 0) {
-        for (int s = 0; s < kStages + (kLooksAhead ? 1 : 0); ++s) ptx::mbar_init(&bars[s], 1);  // (+ the spare)
-        ptx::mbar_fence_init();
-        ptx::tma_prefetch_desc(&p.tmap_w);
-      }
-      __syncthreads();  // the barriers exist before any thread waits on them
-    }
-    int early = -1;  // thread 0: the expert whose first weight stages it requested before the wait
-    if constexpr (kLooksAhead) early = request_early_weights(p, smem_raw, bars);
+  // One unit (token tile x m-block) from its first weights to its epilogue. The ring continues
+  // the CTA's stream of stages: stage ks of the unit is stream stage g + ks (slot and barrier
+  // phase); `early` is the expert whose first weight stages the lookahead requested (the CTA's
+  // first unit only), -1 otherwise.
+  __device__ static __forceinline__ void run_unit(const GemmParams& p, uint8_t* smem_raw, uint64_t* bars, int unit,
+                                                  int early, bool awaits_tile, uint32_t g) {
     constexpr bool kGemm2 = kStage == GemmStage::kGemm2;
-    const bool tile_sync = p.tile_done != nullptr;  // see read_tile
-    const bool awaits_tile = kGemm2 && tile_sync;
-    if (!awaits_tile) ptx::grid_dependency_wait();  // the tile list and B rows come from earlier launches
-    if (!kGemm2 && tile_sync) ptx::allow_dependent_launch();
-    const int tile_index = blockIdx.x / p.m_blocks;
-    if (tile_index >= tile_count(p, awaits_tile)) {  // the grid covers the worst case of the routing
-      if (kLooksAhead && threadIdx.x == 0 && early >= 0)  // no copy outlives the CTA
-        drain_first_weights(bars, num_k_stages(p));  // bound: load,wload
-      return;
-    }
-    const Tile t = read_tile(p, tile_index, awaits_tile);
+    const bool tile_sync = p.tile_done != nullptr;
+    const int tile_index = int(uint32_t(unit) / uint32_t(p.m_blocks));
+    const Tile t = read_tile(p, unit, awaits_tile);
 
     const Smem sm{smem_raw};
     const int warp = threadIdx.x >> 5;
@@ -297,7 +283,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     if constexpr (Cfg::kTmaWeights) {  // the weights first: they depend on no launch
       if (threadIdx.x == 0 && (!kLooksAhead || early != t.expert)) {
         if (!kLooksAhead || early < 0) {
-          load_first_weights(p, t, sm, bars, num_k);
+          load_first_weights(p, t, sm, bars, num_k, g);
         } else {
           // the routes named another expert than the list
           reload_first_weights(p, t, sm, bars, num_k);  // bound: load,wload
@@ -307,28 +293,71 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     if (awaits_tile) await_tile(p, tile_index);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < num_k) load_stage(p, loader, sm, s, s);  // bound: load
+      if (s < num_k) load_stage(p, loader, sm, int((g + s) % kStages), s);  // bound: load
       ptx::cp_async_commit();
     }
     for (int ks = 0; ks < num_k; ++ks) {
+      const uint32_t gs = g + uint32_t(ks);  // the stream's stage
       ptx::cp_async_wait<kStages - 2>();
-      if constexpr (Cfg::kTmaWeights) ptx::mbar_wait_parity(&bars[ks % kStages], uint32_t(ks / kStages) & 1u);  // bound: load,wload
-      __syncthreads();  // stage ks landed for every thread; slot (ks - 1) % kStages is free
+      if constexpr (Cfg::kTmaWeights) ptx::mbar_wait_parity(&bars[gs % kStages], (gs / kStages) & 1u);  // bound: load,wload
+      __syncthreads();  // stage ks landed for every thread; slot (gs - 1) % kStages is free
       const int next = ks + kStages - 1;
       if (next < num_k) {
-        load_stage(p, loader, sm, next % kStages, next);  // bound: load
+        const int slot = int((gs + kStages - 1) % kStages);
+        load_stage(p, loader, sm, slot, next);  // bound: load
         if constexpr (Cfg::kTmaWeights)
-          if (threadIdx.x == 0) load_weights_tma(p, t, sm, &bars[next % kStages], next % kStages, next);  // bound: load,wload
+          if (threadIdx.x == 0) load_weights_tma(p, t, sm, &bars[slot], slot, next);  // bound: load,wload
       }
       ptx::cp_async_commit();
       if (warp_rows && ks * Cfg::kKStage + wk * Cfg::kKWarp < p.k)
-        compute_stage(sm, ks % kStages, wm, wk, frag, may_be_big, acc);
+        compute_stage(sm, int(gs % kStages), wm, wk, frag, may_be_big, acc);
     }
     ptx::cp_async_wait<0>();
     if (kGemm2 || !tile_sync) ptx::allow_dependent_launch();  // the next launch may start; it waits for us
     if constexpr (Cfg::kWarpsK > 1) park_partials(smem_raw, wm, wk, acc);
     if (warp_rows) finish_item(p, t, smem_raw, wm, wk, acc);
     if (!kGemm2 && tile_sync) count_tile_done(p, tile_index);
+  }
+
+  __device__ static void run(const GemmParams& p) {
+    extern __shared__ __align__(128) uint8_t smem_dyn[];
+    // TMA weights: the ring starts on a 1024-byte swizzle atom (kSmemBytes has the slack)
+    uint8_t* smem_raw = smem_dyn;
+    if constexpr (Cfg::kTmaWeights) smem_raw += (1024u - (ptx::smem_addr(smem_dyn) & 1023u)) & 1023u;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem_raw + Cfg::kBarOffset);
+    if constexpr (Cfg::kTmaWeights) {
+      if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages + (kLooksAhead ? 1 : 0); ++s) ptx::mbar_init(&bars[s], 1);  // (+ the spare)
+        ptx::mbar_fence_init();
+        ptx::tma_prefetch_desc(&p.tmap_w);
+      }
+      __syncthreads();  // the barriers exist before any thread waits on them
+    }
+    int early = -1;  // thread 0: the expert whose first weight stages it requested before the wait
+    if constexpr (kLooksAhead) early = request_early_weights(p, smem_raw, bars);
+    constexpr bool kGemm2 = kStage == GemmStage::kGemm2;
+    const bool tile_sync = p.tile_done != nullptr;  // see read_tile
+    const bool awaits_tile = kGemm2 && tile_sync;
+    if (!awaits_tile) ptx::grid_dependency_wait();  // the tile list and B rows come from earlier launches
+    if (!kGemm2 && tile_sync) ptx::allow_dependent_launch();
+    // the grid covers the worst case of the routing, or (unit queue) the CTAs resident at once
+    const int units = tile_count(p, awaits_tile) * p.m_blocks;
+    if (int(blockIdx.x) >= units) {
+      if (kLooksAhead && threadIdx.x == 0 && early >= 0)  // no copy outlives the CTA
+        drain_first_weights(bars, num_k_stages(p));  // bound: load,wload
+      return;
+    }
+    if constexpr (kGemm2) {
+      run_unit(p, smem_raw, bars, int(blockIdx.x), early, awaits_tile, 0u);
+    } else {
+      uint32_t g = 0;
+      for (int unit = int(blockIdx.x); unit < units; early = -1) {
+        run_unit(p, smem_raw, bars, unit, early, awaits_tile, g);
+        if (p.unit_queue == nullptr) break;
+        g += uint32_t(num_k_stages(p));
+        unit = next_unit(p);
+      }
+    }
   }
 };
 

@@ -38,6 +38,10 @@ struct GemmParams {
   moe::RouteLookahead lookahead;  // GEMM1 of a TMA-weight form, few routes: name the tile's expert
                                   //   from the routes and request the first weight stages before
                                   //   the dependency wait (routes = 0: after it)
+  int32_t* unit_queue;          // GEMM1 under tile sync: null, or a counter the routing kernel zeroes;
+                                //   the grid is the CTAs resident at once, and a CTA done with its
+                                //   unit takes the next one past the grid from it (no idle CTAs
+                                //   stand between GEMM1's first wave and GEMM2's dependent launch)
   CUtensorMap tmap_w;           // w as a 2D uint8 tensor [L * m rows, k / 2 bytes] (mma.sync forms: the
                                 //   weight tiles arrive by TMA in Tiling::kWBoxBytes wide boxes)
 };
