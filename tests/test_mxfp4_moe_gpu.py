@@ -174,6 +174,20 @@ def test_largest_codes_change_no_bit(layers, wide_scale_layer, name, t, tile):
     assert torch.equal(layer.run(case, tile=tile, positional=True), got), "the one-multiply path changed a bit"
 
 
+def _tile_synced_runs(layer: Layer, case: Case, tile: str, runs: int) -> list[torch.Tensor]:
+    """The outputs of `runs` runs of one plan with the per-tile sync forced on, each into a
+    poisoned output."""
+    plan, out = layer.plan(case, tile=tile, tile_sync=True)
+    assert plan.decision.tile_sync
+    outs = []
+    for _ in range(runs):
+        poison_(out)
+        plan.run()
+        torch.cuda.synchronize()
+        outs.append(out.clone())
+    return outs
+
+
 @pytest.mark.parametrize("name,t,tile", [("tp8", 1, "n8_narrow"), ("ep8", 4, "n8"), ("tp8", 16, "n8"),
                                          ("tp8", 129, "n8"), ("h256_e8_k2", 17, "n8_narrow"),
                                          ("h384_ep_k8", 129, "n32"), ("h512_e40_k5", 1025, "n64"),
@@ -184,14 +198,7 @@ def test_tile_sync_changes_no_bit(layers, name, t, tile):
     reached): the same bits, repeatably, within the budget."""
     layer = layers(name)
     case = make_case(layer.geom, t, "zipf", seed=t + 21)
-    plan, out = layer.plan(case, tile=tile, tile_sync=True)
-    assert plan.decision.tile_sync
-    synced = []
-    for _ in range(3):
-        poison_(out)
-        plan.run()
-        torch.cuda.synchronize()
-        synced.append(out.clone())
+    synced = _tile_synced_runs(layer, case, tile, 3)
     _check(case, synced[0], reference(case, layer.bank))
     assert all(torch.equal(y, synced[0]) for y in synced), "a repeated tile-synced run changed the bits"
     assert torch.equal(layer.run(case, tile=tile, tile_sync=False), synced[0]), "tile_sync changed the bits"
@@ -211,14 +218,7 @@ def test_gemm1_unit_queue_changes_no_bit(layers, monkeypatch, name, t, tile, cta
     outs = {}
     for env in ("0", str(ctas), ""):
         monkeypatch.setenv("CAKE_MOE_UNIT_QUEUE", env)
-        plan, out = layer.plan(case, tile=tile, tile_sync=True)
-        assert plan.decision.tile_sync
-        got = []
-        for _ in range(2):
-            poison_(out)
-            plan.run()
-            torch.cuda.synchronize()
-            got.append(out.clone())
+        got = _tile_synced_runs(layer, case, tile, 2)
         assert torch.equal(got[0], got[1]), f"CAKE_MOE_UNIT_QUEUE={env!r}: a repeated run changed the bits"
         outs[env] = got[0]
     _check(case, outs["0"], reference(case, layer.bank))
