@@ -84,7 +84,12 @@ def run_mxfp4_moe() -> None:
                                         ("oob", 17, torch.bfloat16, None, None), ("oob", 17, None, None, None),
                                         ("dup", 1, torch.float32, None, None),   # T = 1: the table's tile sync
                                         ("zipf", 17, torch.float32, "n8", True),
-                                        ("zipf", 129, torch.float32, wg_prefill, None))),
+                                        ("zipf", 129, torch.float32, wg_prefill, None),
+                                        # GEMM1's unit queue on a grid of 3 CTAs, each taking several
+                                        # units: the ring runs on across units, the K-split tail's
+                                        # shared memory is reused by the next unit
+                                        ("dup", 1, torch.float32, None, 3), ("zipf", 17, torch.float32, "n8", 3),
+                                        ("zipf", 17, torch.float32, "n8_narrow", 3))),
                        ("h384_ep_k8", (("balanced", 17, torch.bfloat16, None, None),
                                        ("remote", 17, torch.float32, None, None),
                                        ("zipf", 2048, torch.float32, None, None),   # routing over 4 CTAs
@@ -93,26 +98,21 @@ def run_mxfp4_moe() -> None:
                                        ("zipf", 300, torch.float32, wg_narrow, None)))):
         layer = named_layer(name)
         bank = {k: v.cpu() for k, v in layer.bank.items()}
+        # sync: None (the table's choice), True (forced on) or N (forced on, GEMM1 on a grid of N CTAs)
         for regime, t, dtype, tile, sync in runs:
             case = make_case(layer.geom, t, regime, seed=t, weights_dtype=dtype, extreme_ids=dtype is not None)
-            got = layer.run(case, tile=tile, tile_sync=sync).cpu()
+            queue = sync not in (None, True)
+            if queue:
+                os.environ["CAKE_MOE_UNIT_QUEUE"] = str(sync)
+            try:
+                got = layer.run(case, tile=tile, tile_sync=None if sync is None else True).cpu()
+            finally:
+                if queue:
+                    del os.environ["CAKE_MOE_UNIT_QUEUE"]
             want = reference(case.to("cpu"), bank)
             ok = torch.equal(got, want) if regime == "remote" else gref.rel_rms(got, want) < 5e-3
-            check(ok, f"mxfp4_moe {name} {regime} T={t} {dtype} {tile or 'decided'}{' +sync' if sync else ''}")
-    # GEMM1's unit queue (tile sync) on a grid of 3 CTAs, each taking several units: its ring
-    # continues across units and the K-split tail's shared memory is reused by the next unit
-    layer = named_layer("h256_e8_k2")
-    bank = {k: v.cpu() for k, v in layer.bank.items()}
-    os.environ["CAKE_MOE_UNIT_QUEUE"] = "3"
-    try:
-        for regime, t, tile in (("dup", 1, None), ("zipf", 17, "n8"), ("zipf", 17, "n8_narrow")):
-            case = make_case(layer.geom, t, regime, seed=t + 5, weights_dtype=torch.float32)
-            got = layer.run(case, tile=tile, tile_sync=True).cpu()
-            check(gref.rel_rms(got, reference(case.to("cpu"), bank)) < 5e-3,
-                  f"mxfp4_moe h256_e8_k2 {regime} T={t} {tile or 'decided'} +sync, 3 GEMM1 CTAs")
-    finally:
-        del os.environ["CAKE_MOE_UNIT_QUEUE"]
-
+            check(ok, f"mxfp4_moe {name} {regime} T={t} {dtype} {tile or 'decided'}"
+                      f"{' +sync' if sync else ''}{f', {sync} GEMM1 CTAs' if queue else ''}")
 
 FAMILIES = {"formats": run_formats, "grouped_gemm": run_grouped_gemm, "mxfp4_moe": run_mxfp4_moe}
 which = sys.argv[1] if len(sys.argv) > 1 else "all"
