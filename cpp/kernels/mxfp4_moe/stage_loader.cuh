@@ -149,7 +149,7 @@ struct Mxfp4MoeStageLoader {
 #pragma unroll
       for (int j = 0; j < kWIters; ++j) {
         const bool ok = w_k_ok && j < l.w_rows;
-        ptx::cp_async_16(w_base + j * kWRowStep * Cfg::kWRowBytes, ok ? w_src + j * l.w_step : l.w_src, ok);
+        ptx::cp_async_16(w_base + j * kWRowStep * Cfg::kWRowBytes, ok ? w_src + j * l.w_step : l.w_src, ok);  // bound: wload
       }
     }
     const uint32_t sf_base = ptx::smem_addr(sm.sf(slot)) + l.sf_dst;
@@ -247,7 +247,7 @@ struct Mxfp4MoeStageLoader {
     const int w_off = w_k_ok ? k0 / 2 : 0;  // past K: nothing is read, the source stays in bounds
 #pragma unroll
     for (int j = 0; j < kWIters; ++j)
-      ptx::cp_async_16(w_base + j * kWRowStep * Cfg::kWRowBytes, l.w_src[j] + w_off, w_k_ok && (l.valid >> j & 1u));
+      ptx::cp_async_16(w_base + j * kWRowStep * Cfg::kWRowBytes, l.w_src[j] + w_off, w_k_ok && (l.valid >> j & 1u));  // bound: wload
     const uint32_t sf_base = ptx::smem_addr(sm.sf(slot)) + l.sf_dst;
     const bool sf_k_ok = k0 + l.sf_k < p.k;
     const int sf_off = sf_k_ok ? k0 / 32 : 0;
@@ -263,7 +263,7 @@ struct Mxfp4MoeStageLoader {
 #pragma unroll
     for (int j = 0; j < kBIters; ++j) {
       const int r = threadIdx.x / kBChunks + j * kBRowStep;
-      ptx::cp_async_16(b_base + Cfg::b_offset(r, c), l.b_src[j] + b_off, b_k_ok && (l.valid >> (kBBit + j) & 1u));
+      ptx::cp_async_16(b_base + Cfg::b_offset(r, c), l.b_src[j] + b_off, b_k_ok && (l.valid >> (kBBit + j) & 1u));  // bound: bload
     }
   }
 };
