@@ -76,6 +76,8 @@ GENERAL = {
     "h256_tp_k4": Geometry(256, 512, 16, 4, shard=128),
     "h128_e1024_k32": Geometry(128, 128, 1024, 32),
     "h256_e4_k1": Geometry(256, 256, 4, 1),
+    # I > 512: the sm_90a GEMM2 streams its token rows through the ring (no resident-row form)
+    "i640_h256_e8_k2": Geometry(256, 640, 8, 2),
 }
 
 REGIMES = ("balanced", "remote", "hot", "zipf", "dup", "oob")
