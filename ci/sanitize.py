@@ -98,7 +98,10 @@ def run_mxfp4_moe() -> None:
                                        ("zipf", 300, torch.float32, wg_narrow, None))),
                        # I = 640: the sm_90a GEMM2 streams its token rows (no resident-row form)
                        ("i640_h256_e8_k2", (("zipf", 300, torch.float32, wg_wide, None),
-                                            ("balanced", 129, torch.float32, wg_mid, None)))):
+                                            ("balanced", 129, torch.float32, wg_mid, None))),
+                       # H = 512: the sm_90a GEMM1 takes its scale codes through the code ring
+                       ("ring_h512_i512_e8_k2", (("zipf", 300, torch.float32, wg_wide, None),
+                                                 ("balanced", 129, torch.float32, wg_mid, None)))):
         layer = named_layer(name)
         bank = {k: v.cpu() for k, v in layer.bank.items()}
         # sync: None (the table's choice), True (forced on) or N (forced on, GEMM1 on a grid of N CTAs)

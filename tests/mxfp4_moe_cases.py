@@ -78,6 +78,9 @@ GENERAL = {
     "h256_e4_k1": Geometry(256, 256, 4, 1),
     # I > 512: the sm_90a GEMM2 streams its token rows through the ring (no resident-row form)
     "i640_h256_e8_k2": Geometry(256, 640, 8, 2),
+    # H = 512: the sm_90a GEMM1 takes its scale codes through the code ring (K a multiple of
+    # 512; GemmParams::code_ring), I = 512: the largest K of the resident-row GEMM2 forms
+    "ring_h512_i512_e8_k2": Geometry(512, 512, 8, 2),
 }
 
 REGIMES = ("balanced", "remote", "hot", "zipf", "dup", "oob")

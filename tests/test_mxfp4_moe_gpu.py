@@ -174,6 +174,24 @@ def test_largest_codes_change_no_bit(layers, wide_scale_layer, name, t, tile):
     assert torch.equal(layer.run(case, tile=tile, positional=True), got), "the one-multiply path changed a bit"
 
 
+@pytest.mark.parametrize("tile", SM90_TILE_FORMS)
+@pytest.mark.parametrize("name,t", [("wide", 17), ("ring_h512_i512_e8_k2", 129), ("ep8", 1025), ("tp8", 129)])
+def test_code_ring_changes_no_bit(layers, wide_scale_layer, monkeypatch, name, t, tile):
+    """With H a multiple of 512 the sm_90a GEMM1 takes its scale codes four stages per copy into
+    a ring of their own instead of each stage's with its weights (GemmParams::code_ring);
+    CAKE_MOE_CODE_RING=0 turns that off: the same bits either way, repeatably."""
+    layer = wide_scale_layer if name == "wide" else layers(name)
+    assert layer.geom.hidden % 512 == 0
+    case = make_case(layer.geom, t, "zipf", seed=t + 47)
+    outs = {}
+    for env in ("0", ""):
+        monkeypatch.setenv("CAKE_MOE_CODE_RING", env)
+        outs[env] = layer.run(case, tile=tile)
+        assert torch.equal(layer.run(case, tile=tile), outs[env]), f"CAKE_MOE_CODE_RING={env!r}: a rerun changed a bit"
+    _check(case, outs[""], reference(case, layer.bank))
+    assert torch.equal(outs[""], outs["0"]), "the code ring changed the bits"
+
+
 def _tile_synced_runs(layer: Layer, case: Case, tile: str, runs: int) -> list[torch.Tensor]:
     """The outputs of `runs` runs of one plan with the per-tile sync forced on, each into a
     poisoned output."""

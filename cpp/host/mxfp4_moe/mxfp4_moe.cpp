@@ -37,6 +37,15 @@ int64_t unit_queue_ctas(int64_t resident) {
   return std::max<int64_t>(0, std::atoll(e));
 }
 
+// GemmParams::code_ring of a sm_90a GEMM1 with reduction k: the scale codes four stages per
+// copy wherever k allows it. CAKE_MOE_CODE_RING=0 turns it off (same-build comparisons; the bits
+// do not change).
+int32_t code_ring(int32_t k) {
+  if (k % 512 != 0) return 0;
+  const char* e = std::getenv("CAKE_MOE_CODE_RING");
+  return (e != nullptr && e[0] == '0') ? 0 : 1;
+}
+
 struct TilingInfo {
   int bn, bm, threads, smem;
   const char* suffix;  // form name suffix (forms.py MXFP4_MOE_TILINGS)
@@ -247,6 +256,7 @@ class Mxfp4MoePlan final : public Plan {
                  int64_t num_local, GemmParams params, int64_t max_grid = 0) {
     const std::string form = prefix + tl.suffix;
     params.m_blocks = (params.m + tl.bm - 1) / tl.bm;
+    params.code_ring = tl.persistent && prefix == "mxfp4_moe_gemm1_" ? code_ring(params.k) : 0;
     if (tl.w_box_bytes > 0) params.tmap_w = weight_map(params.w, num_local, params.m, params.k, tl.w_box_bytes, tl.bm);
     const int64_t ctas = max_tiles * params.m_blocks;
     if (ctas > int64_t(0x7FFFFFFF)) throw ValueError("too many tiles for one launch");

@@ -88,26 +88,29 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
 
   // kMB m16 blocks of weight rows (block mb: rows g + 16 mb, + 8 from the offsets' row) of one
   // 64-element unit in ring slot `slot`: per block the two prepared words of rows g and g + 8
-  // and their two UE8M0 codes (byte i: k32 block i).
+  // (load_unit_words) and their two UE8M0 codes (byte i: k32 block i), read from `sfs` with
+  // rows `stride` bytes apart (load_unit_codes: the slot's scale area, or the sm_90a forms'
+  // code ring).
+  template <int kMB>
+  __device__ static __forceinline__ void load_unit_words(const Smem& sm, int slot, int w_off, uint2 (&wrow)[kMB][2]) {
+    const uint8_t* ws = sm.w(slot) + w_off;
+#pragma unroll
+    for (int mb = 0; mb < kMB; ++mb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) wrow[mb][h] = *reinterpret_cast<const uint2*>(ws + (mb * 16 + 8 * h) * kWRowStride);
+  }
+  template <int kMB>
+  __device__ static __forceinline__ void load_unit_codes(const uint8_t* sfs, int stride, uint32_t (&codes)[kMB][2]) {
+#pragma unroll
+    for (int mb = 0; mb < kMB; ++mb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) codes[mb][h] = *reinterpret_cast<const uint16_t*>(sfs + (mb * 16 + 8 * h) * stride);
+  }
   template <int kMB>
   __device__ static __forceinline__ void load_unit(const Smem& sm, int slot, UnitOffsets o, uint2 (&wrow)[kMB][2],
                                                    uint32_t (&codes)[kMB][2]) {
-    const uint8_t* ws = sm.w(slot) + o.w;
-    const uint8_t* sfs = sm.sf(slot) + o.sf;
-#pragma unroll
-    for (int mb = 0; mb < kMB; ++mb) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int dr = mb * 16 + 8 * h;
-        wrow[mb][h] = *reinterpret_cast<const uint2*>(ws + dr * kWRowStride);
-        codes[mb][h] = *reinterpret_cast<const uint16_t*>(sfs + dr * Cfg::kSfRowBytes);
-      }
-    }
-  }
-  template <int kMB>
-  __device__ static __forceinline__ void load_unit_weights(const Smem& sm, int slot, int row0, int wk, int u,
-                                                           uint2 (&wrow)[kMB][2], uint32_t (&codes)[kMB][2]) {
-    load_unit<kMB>(sm, slot, unit_offsets(row0, wk, u), wrow, codes);
+    load_unit_words<kMB>(sm, slot, o.w, wrow);
+    load_unit_codes<kMB>(sm.sf(slot) + o.sf, Cfg::kSfRowBytes, codes);
   }
 
   // The decode mainloop's read offsets (unit_offsets of both units, and the ldmatrix row

@@ -44,6 +44,9 @@ struct GemmParams {
                                 //   stand between GEMM1's first wave and GEMM2's dependent launch)
   CUtensorMap tmap_w;           // w as a 2D uint8 tensor [L * m rows, k / 2 bytes] (mma.sync forms: the
                                 //   weight tiles arrive by TMA in Tiling::kWBoxBytes wide boxes)
+  int32_t code_ring;            // GEMM1 of the sm_90a forms, k a multiple of 512: 1 = the scale codes
+                                //   four stages per copy into a ring of their own
+                                //   (Sm90Mxfp4MoeGemm::load_codes), 0 = each stage's with its weights
 };
 
 // A CTA computes kBM weight rows x kBN sorted rows. Warps: kWarpsM along M (64 rows each, four
@@ -99,8 +102,8 @@ struct Tiling {
 // group (one m16 block per warp: four warps per scheduler hide more of the conversion's
 // latencies). A stage's token rows are two K-major tiles (one per 64-wide K half) in the
 // 128-byte swizzle wgmma reads: kBN rows x 128 B, 8-row atoms. Past the ring: each warp's per-row
-// MXFP8 amax partials for the GEMM1 epilogue. The first two warpgroups issue the copies
-// (LoaderTiling: the stage loader's view).
+// MXFP8 amax partials for the GEMM1 epilogue, then the scale-code ring. The first two warpgroups
+// issue the copies (LoaderTiling: the stage loader's view).
 // kResidentB (GEMM2 of a short shard, K <= kStages * 128): a CTA walks a contiguous range of
 // items, so consecutive items share a token tile; the tile's rows for every stage stay in the
 // slots' token-row areas (stage ks in slot ks) while only the weights stream through the ring.
@@ -117,7 +120,13 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4> {
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kBTileBytes = kBN_ * 128;  // one K half of a stage's token rows
   static constexpr int kAmaxOffset = Base::kStages * Base::kStageBytes;
-  static constexpr int kSmemBytes = kAmaxOffset + kThreads / 32 * kBN_ * 4;
+  // Then GEMM1's scale codes in a ring of their own (Sm90Mxfp4MoeGemm::code_offset; the slots'
+  // scale areas then go unused, and GEMM2, which keeps them, leaves the ring unused): per row the
+  // 4-byte words of kCodeStages consecutive stages.
+  static constexpr int kCodeStages = 8;
+  static constexpr int kCodeRowBytes = kCodeStages * Base::kSfRowBytes;
+  static constexpr int kCodeOffset = kAmaxOffset + kThreads / 32 * kBN_ * 4;
+  static constexpr int kSmemBytes = kCodeOffset + Base::kBM * kCodeRowBytes;
   static constexpr int b_offset(int row, int chunk) {
     return (chunk / 8) * kBTileBytes + row * 128 + 16 * ((chunk % 8) ^ (row & 7));
   }
@@ -127,6 +136,8 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4> {
   static_assert(Base::kBOffset % 1024 == 0 && Base::kStageBytes % 1024 == 0 && kBTileBytes % 1024 == 0,
                 "every B tile starts on a 1024-byte swizzle atom");
   static_assert(kSmemBytes <= 232448, "fits the sm_90 shared memory of one CTA");
+  static_assert(Base::kSfRowBytes == 4 && kCodeOffset % 16 == 0,
+                "a stage's codes are one word per row, copied up to 16 bytes at a time");
 };
 using Sm90PrefillTiling = Sm90Tiling<128, 2>;     // wg128
 using Sm90Prefill4WgTiling = Sm90Tiling<128, 4>;  // wg128x4

@@ -137,9 +137,10 @@ struct Mxfp4MoeStageLoader {
   }
 
   // Loads stage `ks` (K offset ks * kKStage) into ring slot `slot`; rows outside the weight
-  // matrix, the token tile or K are zero-filled and not read. kWithB false: the weights and
-  // scales only (a form that keeps the token rows resident loads them itself).
-  template <bool kWithB = true>
+  // matrix, the token tile or K are zero-filled and not read. kWithB false: no token rows (a
+  // form that keeps them resident loads them itself); kWithSf false: no scale codes (the sm_90a
+  // forms copy them into a ring of their own).
+  template <bool kWithB = true, bool kWithSf = true>
   __device__ static void load_stage(const GemmParams& p, const Loader& l, const Smem& sm, int slot, int ks) {
     const int k0 = ks * Cfg::kKStage;
     if constexpr (!Cfg::kTmaWeights) {
@@ -152,14 +153,16 @@ struct Mxfp4MoeStageLoader {
         ptx::cp_async_16(w_base + j * kWRowStep * Cfg::kWRowBytes, ok ? w_src + j * l.w_step : l.w_src, ok);  // bound: wload
       }
     }
-    const uint32_t sf_base = ptx::smem_addr(sm.sf(slot)) + l.sf_dst;
-    const bool sf_k_ok = k0 + l.sf_k < p.k;
-    const uint8_t* sf_src = l.sf_src + k0 / 32;
+    if constexpr (kWithSf) {
+      const uint32_t sf_base = ptx::smem_addr(sm.sf(slot)) + l.sf_dst;
+      const bool sf_k_ok = k0 + l.sf_k < p.k;
+      const uint8_t* sf_src = l.sf_src + k0 / 32;
 #pragma unroll
-    for (int j = 0; j < kSfIters; ++j) {
-      if (sf_past_tile(j)) continue;
-      const bool ok = sf_k_ok && j < l.sf_rows;
-      ptx::cp_async_4(sf_base + j * kSfRowStep * Cfg::kSfRowBytes, ok ? sf_src + j * l.sf_step : l.sf_src, ok);  // bound: sfload
+      for (int j = 0; j < kSfIters; ++j) {
+        if (sf_past_tile(j)) continue;
+        const bool ok = sf_k_ok && j < l.sf_rows;
+        ptx::cp_async_4(sf_base + j * kSfRowStep * Cfg::kSfRowBytes, ok ? sf_src + j * l.sf_step : l.sf_src, ok);  // bound: sfload
+      }
     }
     if constexpr (!kWithB) return;
     const uint32_t b_base = ptx::smem_addr(sm.b(slot));
@@ -240,6 +243,7 @@ struct Mxfp4MoeStageLoader {
     return l;
   }
 
+  template <bool kWithB = true, bool kWithSf = true>
   __device__ static void load_stage(const GemmParams& p, const PointerLoader& l, const Smem& sm, int slot, int ks) {
     const int k0 = ks * Cfg::kKStage;
     const uint32_t w_base = ptx::smem_addr(sm.w(slot)) + l.w_dst;
@@ -248,14 +252,17 @@ struct Mxfp4MoeStageLoader {
 #pragma unroll
     for (int j = 0; j < kWIters; ++j)
       ptx::cp_async_16(w_base + j * kWRowStep * Cfg::kWRowBytes, l.w_src[j] + w_off, w_k_ok && (l.valid >> j & 1u));  // bound: wload
-    const uint32_t sf_base = ptx::smem_addr(sm.sf(slot)) + l.sf_dst;
-    const bool sf_k_ok = k0 + l.sf_k < p.k;
-    const int sf_off = sf_k_ok ? k0 / 32 : 0;
+    if constexpr (kWithSf) {
+      const uint32_t sf_base = ptx::smem_addr(sm.sf(slot)) + l.sf_dst;
+      const bool sf_k_ok = k0 + l.sf_k < p.k;
+      const int sf_off = sf_k_ok ? k0 / 32 : 0;
 #pragma unroll
-    for (int j = 0; j < kSfIters; ++j)
-      if (!sf_past_tile(j))
-        ptx::cp_async_4(sf_base + j * kSfRowStep * Cfg::kSfRowBytes, l.sf_src[j] + sf_off,
-                        sf_k_ok && (l.valid >> (kSfBit + j) & 1u));
+      for (int j = 0; j < kSfIters; ++j)
+        if (!sf_past_tile(j))
+          ptx::cp_async_4(sf_base + j * kSfRowStep * Cfg::kSfRowBytes, l.sf_src[j] + sf_off,
+                          sf_k_ok && (l.valid >> (kSfBit + j) & 1u));
+    }
+    if constexpr (!kWithB) return;
     const uint32_t b_base = ptx::smem_addr(sm.b(slot));
     const bool b_k_ok = k0 + l.b_k < p.k;
     const int b_off = b_k_ok ? k0 : 0;
