@@ -23,7 +23,8 @@
 // group is retired right after a step is issued: at most two steps' A registers are live (more
 // starves the 128 accumulators and ptxas serializes the wgmmas), and a slot is refilled only
 // after every wgmma that read it has completed. `wg128x4_rb` (GEMM2, K <= 512) keeps each token
-// tile's rows resident and streams only the weights (Walk, load_resident_b).
+// tile's rows resident and streams only the weights (Walk, load_resident_b). GEMM1 takes its
+// weights' scale codes four stages at a time into a ring of their own (load_codes).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -104,7 +105,7 @@ struct Sm90Mxfp4MoeGemm {
   // kCodeStages stages of words per row (Sm90Tiling), one 16-byte copy per row bringing four
   // stages: 2-10% faster at the contract's prefill sizes (H200,
   // bench/results/2026-12-02_h200_mxfp4_moe_code_ring_ab.md). GEMM2 keeps the per-stage words:
-  // there the ring measured neutral to slower. The copy at stream stage g lands on the words of
+  // there the ring measured -2.4% to +6.9% by form. The copy at stream stage g lands on the words of
   // stages g - 8 .. g - 5, last read in iteration g - 5, before the barrier of iteration
   // g - kAhead that precedes the copy. Rows with bit 2 set swap the two 16-byte halves of their
   // words, so that the 8 rows of a warp's code read (32 bytes apart) fall on distinct banks.
