@@ -24,7 +24,7 @@
 // starves the 128 accumulators and ptxas serializes the wgmmas), and a slot is refilled only
 // after every wgmma that read it has completed. `wg128x4_rb` (GEMM2, K <= 512) keeps each token
 // tile's rows resident and streams only the weights (Walk, load_resident_b). GEMM1 takes its
-// weights' scale codes four stages at a time into a ring of their own (load_codes).
+// weights' scale codes four stages at a time into a ring of their own (sm90_code_ring.cuh).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -36,6 +36,7 @@
 #include "common/ptx/sm80.cuh"
 #include "common/ptx/wgmma.cuh"
 #include "mxfp4_moe/mxfp4_moe_gemm.cuh"
+#include "mxfp4_moe/sm90_code_ring.cuh"
 
 namespace cake_moe::mxfp4_moe {
 
@@ -97,60 +98,17 @@ struct Sm90Mxfp4MoeGemm {
     ptx::wgmma_wait<1>();  // step s - 1 retired: its A registers may be reused by step s + 1
   }
 
-  // The scale codes. The stage loader copies one 4-byte word per weight row and stage into the
-  // slot; a row's codes are K / 32 bytes apart in w_sf, so that is a sector request per row and
-  // stage. GEMM1 with GemmParams::code_ring (the host sets it for K a multiple of 512: a row's
-  // codes are then 16-byte aligned, and every item has a multiple of 4 stages, so its stage
-  // ks % 4 == 0 is stream stage g % 4 == 0) takes them into a ring of their own instead,
-  // kCodeStages stages of words per row (Sm90Tiling), one 16-byte copy per row bringing four
-  // stages: 2-10% faster at the contract's prefill sizes (H200,
-  // bench/results/2026-12-02_h200_mxfp4_moe_code_ring_ab.md). GEMM2 keeps the per-stage words:
-  // there the ring measured -2.4% to +6.9% by form. The copy at stream stage g lands on the words of
-  // stages g - 8 .. g - 5, last read in iteration g - 5, before the barrier of iteration
-  // g - kAhead that precedes the copy. Rows with bit 2 set swap the two 16-byte halves of their
-  // words, so that the 8 rows of a warp's code read (32 bytes apart) fall on distinct banks.
-  static constexpr bool kCodeRing = kStage == GemmStage::kGemm1;
-  static constexpr int kCodeStages = Cfg::kCodeStages, kCodeRowBytes = Cfg::kCodeRowBytes;
-  static_assert(kCodeStages == 8 && kAhead + 4 <= kCodeStages, "a 4-stage copy never lands on words still to be read");
-  __device__ static __forceinline__ bool code_ring(const GemmParams& p) { return kCodeRing && p.code_ring != 0; }
-  __device__ static __forceinline__ uint32_t code_offset(int row, uint32_t g) {
-    return uint32_t(Cfg::kCodeOffset + row * kCodeRowBytes) + 4u * ((g % 8u) ^ (uint32_t(row) & 4u));
-  }
-  // The copying thread's weight row's codes at K = 0 (row threadIdx.x of the item), or null
-  // when the row is past the weights.
-  __device__ static __forceinline__ const uint8_t* code_source(const typename Base::Loader& l) {
-    return (Base::sf_past_tile(0) || l.sf_rows == 0) ? nullptr : l.sf_src;
-  }
-  __device__ static __forceinline__ const uint8_t* code_source(const typename Base::PointerLoader& l) {
-    return (Base::sf_past_tile(0) || !(l.valid >> Base::kSfBit & 1u)) ? nullptr : l.sf_src[0];
-  }
-  __device__ static __forceinline__ void load_codes(const GemmParams& p, const typename Base::Smem& sm,
-                                                    const uint8_t* src, int ks, uint32_t g) {
-    static_assert(Base::kSfIters == 1 && Cfg::kWarpsK == 1, "one scale word per copying thread: its row's");
-    if (ks % 4 != 0 || int(threadIdx.x) >= Cfg::kBM) return;
-    const bool ok = src != nullptr;
-    const uint32_t dst = ptx::smem_addr(sm.base) + code_offset(threadIdx.x, g);
-    ptx::cp_async_16(dst, ok ? src + ks * 4 : p.w_sf, ok);  // bound: sfload
-  }
-  // Where a warp's lane reads its codes of unit 0 of stream stage g in slot `slot` (unit 1: 2
-  // bytes on), and the distance between its rows' codes.
-  struct CodeReads {
-    const uint8_t* unit0;
-    int row_stride;
-  };
-  __device__ static __forceinline__ CodeReads code_reads(const GemmParams& p, const typename Base::Smem& sm, int slot,
-                                                         int row0, uint32_t g) {
-    const int row = row0 + ((threadIdx.x & 31) >> 2);  // row g of the warp's first m16 block
-    if (code_ring(p)) return {sm.base + code_offset(row, g), kCodeRowBytes};
-    return {sm.sf(slot) + row * Cfg::kSfRowBytes, Cfg::kSfRowBytes};
-  }
+  // The weights' scale codes: each stage's words in the slot, or GEMM1's through the code ring
+  // (sm90_code_ring.cuh), whose 4-stage copy needs kAhead + 4 <= its kCodeStages.
+  using Codes = Sm90CodeRing<kStage, Cfg, Base>;
+  static_assert(kAhead + 4 <= Cfg::kCodeStages, "a 4-stage copy never lands on words still to be read");
 
   // One stage (two 64-element units, four k16 steps each) for the warp's 16 kMB rows from row0:
   // the weights of ring slot `slot`, the token rows of slot `b_slot` (the same slot, or the
   // stage's resident slot), the codes of stream stage g.
   template <bool kBig>
   __device__ static __forceinline__ void compute_stage(const typename Base::Smem& sm, int slot, int b_slot, int row0,
-                                                       CodeReads cr, Acc& acc) {
+                                                       typename Codes::Reads cr, Acc& acc) {
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       uint2 wrow[kMB][2];
@@ -314,9 +272,9 @@ struct Sm90Mxfp4MoeGemm {
   __device__ static void produce(const GemmParams& p, const typename Base::Smem& sm, Producer& pr, uint32_t g) {
     if (pr.work < pr.walk.end) {
       if (copies()) {
-        if (code_ring(p)) {
+        if (Codes::enabled(p)) {
           Base::template load_stage<!kResidentB, false>(p, pr.loader, sm, int(g % kStages), pr.ks);
-          load_codes(p, sm, code_source(pr.loader), pr.ks, g);
+          Codes::load(p, sm, Codes::source(pr.loader), pr.ks, g);
         } else {
           Base::template load_stage<!kResidentB, true>(p, pr.loader, sm, int(g % kStages), pr.ks);
         }
@@ -364,7 +322,7 @@ struct Sm90Mxfp4MoeGemm {
       __syncthreads();  // stage g landed; the stage that last used slot (g + kAhead) % kStages retired
       produce(p, sm, pr, g + kAhead);
       const int slot = int(g % kStages);
-      compute_stage<kBig>(sm, slot, kResidentB ? ks : slot, row0, code_reads(p, sm, slot, row0, g), acc);
+      compute_stage<kBig>(sm, slot, kResidentB ? ks : slot, row0, Codes::reads(p, sm, slot, row0, g), acc);
     }
     ptx::wgmma_wait<0>();
     ptx::reg_fence(reinterpret_cast<float(&)[kMB * kNBlocks * 4]>(acc));
@@ -382,7 +340,7 @@ struct Sm90Mxfp4MoeGemm {
     if constexpr (kResidentB) {
       if (p.k > Cfg::kMaxResidentK) __trap();  // the host binds this form only for such K
     }
-    if (code_ring(p) && p.k % 512 != 0) __trap();  // the host sets it only for such K
+    if (Codes::enabled(p) && p.k % 512 != 0) __trap();  // the host sets it only for such K
     static_assert(kThreads == 128 * Cfg::kWarpGroups, "MMA warpgroups, nothing else");
     const typename Base::Smem sm{smem_raw};
     const int warp = threadIdx.x >> 5;
