@@ -193,11 +193,11 @@ class Mxfp4MoePlan final : public Plan {
     const int64_t queue_ctas = tile_sync ? unit_queue_ctas(resident) : 0;
     const int64_t gemm1_units = max_tiles * gemm1_m_blocks;
     const bool queue = queue_ctas > 0 && queue_ctas < gemm1_units;
-    bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local,
-              GemmParams{p.w1, p.w1_sf, p.w1_sf_max, x_bf16, row_token, offsets, tile_count, tiles, done, act,
-                         p.beta, p.linear_beta, 2 * p.inter, p.hidden, 0, gemm1_m_blocks, gemm1_lookahead,
-                         queue ? tile_count + 1 : nullptr},
-              queue ? queue_ctas : 0);
+    GemmParams gemm1{p.w1, p.w1_sf, p.w1_sf_max, x_bf16, row_token, offsets, tile_count, tiles, done, act,
+                     p.beta, p.linear_beta, 2 * p.inter, p.hidden, 0, gemm1_m_blocks, gemm1_lookahead,
+                     queue ? tile_count + 1 : nullptr};
+    gemm1.code_ring = t1.persistent ? code_ring(p.hidden) : 0;  // the sm_90a forms (GEMM2 keeps per-stage codes)
+    bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local, gemm1, queue ? queue_ctas : 0);
     bind_gemm(gemm2_, "mxfp4_moe_gemm2_", t2, max_tiles, p.num_local,
               GemmParams{p.w2, p.w2_sf, p.w2_sf_max, act, nullptr, offsets, tile_count, tiles, done, rows, nullptr,
                          nullptr, p.hidden, p.inter, 0, gemm1_m_blocks});
@@ -256,7 +256,6 @@ class Mxfp4MoePlan final : public Plan {
                  int64_t num_local, GemmParams params, int64_t max_grid = 0) {
     const std::string form = prefix + tl.suffix;
     params.m_blocks = (params.m + tl.bm - 1) / tl.bm;
-    params.code_ring = tl.persistent && prefix == "mxfp4_moe_gemm1_" ? code_ring(params.k) : 0;
     if (tl.w_box_bytes > 0) params.tmap_w = weight_map(params.w, num_local, params.m, params.k, tl.w_box_bytes, tl.bm);
     const int64_t ctas = max_tiles * params.m_blocks;
     if (ctas > int64_t(0x7FFFFFFF)) throw ValueError("too many tiles for one launch");

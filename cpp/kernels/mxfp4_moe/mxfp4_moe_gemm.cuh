@@ -339,7 +339,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     int early = -1;  // thread 0: the expert whose first weight stages it requested before the wait
     if constexpr (kLooksAhead) early = request_early_weights(p, smem_raw, bars);
     constexpr bool kGemm2 = kStage == GemmStage::kGemm2;
-    const bool tile_sync = p.tile_done != nullptr;  // see read_tile
+    const bool tile_sync = p.tile_done != nullptr;  // item_schedule.cuh, "Tile sync"
     const bool awaits_tile = kGemm2 && tile_sync;
     if (!awaits_tile) ptx::grid_dependency_wait();  // the tile list and B rows come from earlier launches
     if (!kGemm2 && tile_sync) ptx::allow_dependent_launch();
