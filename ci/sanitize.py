@@ -101,7 +101,9 @@ def run_mxfp4_moe() -> None:
                                             ("balanced", 129, torch.float32, wg_mid, None))),
                        # H = 512: the sm_90a GEMM1 takes its scale codes through the code ring
                        ("ring_h512_i512_e8_k2", (("zipf", 300, torch.float32, wg_wide, None),
-                                                 ("balanced", 129, torch.float32, wg_mid, None)))):
+                                                 ("balanced", 129, torch.float32, wg_mid, None))),
+                       # I = 1024: the `wg160x3` GEMM2 takes its scale codes through the ring too
+                       ("ring_h256_i1024_e4_k2", (("zipf", 300, torch.float32, wg_wide, None),))):
         layer = named_layer(name)
         bank = {k: v.cpu() for k, v in layer.bank.items()}
         # sync: None (the table's choice), True (forced on) or N (forced on, GEMM1 on a grid of N CTAs)

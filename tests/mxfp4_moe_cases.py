@@ -81,6 +81,8 @@ GENERAL = {
     # H = 512: the sm_90a GEMM1 takes its scale codes through the code ring (K a multiple of
     # 512; GemmParams::code_ring), I = 512: the largest K of the resident-row GEMM2 forms
     "ring_h512_i512_e8_k2": Geometry(512, 512, 8, 2),
+    # I = 1024: the sm_90a `wg160x3` GEMM2 takes its scale codes through the ring too
+    "ring_h256_i1024_e4_k2": Geometry(256, 1024, 4, 2),
 }
 
 REGIMES = ("balanced", "remote", "hot", "zipf", "dup", "oob")

@@ -175,13 +175,14 @@ def test_largest_codes_change_no_bit(layers, wide_scale_layer, name, t, tile):
 
 
 @pytest.mark.parametrize("tile", SM90_TILE_FORMS)
-@pytest.mark.parametrize("name,t", [("wide", 17), ("ring_h512_i512_e8_k2", 129), ("ep8", 1025), ("tp8", 129)])
+@pytest.mark.parametrize("name,t", [("wide", 17), ("ring_h512_i512_e8_k2", 129), ("ep8", 1025), ("tp8", 129),
+                                    ("ring_h256_i1024_e4_k2", 129)])
 def test_code_ring_changes_no_bit(layers, wide_scale_layer, monkeypatch, name, t, tile):
-    """With H a multiple of 512 the sm_90a GEMM1 takes its scale codes four stages per copy into
-    a ring of their own instead of each stage's with its weights (GemmParams::code_ring);
-    CAKE_MOE_CODE_RING=0 turns that off: the same bits either way, repeatably."""
+    """The sm_90a code ring (GemmParams::code_ring, sm90_code_ring.cuh): GEMM1 with H a multiple
+    of 512 and the `wg160x3` GEMM2 with I one take their scale codes four stages per copy into a
+    ring of their own; CAKE_MOE_CODE_RING=0 copies each stage's words with its weights instead:
+    the same bits either way, repeatably (a form without the ring copies the words both times)."""
     layer = wide_scale_layer if name == "wide" else layers(name)
-    assert layer.geom.hidden % 512 == 0
     case = make_case(layer.geom, t, "zipf", seed=t + 47)
     outs = {}
     for env in ("0", ""):

@@ -37,11 +37,11 @@ int64_t unit_queue_ctas(int64_t resident) {
   return std::max<int64_t>(0, std::atoll(e));
 }
 
-// GemmParams::code_ring of a sm_90a GEMM1 with reduction k: the scale codes four stages per
-// copy wherever k allows it. CAKE_MOE_CODE_RING=0 turns it off (same-build comparisons; the bits
-// do not change).
-int32_t code_ring(int32_t k) {
-  if (k % 512 != 0) return 0;
+// GemmParams::code_ring of a GEMM with reduction k whose form has the code ring (`ring`): the
+// scale codes four stages per copy wherever k allows it. CAKE_MOE_CODE_RING=0 turns it off
+// (same-build comparisons; the bits do not change).
+int32_t code_ring(bool ring, int32_t k) {
+  if (!ring || k % 512 != 0) return 0;
   const char* e = std::getenv("CAKE_MOE_CODE_RING");
   return (e != nullptr && e[0] == '0') ? 0 : 1;
 }
@@ -53,13 +53,14 @@ struct TilingInfo {
   int w_box_bytes;     // > 0: the weight tiles arrive by TMA in boxes this wide (x bm rows)
   int resident_k;      // > 0: a GEMM2 form keeping the token rows resident, for K up to this
   bool looks_ahead;    // as GEMM1, can request its first weight stages before its wait (Tiling::kLooksAhead)
+  bool gemm1_ring, gemm2_ring;  // the GEMM's scale codes through the code ring (Sm90Tiling)
 };
 
 template <typename Cfg>
 constexpr TilingInfo info(const char* suffix, bool persistent = false) {
   return {Cfg::kBN, Cfg::kBM, Cfg::kThreads, Cfg::kSmemBytes, suffix, persistent,
           Cfg::kTmaWeights ? Cfg::kWBoxBytes : 0, Cfg::kResidentB ? Cfg::kMaxResidentK : 0,
-          !persistent && Cfg::kLooksAhead};
+          !persistent && Cfg::kLooksAhead, Cfg::kGemm1CodeRing, Cfg::kGemm2CodeRing};
 }
 
 // The weights [L * m rows, k / 2 bytes] as a TMA tensor read in boxes of `box_bytes` x `rows`
@@ -196,11 +197,12 @@ class Mxfp4MoePlan final : public Plan {
     GemmParams gemm1{p.w1, p.w1_sf, p.w1_sf_max, x_bf16, row_token, offsets, tile_count, tiles, done, act,
                      p.beta, p.linear_beta, 2 * p.inter, p.hidden, 0, gemm1_m_blocks, gemm1_lookahead,
                      queue ? tile_count + 1 : nullptr};
-    gemm1.code_ring = t1.persistent ? code_ring(p.hidden) : 0;  // the sm_90a forms (GEMM2 keeps per-stage codes)
+    gemm1.code_ring = code_ring(t1.gemm1_ring, p.hidden);
     bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local, gemm1, queue ? queue_ctas : 0);
-    bind_gemm(gemm2_, "mxfp4_moe_gemm2_", t2, max_tiles, p.num_local,
-              GemmParams{p.w2, p.w2_sf, p.w2_sf_max, act, nullptr, offsets, tile_count, tiles, done, rows, nullptr,
-                         nullptr, p.hidden, p.inter, 0, gemm1_m_blocks});
+    GemmParams gemm2{p.w2, p.w2_sf, p.w2_sf_max, act, nullptr, offsets, tile_count, tiles, done, rows, nullptr,
+                     nullptr, p.hidden, p.inter, 0, gemm1_m_blocks};
+    gemm2.code_ring = code_ring(t2.gemm2_ring, p.inter);
+    bind_gemm(gemm2_, "mxfp4_moe_gemm2_", t2, max_tiles, p.num_local, gemm2);
     // 5. finalize
     finalize_.form = "moe_finalize";
     finalize_.device = p.device;

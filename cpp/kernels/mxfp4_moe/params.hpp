@@ -44,9 +44,9 @@ struct GemmParams {
                                 //   stand between GEMM1's first wave and GEMM2's dependent launch)
   CUtensorMap tmap_w;           // w as a 2D uint8 tensor [L * m rows, k / 2 bytes] (mma.sync forms: the
                                 //   weight tiles arrive by TMA in Tiling::kWBoxBytes wide boxes)
-  int32_t code_ring;            // GEMM1 of the sm_90a forms, k a multiple of 512: 1 = the scale codes
-                                //   four stages per copy into a ring of their own
-                                //   (Sm90Mxfp4MoeGemm::load_codes), 0 = each stage's with its weights
+  int32_t code_ring;            // sm_90a forms whose tiling has the ring for this GEMM, k a multiple
+                                //   of 512: 1 = the scale codes four stages per copy into a ring of
+                                //   their own (sm90_code_ring.cuh), 0 = each stage's with its weights
 };
 
 // A CTA computes kBM weight rows x kBN sorted rows. Warps: kWarpsM along M (64 rows each, four
@@ -60,6 +60,8 @@ struct Tiling {
   // As GEMM1 with few routes, the tiling requests its first weight stages before the dependency
   // wait (GemmParams::lookahead; the host binds one only where this holds).
   static constexpr bool kLooksAhead = kTmaWeights && kBN_ == 8;
+  // Each stage's scale codes come with the stage (the sm_90a tilings' ring: Sm90Tiling).
+  static constexpr bool kGemm1CodeRing = false, kGemm2CodeRing = false;
   static constexpr int kBM = 64 * kWarpsM;
   static constexpr int kKWarp = 128;                  // K per warp per stage: 4 UE8M0 blocks
   static constexpr int kKStage = kKWarp * kWarpsK;
@@ -120,10 +122,13 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4> {
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kBTileBytes = kBN_ * 128;  // one K half of a stage's token rows
   static constexpr int kAmaxOffset = Base::kStages * Base::kStageBytes;
-  // Then GEMM1's scale codes in a ring of their own (Sm90Mxfp4MoeGemm::code_offset; the slots'
-  // scale areas then go unused, and GEMM2, which keeps them, leaves the ring unused): per row the
-  // 4-byte words of kCodeStages consecutive stages.
+  // Then the scale codes' ring (sm90_code_ring.cuh; the slots' scale areas then go unused, and
+  // a GEMM that keeps them leaves the ring unused): per row the 4-byte words of kCodeStages
+  // consecutive stages.
   static constexpr int kCodeStages = 8;
+  // Which GEMMs take it (measured, sm90_code_ring.cuh): GEMM1, and GEMM2 of the three-warpgroup
+  // form that streams its token rows.
+  static constexpr bool kGemm1CodeRing = true, kGemm2CodeRing = kRowGroups == 3 && !kResidentB_;
   static constexpr int kCodeRowBytes = kCodeStages * Base::kSfRowBytes;
   static constexpr int kCodeOffset = kAmaxOffset + kThreads / 32 * kBN_ * 4;
   static constexpr int kSmemBytes = kCodeOffset + Base::kBM * kCodeRowBytes;

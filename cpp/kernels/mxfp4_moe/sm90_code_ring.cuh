@@ -2,13 +2,16 @@
 // a stage's codes are copied to and where the MMA warps read them.
 //
 // The stage loader copies one 4-byte word per weight row and stage into the slot; a row's codes
-// are K / 32 bytes apart in w_sf, so that is a sector request per row and stage. GEMM1 with
-// GemmParams::code_ring (the host sets it for K a multiple of 512: a row's codes are then
-// 16-byte aligned, and every item has a multiple of 4 stages, so its stage ks % 4 == 0 is stream
-// stage g % 4 == 0) takes them into a ring of their own instead, kCodeStages stages of words per
-// row (Sm90Tiling), one 16-byte copy per row bringing four stages: 2-10% faster at the
-// contract's prefill sizes (H200, bench/results/2026-12-02_h200_mxfp4_moe_code_ring_ab.md).
-// GEMM2 keeps the per-stage words: there the ring measured -2.4% to +6.9% by form. The copy at
+// are K / 32 bytes apart in w_sf, so that is a sector request per row and stage. A GEMM whose
+// tiling takes the ring (Sm90Tiling::kGemm1CodeRing / kGemm2CodeRing) and GemmParams::code_ring
+// (the host sets it for K a multiple of 512: a row's codes are then 16-byte aligned, and every
+// item has a multiple of 4 stages, so its stage ks % 4 == 0 is stream stage g % 4 == 0) takes
+// them into a ring of their own instead, kCodeStages stages of words per row, one 16-byte copy
+// per row bringing four stages. Measured on the H200 at the contract's prefill sizes
+// (bench/results/2026-12-02_h200_mxfp4_moe_code_ring_ab.md): GEMM1 2-10% faster, the
+// three-warpgroup GEMM2 ~2-4%; the four-warpgroup GEMM2s up to 7% slower (they keep the
+// words), and the resident-row GEMM2s (K <= 512) gained nothing from their codes copied a whole
+// item at once (branch item-block-codes), so they keep the words too. The copy at
 // stream stage g lands on the words of stages g - 8 .. g - 5, last read in iteration g - 5,
 // before the barrier of iteration g - kAhead that precedes the copy (the kernel asserts
 // kAhead + 4 <= kCodeStages). Rows with bit 2 set swap the two 16-byte halves of their words,
@@ -26,10 +29,11 @@ template <GemmStage kStage, typename Cfg, typename Loaders>
 struct Sm90CodeRing {
   static constexpr int kCodeStages = Cfg::kCodeStages, kRowBytes = Cfg::kCodeRowBytes;
   static_assert(kCodeStages == 8 && kRowBytes == 32, "the bank swizzle below assumes 8 stages of 4-byte words");
+  static constexpr bool kRing = kStage == GemmStage::kGemm1 ? Cfg::kGemm1CodeRing : Cfg::kGemm2CodeRing;
   using Smem = typename Loaders::Smem;
 
   __device__ static __forceinline__ bool enabled(const GemmParams& p) {
-    return kStage == GemmStage::kGemm1 && p.code_ring != 0;
+    return kRing && p.code_ring != 0;
   }
   // Byte offset of row `row`'s word of stream stage g in the CTA's shared memory.
   __device__ static __forceinline__ uint32_t offset(int row, uint32_t g) {
@@ -39,10 +43,10 @@ struct Sm90CodeRing {
   // The copying thread's weight row's codes at K = 0 (row threadIdx.x of the item), or null
   // when the row is past the weights.
   __device__ static __forceinline__ const uint8_t* source(const typename Loaders::Loader& l) {
-    return (Loaders::sf_past_tile(0) || l.sf_rows == 0) ? nullptr : l.sf_src;
+    return l.sf_rows == 0 ? nullptr : l.sf_src;  // (threads past the kBM rows copy nothing: load)
   }
   __device__ static __forceinline__ const uint8_t* source(const typename Loaders::PointerLoader& l) {
-    return (Loaders::sf_past_tile(0) || !(l.valid >> Loaders::kSfBit & 1u)) ? nullptr : l.sf_src[0];
+    return !(l.valid >> Loaders::kSfBit & 1u) ? nullptr : l.sf_src[0];
   }
 
   // At an item's stage ks % 4 == 0 (stream stage g): the copying threads' rows' codes of

@@ -23,8 +23,9 @@
 // group is retired right after a step is issued: at most two steps' A registers are live (more
 // starves the 128 accumulators and ptxas serializes the wgmmas), and a slot is refilled only
 // after every wgmma that read it has completed. `wg128x4_rb` (GEMM2, K <= 512) keeps each token
-// tile's rows resident and streams only the weights (Walk, load_resident_b). GEMM1 takes its
-// weights' scale codes four stages at a time into a ring of their own (sm90_code_ring.cuh).
+// tile's rows resident and streams only the weights (Walk, load_resident_b). GEMM1 (and the
+// `wg160x3` GEMM2) take their weights' scale codes four stages at a time into a ring of their
+// own (sm90_code_ring.cuh).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -98,7 +99,7 @@ struct Sm90Mxfp4MoeGemm {
     ptx::wgmma_wait<1>();  // step s - 1 retired: its A registers may be reused by step s + 1
   }
 
-  // The weights' scale codes: each stage's words in the slot, or GEMM1's through the code ring
+  // The weights' scale codes: each stage's words in the slot, or through the code ring
   // (sm90_code_ring.cuh), whose 4-stage copy needs kAhead + 4 <= its kCodeStages.
   using Codes = Sm90CodeRing<kStage, Cfg, Base>;
   static_assert(kAhead + 4 <= Cfg::kCodeStages, "a 4-stage copy never lands on words still to be read");
