@@ -8,10 +8,10 @@
 // item has a multiple of 4 stages, so its stage ks % 4 == 0 is stream stage g % 4 == 0) takes
 // them into a ring of their own instead, kCodeStages stages of words per row, one 16-byte copy
 // per row bringing four stages. Measured on the H200 at the contract's prefill sizes
-// (bench/results/2026-12-02_h200_mxfp4_moe_code_ring_ab.md): GEMM1 2-10% faster, the
-// three-warpgroup GEMM2 ~2-4%; the four-warpgroup GEMM2s up to 7% slower (they keep the
-// words), and the resident-row GEMM2s (K <= 512) gained nothing from their codes copied a whole
-// item at once (branch item-block-codes), so they keep the words too. The copy at
+// (bench/results/2026-12-02_h200_mxfp4_moe_code_ring_ab.md and ..._gemm2_codes_ab.md): GEMM1
+// 2-10% faster, the three-warpgroup GEMM2 2-4%; the four-warpgroup GEMM2s up to 7% slower (they
+// keep the words), and the resident-row GEMM2s (K <= 512) gained nothing from their codes copied
+// a whole item at once, so they keep the words too. The copy at
 // stream stage g lands on the words of stages g - 8 .. g - 5, last read in iteration g - 5,
 // before the barrier of iteration g - kAhead that precedes the copy (the kernel asserts
 // kAhead + 4 <= kCodeStages). Rows with bit 2 set swap the two 16-byte halves of their words,
