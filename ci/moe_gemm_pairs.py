@@ -3,6 +3,10 @@ same inputs, round-robin in one process (the pairs the decision table does not b
 included), and check each pair's output against the table's own plan.
 
     python ci/moe_gemm_pairs.py ep8 1 2 --pairs n8_narrow/n8_narrow,n8_narrow/n8 --rounds 4
+    python ci/moe_gemm_pairs.py tp8 1 2 4 --env CAKE_MOE_UNIT_QUEUE=0
+
+`--env NAME=VALUE` (repeatable) adds the table's pair planned with that environment variable set
+(the host reads its switches at plan time), for same-build comparisons of a switch.
 
 A pair is GEMM1_SUFFIX/GEMM2_SUFFIX (see `_decide.gemm_tiles`); both must share a block_n. Rows
 use the benchmark's inputs and weights (`cake_moe.bench.mxfp4_moe`), eight routings rotated in
@@ -13,6 +17,7 @@ the relative difference to the table's plan (different K splits sum in another o
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 
 import torch
@@ -31,10 +36,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("layout", choices=sorted(bench.LAYOUTS))
     ap.add_argument("tokens", type=int, nargs="+")
-    ap.add_argument("--pairs", required=True, help="comma list of GEMM1/GEMM2 form suffixes")
+    ap.add_argument("--pairs", default="", help="comma list of GEMM1/GEMM2 form suffixes")
+    ap.add_argument("--env", action="append", default=[], help="NAME=VALUE: the table's pair planned with it set")
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
-    pairs = [tuple(p.split("/")) for p in args.pairs.split(",")]
+    pairs = [tuple(p.split("/")) for p in args.pairs.split(",") if p]
+    pairs += [("table", env) for env in args.env]
     copy_bw = timing.copy_bandwidth(1 << 30)
     gen = torch.Generator(device="cuda").manual_seed(0)
     l, offset, i_shard = bench.layout_dims(args.layout)
@@ -52,6 +59,10 @@ def main() -> None:
         calls, outs = {}, {}
         for pair in [("table", "")] + pairs:
             _decide.gemm_tiles = table_tiles if pair[0] == "table" else (lambda *_a, p=pair: p)
+            env = pair[1].split("=", 1) if pair[0] == "table" and pair[1] else None
+            saved = os.environ.get(env[0]) if env else None
+            if env:
+                os.environ[env[0]] = env[1]
             plans, outs[pair] = [], []
             for x, x_sf, ids, w in inputs:
                 out = torch.full((t, bench.H), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -60,6 +71,10 @@ def main() -> None:
                                          output=out).run)
                 outs[pair].append(out)
             calls[pair] = bench._cycle(plans)
+            if env and saved is None:
+                del os.environ[env[0]]
+            elif env:
+                os.environ[env[0]] = saved
         _decide.gemm_tiles = table_tiles
         times = {pair: [] for pair in calls}
         for r in range(args.rounds):
@@ -73,8 +88,8 @@ def main() -> None:
             ms = statistics.median(ts)
             got = torch.cat([o.double() for o in outs[pair]])
             diff = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("nan")
-            name = "table " + "/".join(table_tiles(runner.decide(t).tile, bench.H, i_shard)) \
-                if pair[0] == "table" else "/".join(pair)
+            name = "table " + "/".join(table_tiles(runner.decide(t).tile, bench.H, i_shard)) + \
+                (f" {pair[1]}" if pair[1] else "") if pair[0] == "table" else "/".join(pair)
             print(f"{args.layout} T={t:3} {name:28} {ms * 1e3:8.1f} us  {nbytes / (ms * 1e-3) / copy_bw:.4f} of copy"
                   f"  rounds {' '.join(f'{x * 1e3:.1f}' for x in ts)}  diff {diff:.2e}", flush=True)
 

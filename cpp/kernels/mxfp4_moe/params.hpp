@@ -126,12 +126,13 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4> {
   // a GEMM that keeps them leaves the ring unused): per row the 4-byte words of kCodeStages
   // consecutive stages.
   static constexpr int kCodeStages = 8;
-  // Which GEMMs take it (measured, sm90_code_ring.cuh): GEMM1, and GEMM2 of the three-warpgroup
-  // form that streams its token rows.
-  static constexpr bool kGemm1CodeRing = true, kGemm2CodeRing = kRowGroups == 3 && !kResidentB_;
+  // Which GEMMs take it (measured, sm90_code_ring.cuh): GEMM1 (the resident-row tilings serve
+  // GEMM2 only), and GEMM2 of the three-warpgroup form that streams its token rows. A tiling none
+  // of whose GEMMs takes it has no ring area.
+  static constexpr bool kGemm1CodeRing = !kResidentB_, kGemm2CodeRing = kRowGroups == 3 && !kResidentB_;
   static constexpr int kCodeRowBytes = kCodeStages * Base::kSfRowBytes;
   static constexpr int kCodeOffset = kAmaxOffset + kThreads / 32 * kBN_ * 4;
-  static constexpr int kSmemBytes = kCodeOffset + Base::kBM * kCodeRowBytes;
+  static constexpr int kSmemBytes = kCodeOffset + (kGemm1CodeRing || kGemm2CodeRing ? Base::kBM * kCodeRowBytes : 0);
   static constexpr int b_offset(int row, int chunk) {
     return (chunk / 8) * kBTileBytes + row * 128 + 16 * ((chunk % 8) ^ (row & 7));
   }
