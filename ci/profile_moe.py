@@ -10,8 +10,8 @@ Two uses:
   sets so that the weights come from DRAM. With ``--kernel-times``: how a GEMM's time grows with
   its CTA count (96 GEMM1 CTAs per expert in ``n8_narrow`` at ep8).
 
-usage: python ci/profile_moe.py LAYOUT T [T ...] [--tile TILE] [--runs N] [--kernel-times | --timeline
-       [--rotate N [--per-routing]]] [--local-experts N]
+usage: python ci/profile_moe.py LAYOUT T [T ...] [--tile TILE] [--tile-sync on|off] [--runs N]
+       [--kernel-times | --timeline [--rotate N [--per-routing]]] [--local-experts N]
 """
 import argparse
 
@@ -93,7 +93,7 @@ def scan_local_experts(args, runner, prepared, beta, lbeta, gen, l: int, offset:
                 out = torch.empty(t, b.H, dtype=torch.bfloat16, device="cuda")
                 ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
                 plans.append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws,
-                                         output=out, tile=args.tile))
+                                         output=out, tile=args.tile, tile_sync=args.tile_sync))
             rows = kernel_times(plans, max(args.runs, 4 * len(plans)))
             total = sum(us for _, us in rows)
             gemms = "  ".join(f"{name.split('_gemm')[1][:1]}:{us:6.1f}" for name, us in rows if "_gemm" in name)
@@ -106,6 +106,8 @@ def main() -> None:
     ap.add_argument("layout", choices=sorted(b.LAYOUTS))
     ap.add_argument("tokens", type=int, nargs="+")
     ap.add_argument("--tile", default=None)
+    ap.add_argument("--tile-sync", choices=("on", "off"), default=None,
+                    help="force the per-tile GEMM1 -> GEMM2 sync on or off (default: the table's)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--kernel-times", action="store_true")
     ap.add_argument("--timeline", action="store_true", help="start/end of each kernel of one run")
@@ -117,6 +119,7 @@ def main() -> None:
     ap.add_argument("--gemm-tiles", default=None,
                     help="experiment: bind these GEMM1,GEMM2 forms (same BN) whatever the decision table says")
     args = ap.parse_args()
+    args.tile_sync = None if args.tile_sync is None else args.tile_sync == "on"
 
     if args.gemm_tiles:
         from cake_moe.mxfp4_moe import _decide
@@ -140,7 +143,7 @@ def main() -> None:
             out = torch.empty(t, b.H, dtype=torch.bfloat16, device="cuda")
             ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
             plans.append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws,
-                                     output=out, tile=args.tile))
+                                     output=out, tile=args.tile, tile_sync=args.tile_sync))
         plan = plans[0]
         if args.timeline:
             print(f"{args.layout} T={t} ({plan.decision.tile}): one run of {len(plans)} routing(s) in turn, "
