@@ -165,6 +165,7 @@ def _moe_engine_forms() -> list[Form]:
 MXFP4_MOE_TILINGS = (("n8", 8, "DecodeTiling", 256), ("n8_narrow", 8, "DecodeNarrowTiling", 256),
                      ("n8_narrow4", 8, "DecodeNarrow4Tiling", 128),
                      ("n8_shortk", 8, "DecodeShortKTiling", 128),
+                     ("n8_shortk2", 8, "DecodeShortK2Tiling", 256, (2,)),
                      ("n32", 32, "MidTiling", 128), ("n64", 64, "PrefillTiling", 128))
 # One kernel (mxfp4_moe/sm90_mxfp4_moe_gemm.cuh) on two, three or four MMA warpgroups.
 MXFP4_MOE_SM90_TILINGS = (("wg128", 128, "Sm90PrefillTiling", 256), ("wg128x4", 128, "Sm90Prefill4WgTiling", 512),

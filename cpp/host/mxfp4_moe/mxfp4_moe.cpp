@@ -84,6 +84,7 @@ TilingInfo tiling_for(const std::string& tile) {
       info<DecodeNarrowTiling>("n8_narrow"),
       info<DecodeNarrow4Tiling>("n8_narrow4"),
       info<DecodeShortKTiling>("n8_shortk"),
+      info<DecodeShortK2Tiling>("n8_shortk2"),
       info<MidTiling>("n32"),
       info<PrefillTiling>("n64"),
       info<Sm90PrefillTiling>("wg128", true),

@@ -167,6 +167,7 @@ using DecodeTiling = Tiling<8, 2, 4, 2, true>;
 using DecodeNarrowTiling = Tiling<8, 1, 8, 2, true>;
 using DecodeNarrow4Tiling = Tiling<8, 1, 4, 2, true>;
 using DecodeShortKTiling = Tiling<8, 4, 1, 3, true>;
+using DecodeShortK2Tiling = Tiling<8, 4, 2, 2, true>;  // (GEMM2) 256 rows, K stages of 256 over two warps
 using MidTiling = Tiling<32, 2, 2, 3, true>;
 using PrefillTiling = Tiling<64, 4, 1, 3, true>;
 
