@@ -99,9 +99,11 @@ def run_mxfp4_moe() -> None:
                        # I = 640: the sm_90a GEMM2 streams its token rows (no resident-row form)
                        ("i640_h256_e8_k2", (("zipf", 300, torch.float32, wg_wide, None),
                                             ("balanced", 129, torch.float32, wg_mid, None))),
-                       # H = 512: the sm_90a GEMM1 takes its scale codes through the code ring
+                       # H = 512: the sm_90a GEMM1 takes its scale codes through the code ring;
+                       # I = 512 at T = 1: the narrow GEMM1's GEMM2 is the two-K-warp short form
                        ("ring_h512_i512_e8_k2", (("zipf", 300, torch.float32, wg_wide, None),
-                                                 ("balanced", 129, torch.float32, wg_mid, None))),
+                                                 ("balanced", 129, torch.float32, wg_mid, None),
+                                                 ("dup", 1, torch.float32, None, None))),
                        # I = 1024: the `wg160x3` GEMM2 takes its scale codes through the ring too
                        ("ring_h256_i1024_e4_k2", (("zipf", 300, torch.float32, wg_wide, None),))):
         layer = named_layer(name)

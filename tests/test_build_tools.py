@@ -137,7 +137,7 @@ def test_mxfp4_moe_tile_lists_agree():
     source = (root / "cpp" / "host" / "mxfp4_moe" / "mxfp4_moe.cpp").read_text()
     table = re.search(r"kTilings\s*=\s*\{(.*?)\};", source, re.S).group(1)
     host = set(re.findall(r'info<\w+>\("(\w+)"', table))
-    python = set(_decide.TILES) | {"n8_shortk"} | {f"{t}_rb" for t in _decide.RESIDENT_TILES}
+    python = set(_decide.TILES) | {"n8_shortk", "n8_shortk2"} | {f"{t}_rb" for t in _decide.RESIDENT_TILES}
     assert host == built
     assert python == built
     assert set(_decide.SM90_TILES) == {t[0] for t in forms.MXFP4_MOE_SM90_TILINGS if not t[0].endswith("_rb")}

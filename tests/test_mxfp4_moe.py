@@ -319,10 +319,18 @@ def test_expected_tiles_matches_the_poisson_sum(load, block_n):
 
 
 def test_decide_short_k_form_for_a_tp_shard():
-    """tp8: GEMM2 reduces over the 384-wide shard, so decode takes its short-K tiling."""
+    """tp8: GEMM2 reduces over the 384-wide shard, so decode takes its short-K tiling; after the
+    narrow GEMM1 (T = 1) its two-K-warp variant, for K from 256 to 512."""
     w = CakeMxfp4MoEWrapper(**CONTRACT, **TP8)
+    assert w.decide(1).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow", "mxfp4_moe_gemm2_n8_shortk2")
     assert w.decide(4).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow4", "mxfp4_moe_gemm2_n8_shortk")
     assert w.decide(8).forms[2:4] == ("mxfp4_moe_gemm1_n8", "mxfp4_moe_gemm2_n8_shortk")
+    assert CakeMxfp4MoEWrapper(**CONTRACT).decide(1).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow",
+                                                                     "mxfp4_moe_gemm2_n8_narrow")   # ep8: K = 3072
+    k2 = {inter: _decide.gemm_tiles("n8_narrow", 7168, inter)[1] for inter in (128, 256, 384, 512, 640, 1024)}
+    assert k2 == {128: "n8_shortk", 256: "n8_shortk2", 384: "n8_shortk2", 512: "n8_shortk2", 640: "n8_shortk",
+                  1024: "n8_shortk"}
+    assert _decide.gemm_tiles("n8_narrow", 256, 384) == ("n8_shortk", "n8_shortk2")   # GEMM1 keeps its form
 
 
 @pytest.mark.parametrize("sm90", [False, True])
@@ -346,6 +354,7 @@ def test_decide_forced_tile(tile, bn):
     d = _decide.decide(20000, *_TP8, sm90=True, tile=tile)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "forced", bn, tile)
     gemm2 = "n8_shortk" if tile.startswith("n8") else tile    # K = 384 <= SHORT_K
+    gemm2 = "n8_shortk2" if tile == "n8_narrow" else gemm2     # ... and in SHORT_K2
     gemm2 = f"{tile}_rb" if tile in _decide.RESIDENT_TILES else gemm2   # K = 384 <= RESIDENT_K
     assert d.forms[2:4] == (f"mxfp4_moe_gemm1_{tile}", f"mxfp4_moe_gemm2_{gemm2}")
 

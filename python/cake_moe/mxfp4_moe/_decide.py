@@ -83,6 +83,13 @@ TILES: tuple[str, ...] = tuple(BLOCK_N_OF)
 # At BN 8 a GEMM whose reduction length K is at most this uses the short-K tiling (256 weight
 # rows per CTA instead of eight warps splitting K). The host binds the two GEMM forms it is given.
 SHORT_K = 1024
+# After the narrow GEMM1 (T * top_k <= NARROW_ROUTES) a GEMM2 whose K is in this range takes
+# `n8_shortk2`: 256 weight rows per CTA like `n8_shortk`, on eight warps, two splitting each
+# 256-wide K stage, so the GEMM2 chains of the tiles GEMM1 finishes last are shorter. Measured on
+# the H200 at tp8 (K = 384; bench/results/2026-12-02_h200_mxfp4_moe_shortk2_pairs.md): T = 1
+# 2.4-2.6% faster; after the wider GEMM1s (T = 2..16) 3-7% slower, so only the narrow tile
+# binds it. (From K = 256: a stage's 128-byte weight box fits the row.)
+SHORT_K2 = (256, 512)
 # A four-warpgroup GEMM2 whose K (the intermediate shard) is at most this keeps each token tile's
 # rows resident in shared memory (every stage of K in its own ring slot) and walks a contiguous
 # range of items, so consecutive items reuse the rows and only the weights stream: `<tile>_rb`.
@@ -115,14 +122,20 @@ class PlanDecision:
 
 def gemm_tiles(tile: str, hidden: int, inter: int) -> tuple[str, str]:
     """The GEMM1 (K = hidden) and GEMM2 (K = inter) form suffixes of tile form ``tile``: the BN 8
-    forms take the short-K tiling for a K of at most SHORT_K, and a four-warpgroup GEMM2 its
-    resident-rows form for a K of at most RESIDENT_K."""
+    forms take the short-K tiling for a K of at most SHORT_K (the narrow tile's GEMM2 its
+    two-K-warp variant for a K in SHORT_K2), and a four-warpgroup GEMM2 its resident-rows form
+    for a K of at most RESIDENT_K."""
     if tile not in TILES:
         raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
 
     def suffix(k: int) -> str:
         return "n8_shortk" if tile.startswith("n8") and k <= SHORT_K else tile
-    gemm2 = f"{tile}_rb" if tile in RESIDENT_TILES and inter <= RESIDENT_K else suffix(inter)
+    if tile in RESIDENT_TILES and inter <= RESIDENT_K:
+        gemm2 = f"{tile}_rb"
+    elif tile == "n8_narrow" and SHORT_K2[0] <= inter <= SHORT_K2[1]:
+        gemm2 = "n8_shortk2"
+    else:
+        gemm2 = suffix(inter)
     return suffix(hidden), gemm2
 
 
