@@ -87,8 +87,8 @@ SHORT_K = 1024
 # `n8_shortk2`: 256 weight rows per CTA like `n8_shortk`, on eight warps, two splitting each
 # 256-wide K stage, so the GEMM2 chains of the tiles GEMM1 finishes last are shorter. Measured on
 # the H200 at tp8 (K = 384; bench/results/2026-12-02_h200_mxfp4_moe_shortk2_pairs.md): T = 1
-# 2.4-2.6% faster; after the wider GEMM1s (T = 2..16) 3-7% slower, so only the narrow tile
-# binds it. (From K = 256: a stage's 128-byte weight box fits the row.)
+# 1.6-2.6% faster (three passes); after the wider GEMM1s (T = 2..16) 3-7% slower, so only the
+# narrow tile binds it. (From K = 256: a stage's 128-byte weight box fits the row.)
 SHORT_K2 = (256, 512)
 # A four-warpgroup GEMM2 whose K (the intermediate shard) is at most this keeps each token tile's
 # rows resident in shared memory (every stage of K in its own ring slot) and walks a contiguous
