@@ -140,6 +140,10 @@ def test_mxfp4_moe_tile_lists_agree():
     python = set(_decide.TILES) | {"n8_shortk", "n8_shortk2"} | {f"{t}_rb" for t in _decide.RESIDENT_TILES}
     assert host == built
     assert python == built
+    # the forms compiled as GEMM2 only are the ones the host refuses as GEMM1
+    gemm2_only = {t[0] for t in forms.MXFP4_MOE_TILINGS + forms.MXFP4_MOE_SM90_TILINGS if len(t) > 4 and t[4] == (2,)}
+    host_gemm2_only = set(re.findall(r'info<\w+>\("(\w+)", \w+, true\)', table)) | {h for h in host if h.endswith("_rb")}
+    assert host_gemm2_only == gemm2_only and "n8_shortk2" in gemm2_only
     assert set(_decide.SM90_TILES) == {t[0] for t in forms.MXFP4_MOE_SM90_TILINGS if not t[0].endswith("_rb")}
 
 

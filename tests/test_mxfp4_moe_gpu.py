@@ -571,11 +571,13 @@ _BAD = {
 
 @pytest.mark.parametrize("name,tiles,match", [
     ("h256_e8_k2", ("wg128x4_rb", "wg128x4_rb"), "is a GEMM2 form"),
+    ("h256_e8_k2", ("n8_shortk2", "n8_shortk2"), "is a GEMM2 form"),
     ("ep8", ("wg32x4", "wg32x4_rb"), "shard <= 512"),   # I = 3072: more K than the resident slots
 ])
 def test_native_plan_refuses_resident_row_forms_outside_their_domain(layers, monkeypatch, name, tiles, match):
-    """The host's own check, behind the decision table (which never hands it these pairs): a
-    resident-rows form is a GEMM2 form for a shard of at most 512. Refused before any launch."""
+    """The host's own check, behind the decision table (which never hands it these pairs): the
+    resident-rows forms and `n8_shortk2` are GEMM2 forms, a resident-rows one for a shard of at
+    most 512. Refused before any launch."""
     from cake_moe.mxfp4_moe import _decide
     layer = layers(name)
     a = _plan_args(layer, 17)

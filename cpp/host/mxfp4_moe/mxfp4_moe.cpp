@@ -54,13 +54,15 @@ struct TilingInfo {
   int resident_k;      // > 0: a GEMM2 form keeping the token rows resident, for K up to this
   bool looks_ahead;    // as GEMM1, can request its first weight stages before its wait (Tiling::kLooksAhead)
   bool gemm1_ring, gemm2_ring;  // the GEMM's scale codes through the code ring (Sm90Tiling)
+  bool gemm2_only;     // compiled as GEMM2 only (forms.py): the resident-row forms, `n8_shortk2`
 };
 
 template <typename Cfg>
-constexpr TilingInfo info(const char* suffix, bool persistent = false) {
+constexpr TilingInfo info(const char* suffix, bool persistent = false, bool gemm2_only = false) {
   return {Cfg::kBN, Cfg::kBM, Cfg::kThreads, Cfg::kSmemBytes, suffix, persistent,
           Cfg::kTmaWeights ? Cfg::kWBoxBytes : 0, Cfg::kResidentB ? Cfg::kMaxResidentK : 0,
-          !persistent && Cfg::kLooksAhead, Cfg::kGemm1CodeRing, Cfg::kGemm2CodeRing};
+          !persistent && Cfg::kLooksAhead, Cfg::kGemm1CodeRing, Cfg::kGemm2CodeRing,
+          gemm2_only || Cfg::kResidentB};
 }
 
 // The weights [L * m rows, k / 2 bytes] as a TMA tensor read in boxes of `box_bytes` x `rows`
@@ -84,7 +86,7 @@ TilingInfo tiling_for(const std::string& tile) {
       info<DecodeNarrowTiling>("n8_narrow"),
       info<DecodeNarrow4Tiling>("n8_narrow4"),
       info<DecodeShortKTiling>("n8_shortk"),
-      info<DecodeShortK2Tiling>("n8_shortk2"),
+      info<DecodeShortK2Tiling>("n8_shortk2", false, true),
       info<MidTiling>("n32"),
       info<PrefillTiling>("n64"),
       info<Sm90PrefillTiling>("wg128", true),
@@ -126,7 +128,7 @@ class Mxfp4MoePlan final : public Plan {
                        " B) reaches 64 GiB, past what the kernels address; split the batch");
     const TilingInfo t1 = tiling_for(p.gemm1_tile), t2 = tiling_for(p.gemm2_tile);
     if (t1.bn != t2.bn) throw ValueError("GEMM1 and GEMM2 tiles must share one token-tile size (block_n)");
-    if (t1.resident_k > 0) throw ValueError(p.gemm1_tile + " is a GEMM2 form");
+    if (t1.gemm2_only) throw ValueError(p.gemm1_tile + " is a GEMM2 form");
     if (t2.resident_k > 0 && p.inter > t2.resident_k)
       throw ValueError(p.gemm2_tile + " keeps every stage of K resident: intermediate shard <= " +
                        std::to_string(t2.resident_k));
