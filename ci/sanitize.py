@@ -105,24 +105,33 @@ def run_mxfp4_moe() -> None:
                                                  ("balanced", 129, torch.float32, wg_mid, None),
                                                  ("dup", 1, torch.float32, None, None))),
                        # I = 1024: the `wg160x3` GEMM2 takes its scale codes through the ring too
-                       ("ring_h256_i1024_e4_k2", (("zipf", 300, torch.float32, wg_wide, None),))):
+                       ("ring_h256_i1024_e4_k2", (("zipf", 300, torch.float32, wg_wide, None),)),
+                       # H = 2048: GEMM1's K halves (every unit split: two CTAs, a parked partial),
+                       # on the resident grid and on 3 CTAs taking every piece in turn
+                       ("split_h2048_e8_k2", (("zipf", 17, torch.float32, "n8_narrow", _SPLIT_ALL),
+                                             ("zipf", 17, torch.float32, "n8", {**_SPLIT_ALL, "CAKE_MOE_UNIT_QUEUE": "3"})))):
         layer = named_layer(name)
         bank = {k: v.cpu() for k, v in layer.bank.items()}
-        # sync: None (the table's choice), True (forced on) or N (forced on, GEMM1 on a grid of N CTAs)
+        # sync: None (the table's choice), True (forced on), N (forced on, GEMM1 on a grid of N
+        # CTAs) or a dict (forced on, with these plan variables set)
         for regime, t, dtype, tile, sync in runs:
             case = make_case(layer.geom, t, regime, seed=t, weights_dtype=dtype, extreme_ids=dtype is not None)
-            queue = sync not in (None, True)
-            if queue:
-                os.environ["CAKE_MOE_UNIT_QUEUE"] = str(sync)
+            queue = isinstance(sync, int) and not isinstance(sync, bool)
+            env = {"CAKE_MOE_UNIT_QUEUE": str(sync)} if queue else sync if isinstance(sync, dict) else {}
+            os.environ.update(env)
             try:
                 got = layer.run(case, tile=tile, tile_sync=None if sync is None else True).cpu()
             finally:
-                if queue:
-                    del os.environ["CAKE_MOE_UNIT_QUEUE"]
+                for k in env:
+                    del os.environ[k]
             want = reference(case.to("cpu"), bank)
             ok = torch.equal(got, want) if regime == "remote" else gref.rel_rms(got, want) < 5e-3
             check(ok, f"mxfp4_moe {name} {regime} T={t} {dtype} {tile or 'decided'}"
-                      f"{' +sync' if sync else ''}{f', {sync} GEMM1 CTAs' if queue else ''}")
+                      f"{' +sync' if sync else ''}{f', {sync} GEMM1 CTAs' if queue else ''}"
+                      f"{''.join(f', {k}={v}' for k, v in env.items()) if isinstance(sync, dict) else ''}")
+
+_SPLIT_ALL = {"CAKE_MOE_SPLIT_FROM": "0", "CAKE_MOE_SPLIT_MAX": "128"}  # GEMM1: every unit as K halves
+
 
 FAMILIES = {"formats": run_formats, "grouped_gemm": run_grouped_gemm, "mxfp4_moe": run_mxfp4_moe}
 which = sys.argv[1] if len(sys.argv) > 1 else "all"

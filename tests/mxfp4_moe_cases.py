@@ -83,6 +83,8 @@ GENERAL = {
     "ring_h512_i512_e8_k2": Geometry(512, 512, 8, 2),
     # I = 1024: the sm_90a `wg160x3` GEMM2 takes its scale codes through the ring too
     "ring_h256_i1024_e4_k2": Geometry(256, 1024, 4, 2),
+    # H = 2048: two K stages of the narrow GEMM1 (1024 each), so its units can be K halves
+    "split_h2048_e8_k2": Geometry(2048, 256, 8, 2),
 }
 
 REGIMES = ("balanced", "remote", "hot", "zipf", "dup", "oob")

@@ -402,11 +402,13 @@ def test_plan_decision_is_frozen():
 # --- workspace -------------------------------------------------------------------------------
 
 def test_workspace_formula_by_hand():
-    # T=1, H=I=128, L=1, k=1: every segment fits in one 256-byte unit -> 9 units
-    assert _wrapper._workspace_bytes(1, 128, 128, 1, 1) == 9 * 256
-    # T=100, H=256, I=128, L=4, k=2: R=200
+    # T=1, H=I=128, L=1, k=1: one tile (8 B + the 528-byte header: 3 units of 256 bytes), four
+    # 64-row GEMM1 units of 16 KiB parking slots (256 units), the other eight segments one unit each
+    assert _wrapper._workspace_bytes(1, 128, 128, 1, 1) == (8 + 3 + 256) * 256
+    # T=100, H=256, I=128, L=4, k=2: R=200, 29 tiles, 29 x 4 parking slots
     t, h, i, l, k = 100, 256, 128, 4, 2
-    segs = [20, 800, 800, (25 + 4) * 8 + 16, (25 + 4) * 4, 64 * l * 4, t * h * 2, 200 * i * 2, 200 * h * 2]
+    segs = [20, 800, 800, (25 + 4) * 8 + 528, (25 + 4) * 4, 64 * l * 4, 116 * 16384, t * h * 2, 200 * i * 2,
+            200 * h * 2]
     assert _wrapper._workspace_bytes(t, h, i, l, k) == sum(-(-s // 256) * 256 for s in segs)
 
 

@@ -245,6 +245,62 @@ def test_gemm1_unit_queue_changes_no_bit(layers, monkeypatch, name, t, tile, cta
     assert torch.equal(outs[""], outs["0"]), "the resident-CTA grid changed the bits"
 
 
+_SPLIT_FLAGS_AT = 4  # moe::kSplitFlagsAt: the split flags' first int32 in the tile list's header
+
+
+def _gemm1_units(layer: Layer, case: Case, tile: str) -> int:
+    """GEMM1's units (token tiles x m-blocks) of a case under a tile form, from one run's tables."""
+    ws = layer.workspace(case.x.shape[0])
+    plan, _ = layer.plan(case, workspace=ws, tile=tile, tile_sync=True)
+    plan.run()
+    torch.cuda.synchronize()
+    tiles = _routing_tables(ws, layer.geom, case.x.shape[0])["tile_count"]
+    return tiles * -(-2 * layer.geom.i_shard // (128 if tile == "n8" else 64))
+
+
+@pytest.mark.parametrize("name,t,tile,tail,ctas", [
+    ("tp8", 1, "n8_narrow", 60, 37), ("tp8", 1, "n8_narrow", 128, 200), ("ep8", 1, "n8_narrow", 24, 64),
+    ("ep8", 2, "n8_narrow4", 100, 7), ("ep8", 4, "n8", 50, 64),
+    ("tp8", 16, "n8", 0, 3),  # from unit 3 on: more units than CAKE_MOE_SPLIT_MAX, none split
+    ("split_h2048_e8_k2", 17, "n8_narrow", 128, 3), ("split_h2048_e8_k2", 129, "n8", 128, 5)])
+def test_gemm1_k_halves(layers, monkeypatch, name, t, tile, tail, ctas):
+    """Under tile sync the GEMM1 units from CAKE_MOE_SPLIT_FROM=N on (default: past the resident
+    CTAs), if at most CAKE_MOE_SPLIT_MAX (default: half the SMs), are two K halves on two CTAs,
+    the half to finish first parking its partial sums for the other; here the last `tail` units.
+    Within the budget, repeatable, the same bits for every grid (CAKE_MOE_UNIT_QUEUE: one CTA per
+    piece, a few CTAs taking many, the resident ones), and the flags show that every split
+    unit's halves met and no other unit was split."""
+    layer = layers(name)
+    case = make_case(layer.geom, t, "zipf", seed=t + 61)
+    monkeypatch.setenv("CAKE_MOE_SPLIT_FROM", "-1")
+    units = _gemm1_units(layer, case, tile)
+    split_from = max(units - tail, 0) if tail else 3
+    split = min(tail, units)
+    assert units > (128 + 3 if tail == 0 else 0), units
+    monkeypatch.setenv("CAKE_MOE_SPLIT_FROM", str(split_from))
+    monkeypatch.setenv("CAKE_MOE_SPLIT_MAX", "128")
+    outs = {}
+    for env in ("0", str(ctas), ""):
+        monkeypatch.setenv("CAKE_MOE_UNIT_QUEUE", env)
+        ws = layer.workspace(t)
+        ws.fill_(0x5A)
+        plan, out = layer.plan(case, workspace=ws, tile=tile, tile_sync=True)
+        assert plan.decision.tile_sync
+        got = []
+        for _ in range(2):
+            poison_(out)
+            plan.run()
+            torch.cuda.synchronize()
+            got.append(out.clone())
+        assert torch.equal(got[0], got[1]), f"CAKE_MOE_UNIT_QUEUE={env!r}: a repeated run changed the bits"
+        outs[env] = got[0]
+        flags = _routing_tables(ws, layer.geom, t)["header"][_SPLIT_FLAGS_AT - 1:]
+        assert int((flags == 2 + (1 << 16)).sum()) == split and int((flags != 0).sum()) == split, flags[:split + 2]
+    _check(case, outs["0"], reference(case, layer.bank))
+    assert torch.equal(outs[str(ctas)], outs["0"]), f"a grid of {ctas} GEMM1 CTAs changed the bits"
+    assert torch.equal(outs[""], outs["0"]), "the resident-CTA grid changed the bits"
+
+
 @pytest.mark.parametrize("name,regime,t,tile,packed", LOOKAHEAD_CASES)
 def test_gemm1_lookahead_regimes(layers, name, regime, t, tile, packed):
     """GEMM1 with at most 32 routes names each CTA's expert from the routes before the routing
@@ -278,14 +334,15 @@ def test_gemm1_lookahead_reload_changes_no_bit(layers):
 def _routing_tables(ws: torch.Tensor, geom: Geometry, t: int) -> dict[str, torch.Tensor]:
     """The routing kernel's outputs in a plan's workspace: its first five segments (offsets,
     row_token, route_row, tile list, tile_done; mxfp4_moe._wrapper._workspace_segments)."""
-    from cake_moe.mxfp4_moe._wrapper import _workspace_segments
+    from cake_moe.mxfp4_moe._wrapper import _TILE_HEADER_INTS, _workspace_segments
     at, seg = 0, []
     for n in _workspace_segments(t, geom.hidden, geom.i_shard, geom.local, geom.top_k)[:5]:
         seg.append(ws[at:at + n].view(torch.int32).cpu())
         at += (n + 255) // 256 * 256
     count = int(seg[3][0])
     return {"offsets": seg[0], "row_token": seg[1], "route_row": seg[2], "tile_count": count,
-            "tiles": seg[3][4:4 + 2 * count].view(-1, 2), "tile_done": seg[4][:count]}
+            "tiles": seg[3][_TILE_HEADER_INTS:_TILE_HEADER_INTS + 2 * count].view(-1, 2),
+            "header": seg[3][1:_TILE_HEADER_INTS], "tile_done": seg[4][:count]}
 
 
 @pytest.mark.parametrize("name,regime,t,tile,packed", LOOKAHEAD_CASES + [
@@ -324,6 +381,8 @@ def test_routing_bookkeeping(layers, name, regime, t, tile, packed):
     want_tiles = [(e, int(offsets[e]) + j * bn) for e in range(geom.local) for j in range(-(-int(counts[e]) // bn))]
     assert got["tile_count"] == len(want_tiles)
     assert [tuple(x) for x in got["tiles"].tolist()] == want_tiles
+    flags = got["header"][_SPLIT_FLAGS_AT - 1:]  # zeroed by the routing kernel; a K-halved unit's: two claims + published
+    assert bool(((flags == 0) | (flags == 2 + (1 << 16))).all()), flags[flags != 0]
     done = got["tile_done"]  # zeroed by the routing kernel; with the tile sync every GEMM1 CTA then counts in
     if plan.decision.tile_sync:
         assert done.numel() == 0 or (bool((done == done[0]).all()) and 0 < int(done[0]) <= 1024), done

@@ -27,15 +27,17 @@ bool lookahead_skew() {
   return e && e[0] == '1';
 }
 
+// The integer value of environment variable `name`, or `fallback` where it is unset or empty.
+int64_t env_or(const char* name, int64_t fallback) {
+  const char* e = std::getenv(name);
+  return (e == nullptr || e[0] == '\0') ? fallback : std::atoll(e);
+}
+
 // GEMM1's unit queue under tile sync (GemmParams::unit_queue): by default the grid is the CTAs
 // resident at once. CAKE_MOE_UNIT_QUEUE=0 launches the routing's worst case instead (one CTA per
 // unit, idle CTAs exit); =N > 0 caps the grid at N CTAs, so that tests reach CTAs taking several
 // units on small shapes (the results must not change).
-int64_t unit_queue_ctas(int64_t resident) {
-  const char* e = std::getenv("CAKE_MOE_UNIT_QUEUE");
-  if (e == nullptr || e[0] == '\0') return resident;
-  return std::max<int64_t>(0, std::atoll(e));
-}
+int64_t unit_queue_ctas(int64_t resident) { return std::max<int64_t>(0, env_or("CAKE_MOE_UNIT_QUEUE", resident)); }
 
 // GemmParams::code_ring of a GEMM with reduction k whose form has the code ring (`ring`): the
 // scale codes four stages per copy wherever k allows it. CAKE_MOE_CODE_RING=0 turns it off
@@ -55,6 +57,8 @@ struct TilingInfo {
   bool looks_ahead;    // as GEMM1, can request its first weight stages before its wait (Tiling::kLooksAhead)
   bool gemm1_ring, gemm2_ring;  // the GEMM's scale codes through the code ring (Sm90Tiling)
   bool gemm2_only;     // compiled as GEMM2 only (forms.py): the resident-row forms, `n8_shortk2`
+  bool splits_k;       // as GEMM1, can compute units as two K halves (Mxfp4MoeGemm::kSplitsK)
+  int k_stage;         // K per pipeline stage
 };
 
 template <typename Cfg>
@@ -62,7 +66,8 @@ constexpr TilingInfo info(const char* suffix, bool persistent = false, bool gemm
   return {Cfg::kBN, Cfg::kBM, Cfg::kThreads, Cfg::kSmemBytes, suffix, persistent,
           Cfg::kTmaWeights ? Cfg::kWBoxBytes : 0, Cfg::kResidentB ? Cfg::kMaxResidentK : 0,
           !persistent && Cfg::kLooksAhead, Cfg::kGemm1CodeRing, Cfg::kGemm2CodeRing,
-          gemm2_only || Cfg::kResidentB};
+          gemm2_only || Cfg::kResidentB,
+          !persistent && Cfg::kThreads * Cfg::kAccPerLane * 4 <= moe::kSplitParkBytes, Cfg::kKStage};
 }
 
 // The weights [L * m rows, k / 2 bytes] as a TMA tensor read in boxes of `box_bytes` x `rows`
@@ -137,7 +142,7 @@ class Mxfp4MoePlan final : public Plan {
     auto* row_token = reinterpret_cast<int32_t*>(base + ws.row_token);
     auto* route_row = reinterpret_cast<int32_t*>(base + ws.route_row);
     auto* tile_count = reinterpret_cast<int32_t*>(base + ws.tiles);
-    auto* tiles = reinterpret_cast<moe::TokenTile*>(base + ws.tiles + 16);
+    auto* tiles = reinterpret_cast<moe::TokenTile*>(base + ws.tiles + moe::kTileHeaderInts * 4);
     auto* tile_done = reinterpret_cast<int32_t*>(base + ws.tile_done);
     auto* chunk_rows = reinterpret_cast<int32_t*>(base + ws.route_chunks);
     auto* x_bf16 = reinterpret_cast<uint16_t*>(base + ws.x_bf16);
@@ -195,13 +200,35 @@ class Mxfp4MoePlan final : public Plan {
     // worst case of idle CTAs (ep8 T = 1: 1536 CTAs for ~288 units) through the slots GEMM1's
     // first wave frees.
     const int64_t queue_ctas = tile_sync ? unit_queue_ctas(resident) : 0;
-    const int64_t gemm1_units = max_tiles * gemm1_m_blocks;
-    const bool queue = queue_ctas > 0 && queue_ctas < gemm1_units;
     GemmParams gemm1{p.w1, p.w1_sf, p.w1_sf_max, x_bf16, row_token, offsets, tile_count, tiles, done, act,
-                     p.beta, p.linear_beta, 2 * p.inter, p.hidden, 0, gemm1_m_blocks, gemm1_lookahead,
-                     queue ? tile_count + 1 : nullptr};
+                     p.beta, p.linear_beta, 2 * p.inter, p.hidden, 0, gemm1_m_blocks, gemm1_lookahead};
     gemm1.code_ring = code_ring(t1.gemm1_ring, p.hidden);
-    bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local, gemm1, queue ? queue_ctas : 0);
+    // Under tile sync, GEMM1's K halves (Mxfp4MoeItemSchedule, "K halves"; forms whose partial
+    // sums fit a parking slot, K of two stages or more): by default the units past the CTAs
+    // resident at once (the second wave) when they are at most half the SMs, so that each half
+    // can have an SM to itself (a larger second wave shares the SMs with GEMM2 already: its
+    // halves would only take GEMM2's slots). CAKE_MOE_SPLIT_FROM=N moves the first split unit to
+    // N, =-1 splits none; CAKE_MOE_SPLIT_MAX=M allows M (<= moe::kMaxSplitUnits). The bits may
+    // change with them (the sums are added in another order, as another form's are).
+    const int64_t split_from = tile_sync ? env_or("CAKE_MOE_SPLIT_FROM", resident) : -1;
+    const int64_t split_max = std::min<int64_t>(env_or("CAKE_MOE_SPLIT_MAX", runtime::device_sm_count(p.device) / 2),
+                                                moe::kMaxSplitUnits);
+    if (split_from >= 0 && split_from < 0x7FFFFFFF && split_max > 0 && t1.splits_k && p.hidden >= 2 * t1.k_stage) {
+      gemm1.split_park = reinterpret_cast<float*>(base + ws.split_park);
+      gemm1.split_flags = tile_count + moe::kSplitFlagsAt;
+      gemm1.split_from = int32_t(split_from);
+      gemm1.split_max = int32_t(split_max);
+    }
+    // The most work items GEMM1 can have (units, and one more per split unit: at most split_max
+    // past split_from); the workspace's moe::split_park_units slots cover every split unit.
+    const int64_t gemm1_units = max_tiles * gemm1_m_blocks;
+    const int64_t gemm1_pieces = [&] {
+      const int64_t u = std::min<int64_t>(gemm1_units, int64_t(gemm1.split_from) + gemm1.split_max);
+      return std::max(gemm1_units, u + split_units(gemm1, u));
+    }();
+    const bool queue = queue_ctas > 0 && queue_ctas < gemm1_pieces;
+    gemm1.unit_queue = queue ? tile_count + 1 : nullptr;
+    bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local, gemm1, queue ? queue_ctas : 0, gemm1_pieces);
     GemmParams gemm2{p.w2, p.w2_sf, p.w2_sf_max, act, nullptr, offsets, tile_count, tiles, done, rows, nullptr,
                      nullptr, p.hidden, p.inter, 0, gemm1_m_blocks};
     gemm2.code_ring = code_ring(t2.gemm2_ring, p.inter);
@@ -256,13 +283,14 @@ class Mxfp4MoePlan final : public Plan {
     *b.params = params;
   }
 
-  // max_grid > 0: at most this many CTAs (GEMM1's unit queue takes the rest of the units).
+  // max_grid > 0: at most this many CTAs (GEMM1's unit queue takes the rest of the units);
+  // pieces > 0: the worst case of GEMM1's work items (units, one more per K-halved unit).
   void bind_gemm(runtime::BoundKernel<GemmParams>& b, const std::string& prefix, const TilingInfo& tl, int64_t max_tiles,
-                 int64_t num_local, GemmParams params, int64_t max_grid = 0) {
+                 int64_t num_local, GemmParams params, int64_t max_grid = 0, int64_t pieces = 0) {
     const std::string form = prefix + tl.suffix;
     params.m_blocks = (params.m + tl.bm - 1) / tl.bm;
     if (tl.w_box_bytes > 0) params.tmap_w = weight_map(params.w, num_local, params.m, params.k, tl.w_box_bytes, tl.bm);
-    const int64_t ctas = max_tiles * params.m_blocks;
+    const int64_t ctas = pieces > 0 ? pieces : max_tiles * params.m_blocks;
     if (ctas > int64_t(0x7FFFFFFF)) throw ValueError("too many tiles for one launch");
     b.form = form;
     b.device = device_;

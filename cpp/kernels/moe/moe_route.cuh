@@ -67,6 +67,12 @@ __device__ __forceinline__ void place_routes(const RouteParams& p, int32_t begin
   }
 }
 
+// GEMM1's unit queue and split flags (the tile list's header past the count), zeroed by
+// threads [0, n): the previous call has completed, nothing reads them now.
+__device__ __forceinline__ void zero_gemm1_counters(const RouteParams& p, int32_t tid, int32_t n) {
+  for (int32_t i = 1 + tid; i < kTileHeaderInts; i += n) p.tile_count[i] = 0;
+}
+
 // From the per-expert counts (shared): the offsets, the token-tile list and its done counters.
 // Leaves count as its inclusive prefix; tiles_end and chunk_total are scratch. Ends with a
 // CTA barrier.
@@ -79,10 +85,8 @@ __device__ __forceinline__ void publish_offsets(const RouteParams& p, int32_t* c
   block_inclusive_scan(tiles_end, L, chunk_total);
   const int32_t num_tiles = L > 0 ? tiles_end[L - 1] : 0;
   for (int32_t e = tid; e <= L; e += kRouteThreads) p.offsets[e] = e == 0 ? 0 : count[e - 1];
-  if (tid == 0) {
-    p.tile_count[0] = num_tiles;
-    p.tile_count[1] = 0;  // GEMM1's unit queue (the previous call has completed)
-  }
+  if (tid == 0) p.tile_count[0] = num_tiles;
+  zero_gemm1_counters(p, tid, kRouteThreads);
   for (int32_t t = tid; t < num_tiles; t += kRouteThreads) {
     const int32_t e = first_slot_above(tiles_end, L, t);
     const int32_t first_tile = e == 0 ? 0 : tiles_end[e - 1];
@@ -161,10 +165,8 @@ __device__ __forceinline__ void route_few(const RouteParams& p) {
     p.tiles[n.tiles_below + j] = TokenTile{e, n.routes_below + j * p.block_n};
     p.tile_done[n.tiles_below + j] = 0;  // the previous call has completed: nothing reads it now
   }
-  if (lane == 0) {
-    p.tile_count[0] = n.num_tiles;
-    p.tile_count[1] = 0;  // GEMM1's unit queue (the previous call has completed)
-  }
+  if (lane == 0) p.tile_count[0] = n.num_tiles;
+  zero_gemm1_counters(p, lane, 32);
 }
 
 // Launch order (a plan's run): activation dequantize, this kernel as its dependent launch, the

@@ -29,6 +29,23 @@ CAKE_HD constexpr int64_t max_token_tiles(int64_t routes, int64_t num_local) {
 
 CAKE_HD constexpr int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 
+// GEMM1 units computed as two K halves by two CTAs (family B decode: mxfp4_moe
+// GemmParams::split_from): at most kMaxSplitUnits per call (a second wave of up to half the
+// SMs of a 256-SM GPU), each with one flag in the tile list's header and one parking slot of
+// kSplitParkBytes (a 256-thread CTA's 16 FP32 accumulators per thread: the n8 forms).
+constexpr int32_t kMaxSplitUnits = 128;
+constexpr int64_t kSplitParkBytes = 16384;
+// The tile list's header, in int32: [0] tile count, [1] GEMM1's unit queue, [4, 4 + kMaxSplitUnits)
+// the split flags; the routing kernel zeroes all but the count.
+constexpr int32_t kTileHeaderInts = 4 + kMaxSplitUnits;
+constexpr int32_t kSplitFlagsAt = 4;
+// Split units a workspace holds for R routes: no more than GEMM1's units at 64 weight rows per
+// CTA (the narrowest form) and 2I weight rows.
+CAKE_HD constexpr int64_t split_park_units(int64_t routes, int64_t num_local, int64_t inter) {
+  const int64_t units = max_token_tiles(routes, num_local) * ((2 * inter + 63) / 64);
+  return units < kMaxSplitUnits ? units : kMaxSplitUnits;
+}
+
 // Routing over several CTAs (moe_route.cuh): from kRouteChunkMin * 4 routes on, the routes are
 // cut into at most kMaxRouteChunks chunks of at least kRouteChunkMin routes, one CTA each.
 constexpr int32_t kMaxRouteChunks = 64;
@@ -43,7 +60,7 @@ CAKE_HD constexpr int32_t route_chunk_routes(int64_t routes) {  // 0: one CTA ro
 // not depend on the tile form, so the size is monotonic in T. Python mirrors this function
 // (cake_moe.mxfp4_moe._wrapper._workspace_bytes); tests compare the two.
 struct WorkspaceLayout {
-  int64_t offsets, row_token, route_row, tiles, tile_done, route_chunks, x_bf16, act, rows, total;
+  int64_t offsets, row_token, route_row, tiles, tile_done, route_chunks, split_park, x_bf16, act, rows, total;
 };
 
 CAKE_HD WorkspaceLayout workspace_layout(int64_t tokens, int64_t hidden, int64_t inter, int64_t num_local,
@@ -54,9 +71,10 @@ CAKE_HD WorkspaceLayout workspace_layout(int64_t tokens, int64_t hidden, int64_t
   w.offsets = at;   at += align256((num_local + 1) * 4);
   w.row_token = at; at += align256(r * 4);
   w.route_row = at; at += align256(r * 4);
-  w.tiles = at;     at += align256(max_token_tiles(r, num_local) * 8 + 16);  // 16: the tile count header
+  w.tiles = at;     at += align256(max_token_tiles(r, num_local) * 8 + kTileHeaderInts * 4);  // after the header
   w.tile_done = at; at += align256(max_token_tiles(r, num_local) * 4);       // GEMM1 CTAs done per tile
   w.route_chunks = at; at += align256(int64_t(kMaxRouteChunks) * num_local * 4);  // per-chunk counts
+  w.split_park = at; at += align256(split_park_units(r, num_local, inter) * kSplitParkBytes);  // GEMM1 K halves
   w.x_bf16 = at;    at += align256(tokens * hidden * 2);
   w.act = at;       at += align256(r * inter * 2);
   w.rows = at;      at += align256(r * hidden * 2);
@@ -71,7 +89,7 @@ struct RouteParams {
   int32_t* offsets;         // [L + 1] sorted-row offset of each local expert (leading 0)
   int32_t* row_token;       // [R] token of each sorted row
   int32_t* route_row;       // [T * k] sorted row of each route, -1: not local / out of range
-  int32_t* tile_count;      // [2] number of token tiles (header of the tile list), GEMM1's unit queue (zeroed)
+  int32_t* tile_count;      // [kTileHeaderInts] the tile list's header: tile count, then GEMM1's counters (zeroed)
   TokenTile* tiles;         // [max_token_tiles]
   int32_t* tile_done;       // [max_token_tiles] zeroed for the listed tiles (GEMM1 -> GEMM2 counters)
   int32_t* chunk_rows;      // [kMaxRouteChunks, L] several-CTA routing: each chunk's count per expert,

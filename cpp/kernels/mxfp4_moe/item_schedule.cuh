@@ -59,6 +59,66 @@ struct Mxfp4MoeItemSchedule {
     return next;
   }
 
+  // K halves (GEMM1 under tile sync, GemmParams::split_park). The units past the first wave
+  // run beside few others, each on a CTA whose per-stage chain sets its time; from split_from on,
+  // a unit is two pieces that the queue hands out one after the other, the first half of its
+  // K stages and the rest, so both run at once. The half to finish first parks its partial
+  // sums; the other adds them to its own and finishes the unit (SiTU, the tile's count). The
+  // sum is h0 + h1 whichever half parks (FP32 addition commutes), so the bits follow only from
+  // split_from, not from the timing or the grid (CAKE_MOE_UNIT_QUEUE).
+  struct Piece {
+    int unit;     // the GEMM1 unit (token tile x m-block)
+    int k_first;  // its first K stage
+    int k_stages; // its K stages
+    int half;     // -1: the whole unit, else 0 or 1
+  };
+  __device__ static __forceinline__ int num_pieces(const GemmParams& p, int units) {
+    return units + split_units(p, units);
+  }
+  __device__ static __forceinline__ Piece piece_of(const GemmParams& p, int q, int units, int num_k) {
+    const int split = split_units(p, units);
+    const int j = q - p.split_from;
+    if (split == 0 || j < 0) return {q, 0, num_k, -1};
+    if (j >= 2 * split) return {q - split, 0, num_k, -1};
+    const int half = j & 1, first_half = (num_k + 1) / 2;
+    return {p.split_from + (j >> 1), half ? first_half : 0, half ? num_k - first_half : first_half, half};
+  }
+
+  // After a half's mainloop: false when this CTA parked its partial sums (the other half
+  // finishes the unit), true when acc now holds the unit's sums. Thread 0 claims the turn;
+  // the first to claim parks (L2 stores, [accumulator][thread]: coalesced) and publishes,
+  // the second waits for that (rarely: the halves end a stage apart) and adds.
+  template <int kNBlocks>
+  __device__ static bool meet_other_half(const GemmParams& p, int unit, float (&acc)[4][kNBlocks][4]) {
+    constexpr int kAcc = 4 * kNBlocks * 4;
+    static_assert(kAcc * Cfg::kThreads * 4 <= moe::kSplitParkBytes, "a half's partial sums fit one parking slot");
+    constexpr int32_t kPublished = 1 << 16;
+    __shared__ int32_t claimed;
+    const int slot = unit - p.split_from;
+    int32_t* flag = p.split_flags + slot;
+    float* park = p.split_park + int64_t(slot) * (moe::kSplitParkBytes / 4) + threadIdx.x;
+    if (threadIdx.x == 0) claimed = atomicAdd(flag, 1);
+    __syncthreads();
+    if (claimed == 0) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) __stcg(park + i * Cfg::kThreads, acc[i / (4 * kNBlocks)][(i / 4) % kNBlocks][i % 4]);
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) atomicAdd(flag, kPublished);
+      return false;
+    }
+    if (threadIdx.x == 0)
+      while ((ptx::ld_acquire_gpu(reinterpret_cast<const uint32_t*>(flag)) & uint32_t(kPublished)) == 0u)
+        __nanosleep(64);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      float& a = acc[i / (4 * kNBlocks)][(i / 4) % kNBlocks][i % 4];
+      a += __ldcg(park + i * Cfg::kThreads);
+    }
+    return true;
+  }
+
   // GEMM2 under tile sync: every GEMM1 CTA of the tile has counted itself in (acquire), so the
   // act rows of the tile are written before any thread of this CTA copies them.
   __device__ static __forceinline__ void await_tile(const GemmParams& p, int tile_index) {

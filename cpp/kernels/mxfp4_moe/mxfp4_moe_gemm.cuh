@@ -43,6 +43,10 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
   static constexpr int kThreads = Cfg::kThreads;
   static constexpr int kSmemBytes = Cfg::kSmemBytes;
   static_assert(kStages >= 2, "a ring needs two stages");
+  // GEMM1 units may be computed as two K halves (item_schedule.cuh, "K halves") when a CTA's
+  // partial sums fit one parking slot (the n8 forms); the host binds split_park only then.
+  static constexpr bool kSplitsK =
+      kStage == GemmStage::kGemm1 && Cfg::kThreads * Cfg::kAccPerLane * 4 <= moe::kSplitParkBytes;
 
   // The stage layout and the stage loaders (stage_loader.cuh), named here for the mainloop.
   using Loaders = Mxfp4MoeStageLoader<kStage, Cfg>;
@@ -63,6 +67,10 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
   using Tail::tail_gemm2;
   using Schedule::await_tile;
   using Schedule::count_tile_done;
+  using Schedule::meet_other_half;
+  using Schedule::num_pieces;
+  using Schedule::piece_of;
+  using Piece = typename Schedule::Piece;
   using Schedule::next_unit;
   using Schedule::read_tile;
   using Schedule::tile_count;
@@ -222,12 +230,14 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     return (p.k + Cfg::kKStage - 1) / Cfg::kKStage;
   }
 
+  // (the first of a piece's num_k stages from K stage k_first: Schedule::Piece)
   __device__ static __forceinline__ void load_first_weights(const GemmParams& p, const Tile& t, const Smem& sm,
-                                                            uint64_t* bars, int num_k, uint32_t g = 0) {
+                                                            uint64_t* bars, int num_k, uint32_t g = 0,
+                                                            int k_first = 0) {
     if constexpr (Cfg::kTmaWeights)
       for (int s = 0; s < kFirstStages && s < num_k; ++s) {
         const int slot = int((g + s) % kStages);  // stage s of a unit starting at stream stage g
-        load_weights_tma(p, t, sm, &bars[slot], slot, s);  // bound: load,wload
+        load_weights_tma(p, t, sm, &bars[slot], slot, k_first + s);  // bound: load,wload
       }
   }
   __device__ static void drain_first_weights(uint64_t* bars, int num_k) {
@@ -246,8 +256,11 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
 
   // Before the dependency wait (kLooksAhead): returns, in thread 0, the expert whose first
   // weight stages it requested for this CTA's tile (-1: none, or no lookahead bound).
+  // (Only CTAs whose first piece is a whole unit, below split_from: a later one's piece is not
+  // known before the tile count.)
   __device__ static int request_early_weights(const GemmParams& p, uint8_t* smem_raw, uint64_t* bars) {
     if (p.lookahead.routes == 0 || int(blockIdx.x) >= p.lookahead.first_ctas || threadIdx.x >= 32) return -1;
+    if (kSplitsK && p.split_park != nullptr && int(blockIdx.x) >= p.split_from) return -1;
     const int early = moe::lookahead_tile_expert(p.lookahead, kBN, int(blockIdx.x) / p.m_blocks);
     if (threadIdx.x == 0 && early >= 0)
       load_first_weights(p, Tile{early, 0, 0, int(blockIdx.x % p.m_blocks) * kBM}, Smem{smem_raw}, bars,
@@ -255,14 +268,15 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     return early;
   }
 
-  // One unit (token tile x m-block) from its first weights to its epilogue. The ring continues
-  // the CTA's stream of stages: stage ks of the unit is stream stage g + ks (slot and barrier
-  // phase); `early` is the expert whose first weight stages the lookahead requested (the CTA's
-  // first unit only), -1 otherwise.
-  __device__ static __forceinline__ void run_unit(const GemmParams& p, uint8_t* smem_raw, uint64_t* bars, int unit,
-                                                  int early, bool awaits_tile, uint32_t g) {
+  // One piece (a unit, token tile x m-block, or one of its K halves) from its first weights to
+  // its epilogue. The ring continues the CTA's stream of stages: stage ks of the piece is stream
+  // stage g + ks (slot and barrier phase) and K stage pc.k_first + ks; `early` is the expert
+  // whose first weight stages the lookahead requested (the CTA's first unit only), -1 otherwise.
+  __device__ static __forceinline__ void run_unit(const GemmParams& p, uint8_t* smem_raw, uint64_t* bars,
+                                                  const Piece& pc, int early, bool awaits_tile, uint32_t g) {
     constexpr bool kGemm2 = kStage == GemmStage::kGemm2;
     const bool tile_sync = p.tile_done != nullptr;
+    const int unit = pc.unit;
     const int tile_index = int(uint32_t(unit) / uint32_t(p.m_blocks));
     const Tile t = read_tile(p, unit, awaits_tile);
 
@@ -279,14 +293,14 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[mb][nb][j] = 0.0f;
 
-    const int num_k = num_k_stages(p);
+    const int num_k = pc.k_stages, k0 = pc.k_first;
     const FragOffsets frag = frag_offsets(wm, wk);
     const bool may_be_big = expert_may_need_big(p.sf_max, t.expert);  // CTA-uniform
     const Loader loader = make_loader(p, t);
     if constexpr (Cfg::kTmaWeights) {  // the weights first: they depend on no launch
       if (threadIdx.x == 0 && (!kLooksAhead || early != t.expert)) {
         if (!kLooksAhead || early < 0) {
-          load_first_weights(p, t, sm, bars, num_k, g);
+          load_first_weights(p, t, sm, bars, num_k, g, k0);
         } else {
           // the routes named another expert than the list
           reload_first_weights(p, t, sm, bars, num_k);  // bound: load,wload
@@ -296,7 +310,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     if (awaits_tile) await_tile(p, tile_index);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < num_k) load_stage(p, loader, sm, int((g + s) % kStages), s);  // bound: load
+      if (s < num_k) load_stage(p, loader, sm, int((g + s) % kStages), k0 + s);  // bound: load
       ptx::cp_async_commit();
     }
     for (int ks = 0; ks < num_k; ++ks) {
@@ -307,16 +321,18 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
       const int next = ks + kStages - 1;
       if (next < num_k) {
         const int slot = int((gs + kStages - 1) % kStages);
-        load_stage(p, loader, sm, slot, next);  // bound: load
+        load_stage(p, loader, sm, slot, k0 + next);  // bound: load
         if constexpr (Cfg::kTmaWeights)
-          if (threadIdx.x == 0) load_weights_tma(p, t, sm, &bars[slot], slot, next);  // bound: load,wload
+          if (threadIdx.x == 0) load_weights_tma(p, t, sm, &bars[slot], slot, k0 + next);  // bound: load,wload
       }
       ptx::cp_async_commit();
-      if (warp_rows && ks * Cfg::kKStage + wk * Cfg::kKWarp < p.k)
+      if (warp_rows && (k0 + ks) * Cfg::kKStage + wk * Cfg::kKWarp < p.k)
         compute_stage(sm, int(gs % kStages), wm, wk, frag, may_be_big, acc);
     }
     ptx::cp_async_wait<0>();
     if (kGemm2 || !tile_sync) ptx::allow_dependent_launch();  // the next launch may start; it waits for us
+    if constexpr (kSplitsK)
+      if (pc.half >= 0 && !meet_other_half(p, unit, acc)) return;  // the other half finishes it
     if constexpr (Cfg::kWarpsK > 1) park_partials(smem_raw, wm, wk, acc);
     if (warp_rows) finish_item(p, t, smem_raw, wm, wk, acc);
     if (!kGemm2 && tile_sync) count_tile_done(p, tile_index);
@@ -345,20 +361,23 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     if (!kGemm2 && tile_sync) ptx::allow_dependent_launch();
     // the grid covers the worst case of the routing, or (unit queue) the CTAs resident at once
     const int units = tile_count(p, awaits_tile) * p.m_blocks;
-    if (int(blockIdx.x) >= units) {
+    const int num_k = num_k_stages(p);
+    const int pieces = kSplitsK ? num_pieces(p, units) : units;
+    if (int(blockIdx.x) >= pieces) {
       if (kLooksAhead && threadIdx.x == 0 && early >= 0)  // no copy outlives the CTA
         drain_first_weights(bars, num_k_stages(p));  // bound: load,wload
       return;
     }
     if constexpr (kGemm2) {
-      run_unit(p, smem_raw, bars, int(blockIdx.x), early, awaits_tile, 0u);
+      run_unit(p, smem_raw, bars, Piece{int(blockIdx.x), 0, num_k, -1}, early, awaits_tile, 0u);
     } else {
       uint32_t g = 0;
-      for (int unit = int(blockIdx.x); unit < units; early = -1) {
-        run_unit(p, smem_raw, bars, unit, early, awaits_tile, g);
+      for (int q = int(blockIdx.x); q < pieces; early = -1) {
+        const Piece pc = kSplitsK ? piece_of(p, q, units, num_k) : Piece{q, 0, num_k, -1};
+        run_unit(p, smem_raw, bars, pc, early, awaits_tile, g);
         if (p.unit_queue == nullptr) break;
-        g += uint32_t(num_k_stages(p));
-        unit = next_unit(p);
+        g += uint32_t(pc.k_stages);
+        q = next_unit(p);
       }
     }
   }

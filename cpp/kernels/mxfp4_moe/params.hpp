@@ -47,7 +47,21 @@ struct GemmParams {
   int32_t code_ring;            // sm_90a forms whose tiling has the ring for this GEMM, k a multiple
                                 //   of 512: 1 = the scale codes four stages per copy into a ring of
                                 //   their own (sm90_code_ring.cuh), 0 = each stage's with its weights
+  float* split_park;            // GEMM1 under tile sync: null, or (moe::kMaxSplitUnits parking slots)
+                                //   the units from split_from on, if few, are computed as two K
+                                //   halves by two CTAs (split_units); the half to finish first parks
+                                //   its partial sums here, the other adds them (item_schedule.cuh)
+  int32_t* split_flags;         // [moe::kMaxSplitUnits] arrivals per split unit (zeroed by the routing)
+  int32_t split_from;           // the first unit split; units before it (the first wave) stay whole
+  int32_t split_max;            // <= moe::kMaxSplitUnits: with more units from split_from on, none is split
 };
+
+// Units of `units` GEMM1 units computed as K halves (GemmParams::split_park): those from
+// split_from on, if at most split_max; each adds one CTA's work item ("piece").
+CAKE_HD int32_t split_units(const GemmParams& p, int64_t units) {
+  if (p.split_park == nullptr || units <= p.split_from || units - p.split_from > p.split_max) return 0;
+  return int32_t(units - p.split_from);
+}
 
 // A CTA computes kBM weight rows x kBN sorted rows. Warps: kWarpsM along M (64 rows each, four
 // m16 blocks) x kWarpsK splitting each pipeline stage's K (128 each, reduced in warp order).

@@ -27,6 +27,9 @@ _CODE_MAX_NAMES = ("w1_sf_max", "w2_sf_max")  # optional in the dict: without th
 
 
 _MAX_ROUTE_CHUNKS = 64  # moe::kMaxRouteChunks (cpp/kernels/moe/params.hpp)
+_TILE_HEADER_INTS = 4 + 128  # moe::kTileHeaderInts: count, unit queue, pad, moe::kMaxSplitUnits flags
+_MAX_SPLIT_UNITS = 128  # moe::kMaxSplitUnits
+_SPLIT_PARK_BYTES = 16384  # moe::kSplitParkBytes
 
 
 def _align256(n: int) -> int:
@@ -36,13 +39,15 @@ def _align256(n: int) -> int:
 def _workspace_segments(num_tokens: int, hidden: int, inter: int, num_local: int, top_k: int) -> tuple[int, ...]:
     """Bytes of each workspace segment before padding, in order (see :func:`_workspace_bytes`)."""
     routes = num_tokens * top_k
+    tiles = routes // 8 + min(num_local, routes)
     return (
         (num_local + 1) * 4,
         routes * 4,
         routes * 4,
-        (routes // 8 + min(num_local, routes)) * 8 + 16,
-        (routes // 8 + min(num_local, routes)) * 4,
+        tiles * 8 + _TILE_HEADER_INTS * 4,
+        tiles * 4,
         _MAX_ROUTE_CHUNKS * num_local * 4,
+        min(_MAX_SPLIT_UNITS, tiles * -(-2 * inter // 64)) * _SPLIT_PARK_BYTES,
         num_tokens * hidden * 2,
         routes * inter * 2,
         routes * hidden * 2,
@@ -55,8 +60,10 @@ def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, t
 
     With R = T * top_k routes, every segment is padded to 256 bytes, in this order: expert
     offsets (L+1) int32; row_token R int32; route_row R int32; the token-tile list, at most
-    R // 8 + min(L, R) tiles of 8 bytes after a 16-byte count header; one int32 per tile (GEMM1
-    CTAs done); 64 x L int32 (per-chunk expert counts of the several-CTA routing); x_bf16 [T, H] bf16;
+    R // 8 + min(L, R) tiles of 8 bytes after a header of 132 int32 (the count, GEMM1's unit
+    queue and split flags); one int32 per tile (GEMM1 CTAs done); 64 x L int32 (per-chunk expert
+    counts of the several-CTA routing); the parking slots of GEMM1's K halves, 16 KiB for each of
+    min(128, tiles x ceil(2 I / 64)) units; x_bf16 [T, H] bf16;
     act [R, I] bf16; rows [R, H] bf16. No segment depends on the tile form, so the total is
     monotonic in T.
     """
