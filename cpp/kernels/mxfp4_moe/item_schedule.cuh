@@ -59,13 +59,14 @@ struct Mxfp4MoeItemSchedule {
     return next;
   }
 
-  // K halves (GEMM1 under tile sync, GemmParams::split_park). The units past the first wave
-  // run beside few others, each on a CTA whose per-stage chain sets its time; from split_from on,
-  // a unit is two pieces that the queue hands out one after the other, the first half of its
-  // K stages and the rest, so both run at once. The half to finish first parks its partial
-  // sums; the other adds them to its own and finishes the unit (SiTU, the tile's count). The
-  // sum is h0 + h1 whichever half parks (FP32 addition commutes), so the bits follow only from
-  // split_from, not from the timing or the grid (CAKE_MOE_UNIT_QUEUE).
+  // K halves (GEMM1 under tile sync, GemmParams::split_park). A short second wave of units runs
+  // nearly alone, each unit on a CTA whose per-stage chain sets its time; so when at most
+  // split_max units lie past split_from (the resident CTAs), each of them is two pieces that the
+  // queue hands out one after the other, the first half of its K stages and the rest, and both
+  // run at once. The half to finish first parks its partial sums; the other adds them to its
+  // own and finishes the unit (SiTU, the tile's count). The sum is h0 + h1 whichever half parks
+  // (FP32 addition commutes), so the bits follow from the split alone, not from the timing or
+  // the grid (CAKE_MOE_UNIT_QUEUE).
   struct Piece {
     int unit;     // the GEMM1 unit (token tile x m-block)
     int k_first;  // its first K stage
