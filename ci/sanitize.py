@@ -70,6 +70,9 @@ def run_grouped_gemm() -> None:
             check(gref.rel_rms(dw, gref.wgrad(g, x, offs)) < 6e-3, f"gg wgrad {variant}")
 
 
+_SPLIT_ALL = {"CAKE_MOE_SPLIT_FROM": "0", "CAKE_MOE_SPLIT_MAX": "128"}  # GEMM1: every unit as K halves
+
+
 def run_mxfp4_moe() -> None:
     """Family B on small shapes (H=256, I=128, E=8, top_k=2; an EP rank with remote experts),
     with ids outside [0, E) (never dereferenced), both route-weight dtypes, the packed form, the
@@ -129,8 +132,6 @@ def run_mxfp4_moe() -> None:
             check(ok, f"mxfp4_moe {name} {regime} T={t} {dtype} {tile or 'decided'}"
                       f"{' +sync' if sync else ''}{f', {sync} GEMM1 CTAs' if queue else ''}"
                       f"{''.join(f', {k}={v}' for k, v in env.items()) if isinstance(sync, dict) else ''}")
-
-_SPLIT_ALL = {"CAKE_MOE_SPLIT_FROM": "0", "CAKE_MOE_SPLIT_MAX": "128"}  # GEMM1: every unit as K halves
 
 
 FAMILIES = {"formats": run_formats, "grouped_gemm": run_grouped_gemm, "mxfp4_moe": run_mxfp4_moe}
