@@ -57,7 +57,7 @@ struct TilingInfo {
   bool looks_ahead;    // as GEMM1, can request its first weight stages before its wait (Tiling::kLooksAhead)
   bool gemm1_ring, gemm2_ring;  // the GEMM's scale codes through the code ring (Sm90Tiling)
   bool gemm2_only;     // compiled as GEMM2 only (forms.py): the resident-row forms, `n8_shortk2`
-  bool splits_k;       // as GEMM1, can compute units as two K halves (Mxfp4MoeGemm::kSplitsK)
+  bool splits_k;       // as GEMM1, can compute units as two K halves (Tiling::kGemm1SplitsK)
   int k_stage;         // K per pipeline stage
 };
 
@@ -67,7 +67,7 @@ constexpr TilingInfo info(const char* suffix, bool persistent = false, bool gemm
           Cfg::kTmaWeights ? Cfg::kWBoxBytes : 0, Cfg::kResidentB ? Cfg::kMaxResidentK : 0,
           !persistent && Cfg::kLooksAhead, Cfg::kGemm1CodeRing, Cfg::kGemm2CodeRing,
           gemm2_only || Cfg::kResidentB,
-          !persistent && Cfg::kThreads * Cfg::kAccPerLane * 4 <= moe::kSplitParkBytes, Cfg::kKStage};
+          !persistent && Cfg::kGemm1SplitsK, Cfg::kKStage};
 }
 
 // The weights [L * m rows, k / 2 bytes] as a TMA tensor read in boxes of `box_bytes` x `rows`

@@ -92,7 +92,7 @@ struct Mxfp4MoeItemSchedule {
   template <int kNBlocks>
   __device__ static bool meet_other_half(const GemmParams& p, int unit, float (&acc)[4][kNBlocks][4]) {
     constexpr int kAcc = 4 * kNBlocks * 4;
-    static_assert(kAcc * Cfg::kThreads * 4 <= moe::kSplitParkBytes, "a half's partial sums fit one parking slot");
+    static_assert(Cfg::kGemm1SplitsK && kAcc == Cfg::kAccPerLane, "a half's partial sums fit one parking slot");
     constexpr int32_t kPublished = 1 << 16;
     __shared__ int32_t claimed;
     const int slot = unit - p.split_from;

@@ -43,10 +43,9 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
   static constexpr int kThreads = Cfg::kThreads;
   static constexpr int kSmemBytes = Cfg::kSmemBytes;
   static_assert(kStages >= 2, "a ring needs two stages");
-  // GEMM1 units may be computed as two K halves (item_schedule.cuh, "K halves") when a CTA's
-  // partial sums fit one parking slot (the n8 forms); the host binds split_park only then.
-  static constexpr bool kSplitsK =
-      kStage == GemmStage::kGemm1 && Cfg::kThreads * Cfg::kAccPerLane * 4 <= moe::kSplitParkBytes;
+  // GEMM1 units may be computed as two K halves (item_schedule.cuh, "K halves"); the host binds
+  // split_park only for such a tiling.
+  static constexpr bool kSplitsK = kStage == GemmStage::kGemm1 && Cfg::kGemm1SplitsK;
 
   // The stage layout and the stage loaders (stage_loader.cuh), named here for the mainloop.
   using Loaders = Mxfp4MoeStageLoader<kStage, Cfg>;

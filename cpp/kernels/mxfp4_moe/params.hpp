@@ -89,6 +89,9 @@ struct Tiling {
   static constexpr int kBOffset = (kBM * (kWRowBytes + kSfRowBytes) + 1023) / 1024 * 1024;
   static constexpr int kStageBytes = kBOffset + kBN * kBRowBytes;
   static constexpr int kAccPerLane = 4 * (kBN / 8) * 4;  // 4 m16 blocks x n8 blocks x 4
+  // As GEMM1, units may run as two K halves (item_schedule.cuh, "K halves"): a CTA's partial
+  // sums fit one parking slot (the n8 forms).
+  static constexpr bool kGemm1SplitsK = kThreads * kAccPerLane * 4 <= moe::kSplitParkBytes;
   // token rows resident over a tile's items (Sm90Tiling's GEMM2 forms): none here
   static constexpr bool kResidentB = false;
   static constexpr int kMaxResidentK = 0;
@@ -134,6 +137,7 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4> {
   static constexpr bool kResidentB = kResidentB_;
   static constexpr int kMaxResidentK = Base::kStages * Base::kKStage;
   static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr bool kGemm1SplitsK = false;  // (persistent: no unit queue)
   static constexpr int kBTileBytes = kBN_ * 128;  // one K half of a stage's token rows
   static constexpr int kAmaxOffset = Base::kStages * Base::kStageBytes;
   // Then the scale codes' ring (sm90_code_ring.cuh; the slots' scale areas then go unused, and

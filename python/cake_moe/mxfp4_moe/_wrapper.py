@@ -27,8 +27,8 @@ _CODE_MAX_NAMES = ("w1_sf_max", "w2_sf_max")  # optional in the dict: without th
 
 
 _MAX_ROUTE_CHUNKS = 64  # moe::kMaxRouteChunks (cpp/kernels/moe/params.hpp)
-_TILE_HEADER_INTS = 4 + 128  # moe::kTileHeaderInts: count, unit queue, pad, moe::kMaxSplitUnits flags
 _MAX_SPLIT_UNITS = 128  # moe::kMaxSplitUnits
+_TILE_HEADER_INTS = 4 + _MAX_SPLIT_UNITS  # moe::kTileHeaderInts: count, unit queue, pad, the split flags
 _SPLIT_PARK_BYTES = 16384  # moe::kSplitParkBytes
 
 
