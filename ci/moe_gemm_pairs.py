@@ -5,8 +5,9 @@ included), and check each pair's output against the table's own plan.
     python ci/moe_gemm_pairs.py ep8 1 2 --pairs n8_narrow/n8_narrow,n8_narrow/n8 --rounds 4
     python ci/moe_gemm_pairs.py tp8 1 2 4 --env CAKE_MOE_UNIT_QUEUE=0
 
-`--env NAME=VALUE` (repeatable) adds the table's pair planned with that environment variable set
-(the host reads its switches at plan time), for same-build comparisons of a switch.
+`--env NAME=VALUE[,NAME=VALUE...]` (repeatable) adds the table's pair planned with those
+environment variables set (the host reads its switches at plan time), for same-build
+comparisons of a switch.
 
 A pair is GEMM1_SUFFIX/GEMM2_SUFFIX (see `_decide.gemm_tiles`); both must share a block_n. Rows
 use the benchmark's inputs and weights (`cake_moe.bench.mxfp4_moe`), eight routings rotated in
@@ -37,7 +38,7 @@ def main() -> None:
     ap.add_argument("layout", choices=sorted(bench.LAYOUTS))
     ap.add_argument("tokens", type=int, nargs="+")
     ap.add_argument("--pairs", default="", help="comma list of GEMM1/GEMM2 form suffixes")
-    ap.add_argument("--env", action="append", default=[], help="NAME=VALUE: the table's pair planned with it set")
+    ap.add_argument("--env", action="append", default=[], help="NAME=VALUE[,NAME=VALUE...]: the table's pair planned with them set")
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
     pairs = [tuple(p.split("/")) for p in args.pairs.split(",") if p]
@@ -59,10 +60,9 @@ def main() -> None:
         calls, outs = {}, {}
         for pair in [("table", "")] + pairs:
             _decide.gemm_tiles = table_tiles if pair[0] == "table" else (lambda *_a, p=pair: p)
-            env = pair[1].split("=", 1) if pair[0] == "table" and pair[1] else None
-            saved = os.environ.get(env[0]) if env else None
-            if env:
-                os.environ[env[0]] = env[1]
+            env = dict(kv.split("=", 1) for kv in pair[1].split(",")) if pair[0] == "table" and pair[1] else {}
+            saved = {name: os.environ.get(name) for name in env}
+            os.environ.update(env)
             plans, outs[pair] = [], []
             for x, x_sf, ids, w in inputs:
                 out = torch.full((t, bench.H), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -71,10 +71,11 @@ def main() -> None:
                                          output=out).run)
                 outs[pair].append(out)
             calls[pair] = bench._cycle(plans)
-            if env and saved is None:
-                del os.environ[env[0]]
-            elif env:
-                os.environ[env[0]] = saved
+            for name, value in saved.items():
+                if value is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = value
         _decide.gemm_tiles = table_tiles
         times = {pair: [] for pair in calls}
         for r in range(args.rounds):
