@@ -4,12 +4,13 @@
 // the MMAs, in the BF16 form the layer runs and in an FP8-operand form that the layer does not
 // have, measured side by side:
 //
-//   0 bf16        the layer's chain: per 64-element unit and m16 block the two prepared words
-//                 of rows g and g + 8, each bf16x2 register by rotate / mask (or the slot-3
-//                 multiply) and one HMUL2 by 2^(code - 1) (mxfp4_moe/weight_fragments.cuh), four
-//                 mma.sync m16n8k16 BF16, token rows by ldmatrix
-//   1 bf16-1and   mode 0 with every register slot taken by one AND (wrong numerics: the bound the
-//                 layer measured as 6-14% faster at decode, for calibration)
+//   0 bf16        the layer's own chain: `Mxfp4MoeGemm<kGemm1, DecodeNarrowTiling>::compute_stage`
+//                 on a ring in the layer's stage layout (per 64-element unit and m16 block the two
+//                 prepared words of rows g and g + 8, each bf16x2 register by rotate / mask or the
+//                 slot-3 multiply and one HMUL2 by 2^(code - 1), four mma.sync m16n8k16 BF16,
+//                 token rows by ldmatrix)
+//   (1, one AND per register slot, a calibration bound, is retired: its figures stay in the
+//   2026-12-02 result file)
 //   2 fp8         E2M1 -> E4M3 by bit placement (an FP8 prepared layout: one weight of each byte
 //                 at bits 2, 3, 4, 7, the other at 0, 1, 6, 5; five integer instructions per
 //                 word of eight weights) and RS wgmma m64n8k32 E4M3 (sm_90a has no FP8 mma.sync:
@@ -41,6 +42,7 @@
 #include "common/ptx/sm80.cuh"
 #include "common/ptx/smem.cuh"
 #include "common/ptx/wgmma.cuh"
+#include "mxfp4_moe/mxfp4_moe_gemm.cuh"
 #include "mxfp4_moe/weight_fragments.cuh"
 
 namespace {
@@ -55,7 +57,14 @@ constexpr int kXBf16Bytes = kBN * kKStage * 2;           // 16 KB of BF16 token 
 constexpr int kXCodeBytes = kBN * kKStage / 32 * 4;      // fp8: (xcode - 121) << 23 per token and block
 constexpr int kSlotBytes = (kWBytes + kSfBytes + kXBf16Bytes + kXCodeBytes + 1023) / 1024 * 1024;
 constexpr int kSlots = 2;
-constexpr int kSmemBytes = kSlots * kSlotBytes + 1024;  // ~100 KB, as the layer's narrow CTA: two per SM
+// mode 0: the layer's narrow GEMM1 and its ring (two stages of 64 rows x 1024 K)
+using Layer = Mxfp4MoeGemm<GemmStage::kGemm1, DecodeNarrowTiling>;
+static_assert(DecodeNarrowTiling::kThreads == kThreads && DecodeNarrowTiling::kKStage == kKStage &&
+                  DecodeNarrowTiling::kBM == kRows && DecodeNarrowTiling::kBN == kBN,
+              "mode 0 runs the layer's CTA shape");
+constexpr int kLayerRingBytes = DecodeNarrowTiling::kStages * DecodeNarrowTiling::kStageBytes;
+constexpr int kOwnBytes = kSlots * kSlotBytes > kLayerRingBytes ? kSlots * kSlotBytes : kLayerRingBytes;
+constexpr int kSmemBytes = kOwnBytes + 1024;  // ~100 KB, as the layer's narrow CTA: two per SM
 
 struct Slot {
   uint32_t w, sf, x, xc;  // shared-window addresses
@@ -72,9 +81,6 @@ __device__ __forceinline__ uint32_t hash(uint32_t x) {
 
 // Weight word offset: row r, 16-byte chunk c of the row's 512 stage bytes, XOR-swizzled by row.
 __device__ __forceinline__ uint32_t w_off(int r, int chunk) { return r * (kKStage / 2) + 16 * (chunk ^ (r & 7)); }
-// Token row n, 16-byte chunk c (BF16: 128 chunks per row; FP8: 64 of the same 2048-byte rows).
-__device__ __forceinline__ uint32_t x_off(int n, int chunk) { return n * (kKStage * 2) + 16 * (chunk ^ (n & 7)); }
-
 // RS wgmma m64n8k32 E4M3 (warpgroup-wide): d = A B (+ d when scale_d), A from registers
 // (a[0] row g k 4q..4q+3, a[1] row g + 8, a[2] row g k 16 + 4q.., a[3] row g + 8 of the warp's
 // m16 block), B 8 token rows x 32 K bytes from a 128-byte-swizzled K-major tile.
@@ -102,20 +108,6 @@ __device__ __forceinline__ uint32_t e4m3_hi(uint32_t w) {
   return ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u);
 }
 
-template <int kS, bool kOneAnd>
-__device__ __forceinline__ void bf16_fragment(uint32_t (&a)[4], uint2 rg, uint2 rg8, uint32_t cg, uint32_t cg8) {
-  if constexpr (!kOneAnd) {
-    a_fragment<kS, false>(a, rg, rg8, cg, cg8);
-  } else {
-    constexpr int kR0 = (2 * kS) % 4;
-    const uint32_t wg = kS < 2 ? rg.x : rg.y, wg8 = kS < 2 ? rg8.x : rg8.y;
-    a[0] = dequant_e2m1x2<false>(wg & (kSlotMask >> kR0), cg);
-    a[1] = dequant_e2m1x2<false>(wg8 & (kSlotMask >> kR0), cg8);
-    a[2] = dequant_e2m1x2<false>(wg & (kSlotMask >> (kR0 + 1)), cg);
-    a[3] = dequant_e2m1x2<false>(wg8 & (kSlotMask >> (kR0 + 1)), cg8);
-  }
-}
-
 // The two prepared words (k32 blocks 2i, 2i + 1 of the 64-element unit at stage element k0) and
 // the two codes of rows row0 + g and row0 + g + 8 of ring slot `sl`: one m16 block's share of a
 // unit, as the layer's load_unit reads it.
@@ -132,15 +124,30 @@ __device__ __forceinline__ void load_block(const Slot& sl, int row0, int k0, int
   }
 }
 
-// The BF16 A fragment of k16 sub-step s (0..3) of a unit, s known at compile time after unrolling.
-template <bool kOneAnd>
-__device__ __forceinline__ void bf16_step_fragment(int s, uint32_t (&a)[4], const uint2 (&wrow)[2],
-                                                   uint32_t cg, uint32_t cg8) {
+// The layer's BF16 A fragment of k16 sub-step s (0..3) of a unit, s known at compile time after
+// unrolling.
+__device__ __forceinline__ void bf16_step_fragment(int s, uint32_t (&a)[4], const uint2 (&wrow)[2], uint32_t cg,
+                                                   uint32_t cg8) {
   switch (s) {
-    case 0: bf16_fragment<0, kOneAnd>(a, wrow[0], wrow[1], cg, cg8); break;
-    case 1: bf16_fragment<1, kOneAnd>(a, wrow[0], wrow[1], cg, cg8); break;
-    case 2: bf16_fragment<2, kOneAnd>(a, wrow[0], wrow[1], cg, cg8); break;
-    default: bf16_fragment<3, kOneAnd>(a, wrow[0], wrow[1], cg, cg8); break;
+    case 0: a_fragment<0, false>(a, wrow[0], wrow[1], cg, cg8); break;
+    case 1: a_fragment<1, false>(a, wrow[0], wrow[1], cg, cg8); break;
+    case 2: a_fragment<2, false>(a, wrow[0], wrow[1], cg, cg8); break;
+    default: a_fragment<3, false>(a, wrow[0], wrow[1], cg, cg8); break;
+  }
+}
+
+// Mode 0's ring in the layer's stage layout: random FP4 bytes, codes 118..124, BF16 token values.
+__device__ void fill_layer_ring(uint8_t* smem) {
+  using T = DecodeNarrowTiling;
+  for (int i = threadIdx.x; i < kLayerRingBytes / 4; i += kThreads) {
+    const int off = (i * 4) % T::kStageBytes;
+    uint32_t v = hash(uint32_t(i) * 2654435761u + blockIdx.x);
+    if (off >= T::kBM * T::kWRowBytes && off < T::kBM * (T::kWRowBytes + T::kSfRowBytes)) {
+      v = 0x76767676u + (v & 0x03030303u) + ((v >> 4) & 0x03030303u);  // 118..124
+    } else if (off >= T::kBOffset) {
+      v = (v & 0x807F807Fu) | 0x3E003E00u;  // BF16 values in [0.125, 0.25)
+    }
+    reinterpret_cast<uint32_t*>(smem)[i] = v;
   }
 }
 
@@ -149,8 +156,9 @@ __global__ void __launch_bounds__(kThreads, 2) chain(int stages, float* out) {
   extern __shared__ uint8_t smem_dyn[];
   uint8_t* smem = smem_dyn + ((1024u - (ptx::smem_addr(smem_dyn) & 1023u)) & 1023u);  // swizzle atoms
   // fill the ring: random FP4 bytes, codes 118..124, finite BF16 / E4M3 token values, and the
-  // activation code table from codes 120..134
-  for (int i = threadIdx.x; i < kSlots * kSlotBytes / 4; i += kThreads) {
+  // activation code table from codes 120..134 (mode 0: the layer's layout)
+  if constexpr (kMode == 0) fill_layer_ring(smem);
+  for (int i = threadIdx.x; kMode != 0 && i < kSlots * kSlotBytes / 4; i += kThreads) {
     const int off = (i * 4) % kSlotBytes;
     uint32_t v = hash(uint32_t(i) * 2654435761u + blockIdx.x);
     if (off >= kWBytes && off < kWBytes + kSfBytes) {
@@ -185,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 2) chain(int stages, float* out) {
           const int j = 4 * u + s4;
           const uint32_t cg = (codes[0] >> (8 * (s4 / 2))) & 0xFFu, cg8 = (codes[1] >> (8 * (s4 / 2))) & 0xFFu;
           uint32_t a[4];
-          bf16_step_fragment<false>(s4, a, wrow, cg, cg8);
+          bf16_step_fragment(s4, a, wrow, cg, cg8);
           ptx::wgmma_fence();
           wgmma_bf16_m64n8k16(acc[0], a, desc0 + uint64_t(((j / 4) * 1024 + 32 * (j % 4)) >> 4));
           ptx::wgmma_commit();
@@ -245,33 +253,18 @@ __global__ void __launch_bounds__(kThreads, 2) chain(int stages, float* out) {
     ptx::wgmma_wait<0>();
     ptx::reg_fence(acc[0]);
   } else {
-    constexpr bool kOneAnd = kMode == 1;
+    static_assert(kMode == 0, "modes 0, 2, 3, 4");
+    float lacc[4][1][4] = {};
+    const Layer::Smem sm{smem};
+    const Layer::FragOffsets frag = Layer::frag_offsets(0, warp);
     for (int ks = 0; ks < stages; ++ks) {
       __syncthreads();  // the layer's per-stage barrier
-      const Slot sl = slot_of(base, ks % kSlots);
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        uint2 wrow[4][2];
-        uint32_t codes[4][2];
-#pragma unroll
-        for (int mb = 0; mb < 4; ++mb) load_block(sl, 16 * mb, warp * 128 + u * 64, g, q, wrow[mb], codes[mb]);
-#pragma unroll
-        for (int sp = 0; sp < 2; ++sp) {
-          uint32_t bfrag[4];
-          ptx::ldmatrix_x4(bfrag, sl.x + x_off(lane & 7, (warp * 128 + u * 64 + sp * 32) / 8 + (lane >> 3)));
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-#pragma unroll
-            for (int mb = 0; mb < 4; ++mb) {
-              const uint32_t cg = (codes[mb][0] >> (8 * sp)) & 0xFFu, cg8 = (codes[mb][1] >> (8 * sp)) & 0xFFu;
-              uint32_t a[4];
-              bf16_step_fragment<kOneAnd>(2 * sp + half, a, wrow[mb], cg, cg8);
-              ptx::mma_bf16_16816(acc[mb], a, bfrag[2 * half], bfrag[2 * half + 1]);
-            }
-          }
-        }
-      }
+      Layer::compute_stage(sm, ks % DecodeNarrowTiling::kStages, 0, warp, frag, false, lacc);
     }
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[mb][j] = lacc[mb][0][j];
   }
   float s = 0.0f;
 #pragma unroll
@@ -307,7 +300,7 @@ int main() {
   float* out;
   cudaMalloc(&out, 264 * kThreads * sizeof(float));
   const int stages = 2000;
-  const char* names[5] = {"bf16 (the layer's chain, mma.sync)", "bf16-1and (bound)", "fp8 wgmma + promotion",
+  const char* names[5] = {"bf16 (the layer's chain, mma.sync)", "(retired)", "fp8 wgmma + promotion",
                           "fp8 wgmma, no promotion (bound)", "bf16 wgmma m64n8k16"};
   printf("per stage of 1024 K x 64 rows per CTA, %d stages per CTA, median of 9 launches\n", stages);
   printf("| mode | 132 CTAs (one per SM): us per stage | 264 CTAs (two per SM): us per stage | vs bf16 (264) |\n");
@@ -317,14 +310,13 @@ int main() {
     for (int c = 0; c < 2; ++c) {
       const int ctas = c ? 264 : 132;
       t[0][c] = time_us<0>(ctas, stages, out) / stages;
-      t[1][c] = time_us<1>(ctas, stages, out) / stages;
       t[2][c] = time_us<2>(ctas, stages, out) / stages;
       t[3][c] = time_us<3>(ctas, stages, out) / stages;
       t[4][c] = time_us<4>(ctas, stages, out) / stages;
     }
   }
   for (int m = 0; m < 5; ++m)
-    printf("| %d %s | %.3f | %.3f | %.3f |\n", m, names[m], t[m][0], t[m][1], t[m][1] / t[0][1]);
+    if (m != 1) printf("| %d %s | %.3f | %.3f | %.3f |\n", m, names[m], t[m][0], t[m][1], t[m][1] / t[0][1]);
   printf("err: %s\n", cudaGetErrorString(cudaGetLastError()));
   return 0;
 }
