@@ -272,6 +272,7 @@ def test_gemm1_k_halves(layers, monkeypatch, name, t, tile, tail, ctas):
     unit's halves met and no other unit was split."""
     layer = layers(name)
     case = make_case(layer.geom, t, "zipf", seed=t + 61)
+    monkeypatch.setenv("CAKE_MOE_SPLIT_ALL_MAX", "0")  # the second-wave rule alone
     monkeypatch.setenv("CAKE_MOE_SPLIT_FROM", "-1")
     units = _gemm1_units(layer, case, tile)
     split_from = max(units - tail, 0) if tail else 3
@@ -299,6 +300,54 @@ def test_gemm1_k_halves(layers, monkeypatch, name, t, tile, tail, ctas):
     _check(case, outs["0"], reference(case, layer.bank))
     assert torch.equal(outs[str(ctas)], outs["0"]), f"a grid of {ctas} GEMM1 CTAs changed the bits"
     assert torch.equal(outs[""], outs["0"]), "the resident-CTA grid changed the bits"
+
+
+def _one_local_expert(case: Case) -> Case:
+    """The case with every token routed to one local expert and top_k - 1 remote ones."""
+    g = case.geom
+    remote = [e for e in range(g.num_experts) if not g.offset <= e < g.offset + g.local][:g.top_k - 1]
+    ids = torch.tensor([[g.offset + 7] + remote] * case.x.shape[0], dtype=torch.int32, device="cuda")
+    return dataclasses.replace(case, topk_ids=ids)
+
+
+@pytest.mark.parametrize("name,regime,t,tile,ctas", [("ep8", "one_local", 1, "n8_narrow", 37),
+                                                    ("ep8", "one_local", 2, "n8_narrow4", 64),
+                                                    ("split_h2048_e8_k2", "zipf", 17, "n8_narrow", 3),
+                                                    ("split_h2048_e8_k2", "balanced", 2, "n8_narrow", 1)])
+def test_gemm1_k_halves_short_first_wave(layers, monkeypatch, name, regime, t, tile, ctas):
+    """Under tile sync, with at most CAKE_MOE_SPLIT_ALL_MAX GEMM1 units (default: the SMs, at
+    most 128) every unit is two K halves (GemmParams::split_all_max): the flags show each unit's
+    halves met, the bits do not depend on the grid (CAKE_MOE_UNIT_QUEUE), and the layer is
+    within the budget; =0 computes the units whole (bits within rounding of the halves)."""
+    layer = layers(name)
+    case = make_case(layer.geom, t, "balanced" if regime == "one_local" else regime, seed=t + 83)
+    if regime == "one_local":
+        case = _one_local_expert(case)
+    units = _gemm1_units(layer, case, tile)
+    assert 0 < units <= 128, units
+    outs = {}
+    for env in ("0", str(ctas), ""):
+        monkeypatch.setenv("CAKE_MOE_UNIT_QUEUE", env)
+        ws = layer.workspace(t)
+        ws.fill_(0x5A)
+        plan, out = layer.plan(case, workspace=ws, tile=tile, tile_sync=True)
+        got = []
+        for _ in range(2):
+            poison_(out)
+            plan.run()
+            torch.cuda.synchronize()
+            got.append(out.clone())
+        assert torch.equal(got[0], got[1]), f"CAKE_MOE_UNIT_QUEUE={env!r}: a repeated run changed the bits"
+        outs[env] = got[0]
+        flags = _routing_tables(ws, layer.geom, t)["header"][_SPLIT_FLAGS_AT - 1:]
+        assert int((flags[:units] == 2 + (1 << 16)).sum()) == units and int((flags != 0).sum()) == units, flags[:units + 2]
+    _check(case, outs[""], reference(case, layer.bank))
+    assert torch.equal(outs[str(ctas)], outs[""]), f"a grid of {ctas} GEMM1 CTAs changed the bits"
+    assert torch.equal(outs["0"], outs[""]), "one CTA per piece changed the bits"
+    monkeypatch.setenv("CAKE_MOE_UNIT_QUEUE", "")
+    monkeypatch.setenv("CAKE_MOE_SPLIT_ALL_MAX", "0")
+    whole = layer.run(case, tile=tile, tile_sync=True)
+    _check(case, whole, reference(case, layer.bank))
 
 
 @pytest.mark.parametrize("name,regime,t,tile,packed", LOOKAHEAD_CASES)

@@ -209,7 +209,9 @@ class Mxfp4MoePlan final : public Plan {
     // can have an SM to itself (a larger second wave shares the SMs with GEMM2 already: its
     // halves would only take GEMM2's slots). CAKE_MOE_SPLIT_FROM=N moves the first split unit to
     // N, =-1 splits none; CAKE_MOE_SPLIT_MAX=M allows M (<= moe::kMaxSplitUnits). The bits may
-    // change with them (the sums are added in another order, as another form's are).
+    // change with them (the sums are added in another order, as another form's are). And when
+    // GEMM1 has fewer units than SMs (a short first wave: ep8 T = 1 with one local expert),
+    // every unit is split; CAKE_MOE_SPLIT_ALL_MAX=N moves that bound (0: never).
     const int64_t split_from = tile_sync ? env_or("CAKE_MOE_SPLIT_FROM", resident) : -1;
     const int64_t split_max = std::min<int64_t>(env_or("CAKE_MOE_SPLIT_MAX", runtime::device_sm_count(p.device) / 2),
                                                 moe::kMaxSplitUnits);
@@ -218,13 +220,19 @@ class Mxfp4MoePlan final : public Plan {
       gemm1.split_flags = tile_count + moe::kSplitFlagsAt;
       gemm1.split_from = int32_t(split_from);
       gemm1.split_max = int32_t(split_max);
+      gemm1.split_all_max = int32_t(std::clamp<int64_t>(
+          env_or("CAKE_MOE_SPLIT_ALL_MAX", runtime::device_sm_count(p.device)), 0, moe::kMaxSplitUnits));
     }
-    // The most work items GEMM1 can have (units, and one more per split unit: at most split_max
-    // past split_from); the workspace's moe::split_park_units slots cover every split unit.
+    // The most work items GEMM1 can have (units, and one more per split unit: all of at most
+    // split_all_max units, or at most split_max past split_from); the workspace's
+    // moe::split_park_units slots cover every split unit.
     const int64_t gemm1_units = max_tiles * gemm1_m_blocks;
     const int64_t gemm1_pieces = [&] {
-      const int64_t u = std::min<int64_t>(gemm1_units, int64_t(gemm1.split_from) + gemm1.split_max);
-      return std::max(gemm1_units, u + split_units(gemm1, u));
+      int64_t most = gemm1_units;
+      for (const int64_t u : {std::min<int64_t>(gemm1_units, int64_t(gemm1.split_from) + gemm1.split_max),
+                              std::min<int64_t>(gemm1_units, gemm1.split_all_max)})
+        most = std::max(most, u + split_units(gemm1, u));
+      return most;
     }();
     const bool queue = queue_ctas > 0 && queue_ctas < gemm1_pieces;
     gemm1.unit_queue = queue ? tile_count + 1 : nullptr;

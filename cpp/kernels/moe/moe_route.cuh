@@ -126,8 +126,9 @@ __device__ __forceinline__ FewRoutes number_few_routes(int32_t e, int32_t block_
 // The local expert of token tile `tile` in the list the routing kernel writes, computed by one
 // warp from at most 32 routes (lane l reads route l), or -1 when there is no such tile. All 32
 // lanes call it and get the answer. A GEMM uses it to request its first weight stages before
-// the routing kernel has finished.
-__device__ __forceinline__ int32_t lookahead_tile_expert(const RouteLookahead& r, int32_t block_n, int32_t tile) {
+// the routing kernel has finished. `num_tiles`, if given, receives the list's tile count.
+__device__ __forceinline__ int32_t lookahead_tile_expert(const RouteLookahead& r, int32_t block_n, int32_t tile,
+                                                         int32_t* num_tiles = nullptr) {
   constexpr uint32_t kAll = 0xFFFFFFFFu;
   const int32_t lane = int32_t(threadIdx.x & 31u);
   const int32_t e = lane < r.routes ? local_expert_of(r.topk_ids[lane], r.packed, r.num_experts, r.local_offset,
@@ -135,6 +136,7 @@ __device__ __forceinline__ int32_t lookahead_tile_expert(const RouteLookahead& r
                                     : -1;
   const FewRoutes n = number_few_routes(e, block_n, [&](int32_t l) { return __shfl_sync(kAll, e, l); });
   const uint32_t hit = __ballot_sync(kAll, tile >= n.tiles_below && tile < n.tiles_below + n.tiles);
+  if (num_tiles != nullptr) *num_tiles = n.num_tiles;
   return hit != 0u ? __shfl_sync(kAll, e, __ffs(hit) - 1) : -1;
 }
 

@@ -59,11 +59,12 @@ struct Mxfp4MoeItemSchedule {
     return next;
   }
 
-  // K halves (GEMM1 under tile sync, GemmParams::split_park). A short second wave of units runs
-  // nearly alone, each unit on a CTA whose per-stage chain sets its time; so when at most
-  // split_max units lie past split_from (the resident CTAs), each of them is two pieces that the
-  // queue hands out one after the other, the first half of its K stages and the rest, and both
-  // run at once. The half to finish first parks its partial sums; the other adds them to its
+  // K halves (GEMM1 under tile sync, GemmParams::split_park). A short wave of units runs nearly
+  // alone, each unit on a CTA whose per-stage chain sets its time; so when at most split_max
+  // units lie past split_from (the resident CTAs: a short second wave), or there are at most
+  // split_all_max units in all (fewer than the SMs: a short first wave), each of those units is
+  // two pieces handed out one after the other, the first half of its K stages and the rest, and
+  // both run at once. The half to finish first parks its partial sums; the other adds them to its
   // own and finishes the unit (SiTU, the tile's count). The sum is h0 + h1 whichever half parks
   // (FP32 addition commutes), so the bits follow from the split alone, not from the timing or
   // the grid (CAKE_MOE_UNIT_QUEUE).
@@ -72,17 +73,18 @@ struct Mxfp4MoeItemSchedule {
     int k_first;  // its first K stage
     int k_stages; // its K stages
     int half;     // -1: the whole unit, else 0 or 1
+    int slot;     // a half's parking slot and flag (the unit's place among the split ones)
   };
   __device__ static __forceinline__ int num_pieces(const GemmParams& p, int units) {
     return units + split_units(p, units);
   }
   __device__ static __forceinline__ Piece piece_of(const GemmParams& p, int q, int units, int num_k) {
-    const int split = split_units(p, units);
-    const int j = q - p.split_from;
-    if (split == 0 || j < 0) return {q, 0, num_k, -1};
-    if (j >= 2 * split) return {q - split, 0, num_k, -1};
+    const int split = split_units(p, units), first = split_first(p, units);
+    const int j = q - first;
+    if (split == 0 || j < 0) return {q, 0, num_k, -1, -1};
+    if (j >= 2 * split) return {q - split, 0, num_k, -1, -1};
     const int half = j & 1, first_half = (num_k + 1) / 2;
-    return {p.split_from + (j >> 1), half ? first_half : 0, half ? num_k - first_half : first_half, half};
+    return {first + (j >> 1), half ? first_half : 0, half ? num_k - first_half : first_half, half, j >> 1};
   }
 
   // After a half's mainloop: false when this CTA parked its partial sums (the other half
@@ -90,12 +92,11 @@ struct Mxfp4MoeItemSchedule {
   // the first to claim parks (L2 stores, [accumulator][thread]: coalesced) and publishes,
   // the second waits for that (rarely: the halves end a stage apart) and adds.
   template <int kNBlocks>
-  __device__ static bool meet_other_half(const GemmParams& p, int unit, float (&acc)[4][kNBlocks][4]) {
+  __device__ static bool meet_other_half(const GemmParams& p, int slot, float (&acc)[4][kNBlocks][4]) {
     constexpr int kAcc = 4 * kNBlocks * 4;
     static_assert(Cfg::kGemm1SplitsK && kAcc == Cfg::kAccPerLane, "a half's partial sums fit one parking slot");
     constexpr int32_t kPublished = 1 << 16;
     __shared__ int32_t claimed;
-    const int slot = unit - p.split_from;
     int32_t* flag = p.split_flags + slot;
     float* park = p.split_park + int64_t(slot) * (moe::kSplitParkBytes / 4) + threadIdx.x;
     if (threadIdx.x == 0) claimed = atomicAdd(flag, 1);

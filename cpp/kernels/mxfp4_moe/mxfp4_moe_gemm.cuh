@@ -255,12 +255,14 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
 
   // Before the dependency wait (kLooksAhead): returns, in thread 0, the expert whose first
   // weight stages it requested for this CTA's tile (-1: none, or no lookahead bound).
-  // (Only CTAs whose first piece is a whole unit, below split_from: a later one's piece is not
-  // known before the tile count.)
+  // (Only CTAs whose first piece is a whole unit, below split_from and no short first wave: a
+  // half's unit and K stages are another matter.)
   __device__ static int request_early_weights(const GemmParams& p, uint8_t* smem_raw, uint64_t* bars) {
     if (p.lookahead.routes == 0 || int(blockIdx.x) >= p.lookahead.first_ctas || threadIdx.x >= 32) return -1;
     if (kSplitsK && p.split_park != nullptr && int(blockIdx.x) >= p.split_from) return -1;
-    const int early = moe::lookahead_tile_expert(p.lookahead, kBN, int(blockIdx.x) / p.m_blocks);
+    int32_t tiles = 0;
+    const int early = moe::lookahead_tile_expert(p.lookahead, kBN, int(blockIdx.x) / p.m_blocks, &tiles);
+    if (kSplitsK && p.split_park != nullptr && int64_t(tiles) * p.m_blocks <= p.split_all_max) return -1;
     if (threadIdx.x == 0 && early >= 0)
       load_first_weights(p, Tile{early, 0, 0, int(blockIdx.x % p.m_blocks) * kBM}, Smem{smem_raw}, bars,
                          num_k_stages(p));
@@ -331,7 +333,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     ptx::cp_async_wait<0>();
     if (kGemm2 || !tile_sync) ptx::allow_dependent_launch();  // the next launch may start; it waits for us
     if constexpr (kSplitsK)
-      if (pc.half >= 0 && !meet_other_half(p, unit, acc)) return;  // the other half finishes it
+      if (pc.half >= 0 && !meet_other_half(p, pc.slot, acc)) return;  // the other half finishes it
     if constexpr (Cfg::kWarpsK > 1) park_partials(smem_raw, wm, wk, acc);
     if (warp_rows) finish_item(p, t, smem_raw, wm, wk, acc);
     if (!kGemm2 && tile_sync) count_tile_done(p, tile_index);
@@ -368,11 +370,11 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
       return;
     }
     if constexpr (kGemm2) {
-      run_unit(p, smem_raw, bars, Piece{int(blockIdx.x), 0, num_k, -1}, early, awaits_tile, 0u);
+      run_unit(p, smem_raw, bars, Piece{int(blockIdx.x), 0, num_k, -1, -1}, early, awaits_tile, 0u);
     } else {
       uint32_t g = 0;
       for (int q = int(blockIdx.x); q < pieces; early = -1) {
-        const Piece pc = kSplitsK ? piece_of(p, q, units, num_k) : Piece{q, 0, num_k, -1};
+        const Piece pc = kSplitsK ? piece_of(p, q, units, num_k) : Piece{q, 0, num_k, -1, -1};
         run_unit(p, smem_raw, bars, pc, early, awaits_tile, g);
         if (p.unit_queue == nullptr) break;
         g += uint32_t(pc.k_stages);

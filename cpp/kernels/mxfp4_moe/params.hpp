@@ -54,12 +54,20 @@ struct GemmParams {
   int32_t* split_flags;         // [moe::kMaxSplitUnits] arrivals per split unit (zeroed by the routing)
   int32_t split_from;           // the first unit split; units before it (the first wave) stay whole
   int32_t split_max;            // <= moe::kMaxSplitUnits: with more units from split_from on, none is split
+  int32_t split_all_max;        // <= moe::kMaxSplitUnits: with at most this many units (a short first
+                                //   wave, fewer units than SMs) every unit is split, from unit 0
 };
 
-// Units of `units` GEMM1 units computed as K halves (GemmParams::split_park): those from
-// split_from on, if at most split_max; each adds one CTA's work item ("piece").
+// The first GEMM1 unit computed as K halves (GemmParams::split_park) when `units` has any: unit 0
+// for a short first wave, else split_from.
+CAKE_HD int32_t split_first(const GemmParams& p, int64_t units) { return units <= p.split_all_max ? 0 : p.split_from; }
+
+// Units of `units` GEMM1 units computed as K halves: all of them when at most split_all_max,
+// else those from split_from on if at most split_max; each adds one CTA's work item ("piece").
 CAKE_HD int32_t split_units(const GemmParams& p, int64_t units) {
-  if (p.split_park == nullptr || units <= p.split_from || units - p.split_from > p.split_max) return 0;
+  if (p.split_park == nullptr || units <= 0) return 0;
+  if (units <= p.split_all_max) return int32_t(units);
+  if (units <= p.split_from || units - p.split_from > p.split_max) return 0;
   return int32_t(units - p.split_from);
 }
 
