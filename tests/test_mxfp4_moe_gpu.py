@@ -258,6 +258,29 @@ def _gemm1_units(layer: Layer, case: Case, tile: str) -> int:
     return tiles * -(-2 * layer.geom.i_shard // (128 if tile == "n8" else 64))
 
 
+def _split_grid_runs(layer: Layer, case: Case, tile: str, ctas: int, monkeypatch) -> dict:
+    """Under tile sync, for CAKE_MOE_UNIT_QUEUE "0" (one CTA per piece), `ctas` and "" (the
+    resident CTAs): two runs of one plan on a poisoned workspace, which must give the same bits;
+    per setting the output and the K halves' split flags from the tile list's header."""
+    t = case.x.shape[0]
+    runs = {}
+    for env in ("0", str(ctas), ""):
+        monkeypatch.setenv("CAKE_MOE_UNIT_QUEUE", env)
+        ws = layer.workspace(t)
+        ws.fill_(0x5A)
+        plan, out = layer.plan(case, workspace=ws, tile=tile, tile_sync=True)
+        assert plan.decision.tile_sync
+        got = []
+        for _ in range(2):
+            poison_(out)
+            plan.run()
+            torch.cuda.synchronize()
+            got.append(out.clone())
+        assert torch.equal(got[0], got[1]), f"CAKE_MOE_UNIT_QUEUE={env!r}: a repeated run changed the bits"
+        runs[env] = (got[0], _routing_tables(ws, layer.geom, t)["header"][_SPLIT_FLAGS_AT - 1:])
+    return runs
+
+
 @pytest.mark.parametrize("name,t,tile,tail,ctas", [
     ("tp8", 1, "n8_narrow", 60, 37), ("tp8", 1, "n8_narrow", 128, 200), ("ep8", 1, "n8_narrow", 24, 64),
     ("ep8", 2, "n8_narrow4", 100, 7), ("ep8", 4, "n8", 50, 64),
@@ -280,23 +303,10 @@ def test_gemm1_k_halves(layers, monkeypatch, name, t, tile, tail, ctas):
     assert units > (128 + 3 if tail == 0 else 0), units
     monkeypatch.setenv("CAKE_MOE_SPLIT_FROM", str(split_from))
     monkeypatch.setenv("CAKE_MOE_SPLIT_MAX", "128")
-    outs = {}
-    for env in ("0", str(ctas), ""):
-        monkeypatch.setenv("CAKE_MOE_UNIT_QUEUE", env)
-        ws = layer.workspace(t)
-        ws.fill_(0x5A)
-        plan, out = layer.plan(case, workspace=ws, tile=tile, tile_sync=True)
-        assert plan.decision.tile_sync
-        got = []
-        for _ in range(2):
-            poison_(out)
-            plan.run()
-            torch.cuda.synchronize()
-            got.append(out.clone())
-        assert torch.equal(got[0], got[1]), f"CAKE_MOE_UNIT_QUEUE={env!r}: a repeated run changed the bits"
-        outs[env] = got[0]
-        flags = _routing_tables(ws, layer.geom, t)["header"][_SPLIT_FLAGS_AT - 1:]
+    runs = _split_grid_runs(layer, case, tile, ctas, monkeypatch)
+    for _, flags in runs.values():
         assert int((flags == 2 + (1 << 16)).sum()) == split and int((flags != 0).sum()) == split, flags[:split + 2]
+    outs = {env: out for env, (out, _) in runs.items()}
     _check(case, outs["0"], reference(case, layer.bank))
     assert torch.equal(outs[str(ctas)], outs["0"]), f"a grid of {ctas} GEMM1 CTAs changed the bits"
     assert torch.equal(outs[""], outs["0"]), "the resident-CTA grid changed the bits"
@@ -325,22 +335,10 @@ def test_gemm1_k_halves_short_first_wave(layers, monkeypatch, name, regime, t, t
         case = _one_local_expert(case)
     units = _gemm1_units(layer, case, tile)
     assert 0 < units <= 128, units
-    outs = {}
-    for env in ("0", str(ctas), ""):
-        monkeypatch.setenv("CAKE_MOE_UNIT_QUEUE", env)
-        ws = layer.workspace(t)
-        ws.fill_(0x5A)
-        plan, out = layer.plan(case, workspace=ws, tile=tile, tile_sync=True)
-        got = []
-        for _ in range(2):
-            poison_(out)
-            plan.run()
-            torch.cuda.synchronize()
-            got.append(out.clone())
-        assert torch.equal(got[0], got[1]), f"CAKE_MOE_UNIT_QUEUE={env!r}: a repeated run changed the bits"
-        outs[env] = got[0]
-        flags = _routing_tables(ws, layer.geom, t)["header"][_SPLIT_FLAGS_AT - 1:]
+    runs = _split_grid_runs(layer, case, tile, ctas, monkeypatch)
+    for _, flags in runs.values():
         assert int((flags[:units] == 2 + (1 << 16)).sum()) == units and int((flags != 0).sum()) == units, flags[:units + 2]
+    outs = {env: out for env, (out, _) in runs.items()}
     _check(case, outs[""], reference(case, layer.bank))
     assert torch.equal(outs[str(ctas)], outs[""]), f"a grid of {ctas} GEMM1 CTAs changed the bits"
     assert torch.equal(outs["0"], outs[""]), "one CTA per piece changed the bits"
