@@ -342,7 +342,6 @@ def test_gemm1_k_halves_short_first_wave(layers, monkeypatch, name, regime, t, t
     _check(case, outs[""], reference(case, layer.bank))
     assert torch.equal(outs[str(ctas)], outs[""]), f"a grid of {ctas} GEMM1 CTAs changed the bits"
     assert torch.equal(outs["0"], outs[""]), "one CTA per piece changed the bits"
-    monkeypatch.setenv("CAKE_MOE_UNIT_QUEUE", "")
     monkeypatch.setenv("CAKE_MOE_SPLIT_ALL_MAX", "0")
     whole = layer.run(case, tile=tile, tile_sync=True)
     _check(case, whole, reference(case, layer.bank))

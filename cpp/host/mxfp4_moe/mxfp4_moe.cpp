@@ -190,7 +190,8 @@ class Mxfp4MoePlan final : public Plan {
     constexpr int kCtaSmemReserve = 1024, kMaxThreadsPerSm = 2048;
     const int per_sm = std::max(1, std::min(runtime::device_smem_per_sm(p.device) / (t1.smem + kCtaSmemReserve),
                                             kMaxThreadsPerSm / t1.threads));
-    const int64_t resident = int64_t(runtime::device_sm_count(p.device)) * per_sm;
+    const int64_t sms = runtime::device_sm_count(p.device);
+    const int64_t resident = sms * per_sm;
     const moe::RouteLookahead gemm1_lookahead{p.topk_ids, lookahead ? int32_t(routes) : 0, int32_t(resident),
                                               p.num_experts, p.num_local,
                                               p.local_offset + (lookahead_skew() ? 1 : 0), route_params.packed};
@@ -213,7 +214,7 @@ class Mxfp4MoePlan final : public Plan {
     // GEMM1 has fewer units than SMs (a short first wave: ep8 T = 1 with one local expert),
     // every unit is split; CAKE_MOE_SPLIT_ALL_MAX=N moves that bound (0: never).
     const int64_t split_from = tile_sync ? env_or("CAKE_MOE_SPLIT_FROM", resident) : -1;
-    const int64_t split_max = std::min<int64_t>(env_or("CAKE_MOE_SPLIT_MAX", runtime::device_sm_count(p.device) / 2),
+    const int64_t split_max = std::min<int64_t>(env_or("CAKE_MOE_SPLIT_MAX", sms / 2),
                                                 moe::kMaxSplitUnits);
     if (split_from >= 0 && split_from < 0x7FFFFFFF && split_max > 0 && t1.splits_k && p.hidden >= 2 * t1.k_stage) {
       gemm1.split_park = reinterpret_cast<float*>(base + ws.split_park);
@@ -221,7 +222,7 @@ class Mxfp4MoePlan final : public Plan {
       gemm1.split_from = int32_t(split_from);
       gemm1.split_max = int32_t(split_max);
       gemm1.split_all_max = int32_t(std::clamp<int64_t>(
-          env_or("CAKE_MOE_SPLIT_ALL_MAX", runtime::device_sm_count(p.device)), 0, moe::kMaxSplitUnits));
+          env_or("CAKE_MOE_SPLIT_ALL_MAX", sms), 0, moe::kMaxSplitUnits));
     }
     // The most work items GEMM1 can have (units, and one more per split unit: all of at most
     // split_all_max units, or at most split_max past split_from); the workspace's

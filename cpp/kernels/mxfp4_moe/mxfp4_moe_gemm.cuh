@@ -259,10 +259,11 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
   // half's unit and K stages are another matter.)
   __device__ static int request_early_weights(const GemmParams& p, uint8_t* smem_raw, uint64_t* bars) {
     if (p.lookahead.routes == 0 || int(blockIdx.x) >= p.lookahead.first_ctas || threadIdx.x >= 32) return -1;
-    if (kSplitsK && p.split_park != nullptr && int(blockIdx.x) >= p.split_from) return -1;
+    const bool splits = kSplitsK && p.split_park != nullptr;
+    if (splits && int(blockIdx.x) >= p.split_from) return -1;
     int32_t tiles = 0;
     const int early = moe::lookahead_tile_expert(p.lookahead, kBN, int(blockIdx.x) / p.m_blocks, &tiles);
-    if (kSplitsK && p.split_park != nullptr && int64_t(tiles) * p.m_blocks <= p.split_all_max) return -1;
+    if (splits && int64_t(tiles) * p.m_blocks <= p.split_all_max) return -1;
     if (threadIdx.x == 0 && early >= 0)
       load_first_weights(p, Tile{early, 0, 0, int(blockIdx.x % p.m_blocks) * kBM}, Smem{smem_raw}, bars,
                          num_k_stages(p));
