@@ -509,3 +509,70 @@ def test_wgrad_cluster_pair_forms(variant, pattern, nk):
     with pytest.raises(ValueError, match="bf16 only"):
         cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, out_dtype=torch.float32, variant=variant,
                                             form=f"gg_sm90_wgrad_{variant}_c2")
+
+
+# --- randomized sweep ------------------------------------------------------------------------
+
+# Seeds of the sweep below; CAKE_TEST_RANDOM_SEEDS=N runs N of them (a deeper search).
+RANDOM_SEEDS = range(int(os.environ.get("CAKE_TEST_RANDOM_SEEDS", "64")))
+
+def _random_sizes(r, groups: int) -> list[int]:
+    """Group sizes from a mix of empty, one-to-three-row, short and long groups (short ones only
+    past 1024 groups), at most ~24k rows in all."""
+    if groups > 1024:
+        return [r.choice([0, 0, 1, 2, 3]) for _ in range(groups)]
+    sizes = [r.choice([0, r.randint(1, 3), r.randint(1, 300), r.randint(1, 300), r.randint(300, 3000)])
+             for _ in range(groups)]
+    while sum(sizes) > 24000:
+        sizes = [s // 2 for s in sizes]
+    return sizes
+
+
+def _random_forms(r) -> dict[str, str]:
+    fwd_dgrad = [""] * 3 + [f"gg_sm90_{{op}}_{t}" for t in SM90_TILES] + ["gg_portable_{op}"]
+    return {op: r.choice(fwd_dgrad).format(op=op) for op in ("fwd", "dgrad")}
+
+
+@pytest.mark.parametrize("seed", RANDOM_SEEDS)
+def test_random_problems(seed):
+    """Seeded random problems (group counts 1..64 or past 1024, N and K any multiples of 8 up to
+    1280, empty / tiny / long groups, both offset conventions) through fwd, dgrad and wgrad on a
+    random form of each (the default, every sm_90a tile, the pair wgrad, the portable forms),
+    against the FP64 reference: the budget, rows past the last group untouched, empty groups'
+    dW exactly zero, and a second launch giving the same bits. The draw is in the failure
+    message."""
+    import random
+    r = random.Random(seed)
+    groups = r.randint(1025, 1300) if r.random() < 0.1 else int(round(2 ** r.uniform(0, 6)))
+    most = 16 if groups > 1024 else 160  # dW and its FP64 reference are [E, N, K]
+    n, k = 8 * r.randint(1, most), 8 * r.randint(1, most)
+    sizes, lz = _random_sizes(r, groups), r.random() < 0.5
+    forms = _random_forms(r)
+    variant, f32 = r.choice(["det", "fast"]), r.random() < 0.3
+    wforms = ["", f"gg_sm90_wgrad_{variant}", "gg_portable_wgrad"] + ([] if f32 else [f"gg_sm90_wgrad_{variant}_c2"])
+    forms["wgrad"] = r.choice(wforms)
+    desc = f"E={groups} N={n} K={k} rows={sum(sizes)} leading_zero={lz} {forms} variant={variant} fp32={f32}"
+    x, w, g, offs = _problem(sizes, n, k, seed=seed, leading_zero=lz, pad=r.choice([0, 1, 16]))
+    try:
+        for op, a, cols, want in (("fwd", x, n, ref.fwd(x, w, offs, lz)), ("dgrad", g, k, ref.dgrad(g, w, offs, lz))):
+            prepare = cake_moe.prepare_grouped_gemm_fwd if op == "fwd" else cake_moe.prepare_grouped_gemm_dgrad
+            out = poison_(torch.empty(a.shape[0], cols, dtype=torch.bfloat16, device="cuda"))
+            launch = prepare(a, w, offs, out=out, form=forms[op])
+            first = launch.launch().clone()
+            _check_rows(first, want)
+            again = launch.launch().view(torch.int16)  # NaN padding rows included
+            assert torch.equal(again, first.view(torch.int16)), f"{op}: a second launch changed the bits"
+        dtype = torch.float32 if f32 else torch.bfloat16
+        dw = poison_(torch.empty(groups, n, k, dtype=dtype, device="cuda"))
+        launch = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, out=dw, out_dtype=dtype, num_groups=groups,
+                                                     variant=variant, form=forms["wgrad"])
+        got = launch.launch().clone()
+        assert not got.isnan().any(), "a dW element was not written"
+        err = ref.rel_rms(got, ref.wgrad(g, x, offs, lz))
+        assert err < BUDGET / (50 if f32 else 1), f"wgrad relative RMS {err:.2e}"
+        empty = torch.tensor(sizes, device="cuda") == 0
+        assert not got[empty].view(torch.int16 if not f32 else torch.int32).any(), "an empty group's dW is not +0"
+        again = launch.launch()
+        assert variant == "fast" or torch.equal(again, got), "wgrad det: a second launch changed the bits"
+    except AssertionError as err:
+        raise AssertionError(f"{desc}: {err}") from None

@@ -704,3 +704,65 @@ def test_plan_value_errors(layers, what):
         _call_plan(layer, a)
     torch.cuda.synchronize()
     assert a["output"].isnan().all(), "a refused plan() wrote the output"
+
+
+# --- randomized sweep ------------------------------------------------------------------------
+
+# Seeds of the sweep below; CAKE_TEST_RANDOM_SEEDS=N runs N of them (a deeper search).
+RANDOM_SEEDS = range(int(os.environ.get("CAKE_TEST_RANDOM_SEEDS", "64")))
+
+def _random_problem(seed: int) -> tuple[Geometry, int, str, str, str | None, bool | None, bool]:
+    """One seeded draw over the whole contract (SPEC §7): H and I shard multiples of 128, E up to
+    1024, top_k up to 32, plain / expert-parallel / tensor-parallel ranks, any T, every routing
+    regime and route form, every tile form (or the table's), the tile sync forced either way
+    where a form allows it, and the two-multiply scale path on some draws. Returns (geometry,
+    T, regime, route form, tile, tile_sync, wide scale codes)."""
+    import random
+    r = random.Random(seed)
+    h, i = 128 * r.randint(1, 12), 128 * r.randint(1, 10)
+    if r.random() < 0.15:
+        h = 2048 + 128 * r.randint(0, 4)  # two K stages of the narrow GEMM1: K halves possible
+    e_max = max(1, min(1024, (1 << 28) // (h * i)))  # a bank of at most ~256 MB of codes
+    e = min(e_max, int(round(2 ** r.uniform(0, 10))))
+    k = r.randint(1, min(32, e))
+    layout = r.choice(["plain", "ep", "tp"])
+    if layout == "ep" and e > 1:
+        local = r.randint(1, e)
+        geom = Geometry(h, i, e, k, num_local=local, offset=r.randint(0, e - local))
+    elif layout == "tp" and i % 256 == 0:
+        geom = Geometry(h, i, e, k, shard=i // r.choice([d for d in (2, 4, 8) if i % (128 * d) == 0]))
+    else:
+        geom = Geometry(h, i, e, k)
+    t = r.choice([1, 2, 3, 4, 5, 8, 16, 17]) if r.random() < 0.5 else int(2 ** r.uniform(0, 11))
+    regimes = [g for g in REGIMES if regime_applies(geom, g)
+               and not (g == "remote" and geom.num_experts - geom.local < geom.top_k)]
+    tile = r.choice((None,) * 4 + TILE_FORMS)
+    sync_ok = tile is not None and not tile.startswith("wg")  # the table's form may be a wgmma one
+    tile_sync = r.choice([None, False] + ([True] if sync_ok else []))
+    return geom, t, r.choice(regimes), r.choice(FORMS), tile, tile_sync, r.random() < 0.25
+
+
+@pytest.mark.parametrize("seed", RANDOM_SEEDS)
+def test_random_layers(seed):
+    """Seeded random layers over the contract's whole domain against the FP64 reference (the
+    `_check` budget, exact zeros for tokens without a local route, every element written; with
+    no local route at all, the whole output +0), run twice for the same bits. The draw is in
+    the failure message, so a failing seed reproduces."""
+    geom, t, regime, form, tile, tile_sync, wide = _random_problem(seed)
+    desc = f"{geom} T={t} regime={regime} form={form} tile={tile} tile_sync={tile_sync} wide_codes={wide}"
+    bank = wide_scale_weights(geom, seed=seed) if wide else None
+    layer = Layer(geom, seed=seed, bank=bank)
+    case = make_case(geom, t, regime, seed=seed + 1000, weights_dtype=_FORM_DTYPE[form],
+                     extreme_ids=regime == "oob" and form != "packed")
+    try:
+        got = layer.run(case, tile=tile, tile_sync=tile_sync)
+        if (local_routes(geom, _route_ids(case)) < 0).all():  # no local route at all: nothing to perturb
+            assert not got.view(torch.int16).any(), "a token without a local route is not exactly zero"
+        else:
+            _check(case, got, reference(case, layer.bank))
+        assert torch.equal(layer.run(case, tile=tile, tile_sync=tile_sync), got), "a second run changed the bits"
+    except AssertionError as err:
+        raise AssertionError(f"{desc}: {err}") from None
+    finally:
+        del layer
+        torch.cuda.empty_cache()
