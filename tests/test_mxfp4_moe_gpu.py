@@ -713,7 +713,7 @@ RANDOM_SEEDS = range(int(os.environ.get("CAKE_TEST_RANDOM_SEEDS", "64")))
 
 def _random_problem(seed: int) -> tuple[Geometry, int, str, str, str | None, bool | None, bool]:
     """One seeded draw over the whole contract (SPEC §7): H and I shard multiples of 128, E up to
-    1024, top_k up to 32, plain / expert-parallel / tensor-parallel ranks, any T, every routing
+    1024, top_k up to 32, plain / expert-parallel / tensor-parallel ranks, T up to 8192, every routing
     regime and route form, every tile form (or the table's), the tile sync forced either way
     where a form allows it, and the two-multiply scale path on some draws. Returns (geometry,
     T, regime, route form, tile, tile_sync, wide scale codes)."""
@@ -734,6 +734,8 @@ def _random_problem(seed: int) -> tuple[Geometry, int, str, str, str | None, boo
     else:
         geom = Geometry(h, i, e, k)
     t = r.choice([1, 2, 3, 4, 5, 8, 16, 17]) if r.random() < 0.5 else int(2 ** r.uniform(0, 11))
+    if r.random() < 0.05:
+        t = r.randint(2049, 8192)  # many token tiles per expert: the persistent forms' schedules
     regimes = [g for g in REGIMES if regime_applies(geom, g)
                and not (g == "remote" and geom.num_experts - geom.local < geom.top_k)]
     tile = r.choice((None,) * 4 + TILE_FORMS)
