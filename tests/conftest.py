@@ -1,13 +1,17 @@
 """Shared test plumbing: the `gpu` marker skips without CUDA (and says so), NaN poisoning, the
-check that calls never make the host wait for the GPU."""
+check that calls never make the host wait for the GPU, the seeds of the randomized sweeps."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+
+# Seeds of each family's randomized sweep; CAKE_TEST_RANDOM_SEEDS=N runs N of them (a deeper search).
+RANDOM_SEEDS = range(int(os.environ.get("CAKE_TEST_RANDOM_SEEDS", "64")))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import cake_moe
 from cake_moe.reference import grouped_gemm as ref
 from cake_moe.bench.grouped_gemm import SM90_TILES  # every sm_90a fwd/dgrad tile form
 
-from .conftest import host_never_waits, poison_
+from .conftest import RANDOM_SEEDS, host_never_waits, poison_
 from .grouped_gemm_cases import LAYERS, PATTERNS, bf16, offsets, random_sizes
 
 # the new-process checks import the case helpers from here, whatever the working directory
@@ -513,12 +514,9 @@ def test_wgrad_cluster_pair_forms(variant, pattern, nk):
 
 # --- randomized sweep ------------------------------------------------------------------------
 
-# Seeds of the sweep below; CAKE_TEST_RANDOM_SEEDS=N runs N of them (a deeper search).
-RANDOM_SEEDS = range(int(os.environ.get("CAKE_TEST_RANDOM_SEEDS", "64")))
-
 def _random_sizes(r, groups: int) -> list[int]:
-    """Group sizes from a mix of empty, one-to-three-row, short and long groups (short ones only
-    past 1024 groups), at most ~24k rows in all."""
+    """Group sizes from a mix of empty, one-to-three-row, short and long groups (past 1024 groups
+    only empty and one-to-three-row ones), at most ~24k rows in all."""
     if groups > 1024:
         return [r.choice([0, 0, 1, 2, 3]) for _ in range(groups)]
     sizes = [r.choice([0, r.randint(1, 3), r.randint(1, 300), r.randint(1, 300), r.randint(300, 3000)])
@@ -541,7 +539,6 @@ def test_random_problems(seed):
     against the FP64 reference: the budget, rows past the last group untouched, empty groups'
     dW exactly zero, and a second launch giving the same bits. The draw is in the failure
     message."""
-    import random
     r = random.Random(seed)
     groups = r.randint(1025, 1300) if r.random() < 0.1 else int(round(2 ** r.uniform(0, 6)))
     most = 16 if groups > 1024 else 160  # dW and its FP64 reference are [E, N, K]

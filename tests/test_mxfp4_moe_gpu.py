@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import random
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ import torch
 from cake_moe.reference import moe as ref
 from cake_moe.reference.grouped_gemm import rel_rms
 
-from .conftest import host_never_waits, poison_
+from .conftest import RANDOM_SEEDS, host_never_waits, poison_
 from .mxfp4_moe_cases import (CONTRACT, GENERAL, LOOKAHEAD_CASES, REGIMES, Case, Geometry, Layer, bad_slots,
                               few_routes_case, local_routes, lookahead_case, make_case, named_layer, reference,
                               regime_applies, wide_scale_weights, without_slots)
@@ -708,16 +709,12 @@ def test_plan_value_errors(layers, what):
 
 # --- randomized sweep ------------------------------------------------------------------------
 
-# Seeds of the sweep below; CAKE_TEST_RANDOM_SEEDS=N runs N of them (a deeper search).
-RANDOM_SEEDS = range(int(os.environ.get("CAKE_TEST_RANDOM_SEEDS", "64")))
-
 def _random_problem(seed: int) -> tuple[Geometry, int, str, str, str | None, bool | None, bool]:
     """One seeded draw over the whole contract (SPEC §7): H and I shard multiples of 128, E up to
-    1024, top_k up to 32, plain / expert-parallel / tensor-parallel ranks, T up to 8192, every routing
-    regime and route form, every tile form (or the table's), the tile sync forced either way
-    where a form allows it, and the two-multiply scale path on some draws. Returns (geometry,
-    T, regime, route form, tile, tile_sync, wide scale codes)."""
-    import random
+    1024, top_k up to 32, plain / expert-parallel / tensor-parallel ranks, T up to 8192, every
+    routing regime and route form, every tile form (or the table's), the tile sync forced either
+    way where a form allows it, and the two-multiply scale path on some draws. Returns
+    (geometry, T, regime, route form, tile, tile_sync, wide scale codes)."""
     r = random.Random(seed)
     h, i = 128 * r.randint(1, 12), 128 * r.randint(1, 10)
     if r.random() < 0.15:
