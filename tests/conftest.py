@@ -10,8 +10,15 @@ import torch
 
 HAS_CUDA = torch.cuda.is_available()
 
-# Seeds of each family's randomized sweep; CAKE_TEST_RANDOM_SEEDS=N runs N of them (a deeper search).
-RANDOM_SEEDS = range(int(os.environ.get("CAKE_TEST_RANDOM_SEEDS", "64")))
+
+def _random_seeds(spec: str) -> range:
+    """Seeds of each family's randomized sweep: "N" runs seeds 0..N-1, "A:B" runs A..B-1 (a deeper
+    search past the draws already run)."""
+    first, _, last = spec.partition(":")
+    return range(int(first), int(last)) if last else range(int(first))
+
+
+RANDOM_SEEDS = _random_seeds(os.environ.get("CAKE_TEST_RANDOM_SEEDS", "64"))
 
 
 def pytest_collection_modifyitems(config, items):
