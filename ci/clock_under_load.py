@@ -6,8 +6,10 @@ the boost clock the shared-memory microbenchmarks run at.
 
 Phases: a dense 8192^3 BF16 product on random data, the same on zeros, our grouped GEMM forward
 and torch._grouped_mm on (N, K, E, T) = (4096, 7168, 8, 65536) random groups (the grouped-GEMM
-grid's 7168 x 2048 w13 row). nvidia-smi samples every 100 ms; each phase reports its TFLOP/s
-(CUDA events) and the median SM clock and power of the samples inside it.
+grid's 7168 x 2048 w13 row), then the family-B layer at the contract geometry, T = 16384, on the
+benchmark's inputs (tp8 and ep8: whether its prefill is held by the power cap too). nvidia-smi
+samples every 100 ms; each phase reports its TFLOP/s (CUDA events) and the median SM clock and
+power of the samples inside it.
 """
 import argparse
 import statistics
@@ -37,6 +39,21 @@ def phase(name: str, fn, flops: float, seconds: float, marks: list) -> None:
     marks.append((name, t0 + 0.5, time.time(), flops * n / (ms * 1e-3) / 1e12))
 
 
+def moe_layer(layout: str, t: int):
+    """One family-B plan on the benchmark's random weights and inputs, and its routed FLOPs."""
+    from cake_moe.bench import mxfp4_moe as m
+    from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    l, offset, i_shard = m.layout_dims(layout)
+    bank = m.random_bank(l, i_shard, gen)
+    prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+    del bank
+    beta, lbeta = m.random_situ(l, gen)
+    runner = CakeMxfp4MoEWrapper(m.E, m.TOP_K, m.H, m.I, **m.LAYOUTS[layout])
+    plans, _, _, _, routes = m._bind(t, runner, prepared, (None, None), beta, lbeta, gen, l, offset)
+    return plans[0], 2.0 * routes * m.H * 3 * i_shard
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -59,6 +76,12 @@ def main() -> None:
         ours = make("").launch
         phase("grouped fwd (ours) 4096x7168x8 T=65536", ours, 2.0 * t * n * k, args.seconds, marks)
         phase("torch._grouped_mm same", peer, 2.0 * t * n * k, args.seconds, marks)
+        del x, w, g, offs, make, peer, ours
+        for layout in ("tp8", "ep8"):
+            run, flops = moe_layer(layout, 16384)
+            phase(f"MXFP4 MoE {layout} T=16384 (whole layer)", run, flops, args.seconds, marks)
+            del run
+            torch.cuda.empty_cache()
     finally:
         time.sleep(0.3)
         smi.terminate()
