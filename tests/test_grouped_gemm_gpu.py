@@ -514,7 +514,7 @@ def test_wgrad_cluster_pair_forms(variant, pattern, nk):
 
 # --- randomized sweep ------------------------------------------------------------------------
 
-def _random_sizes(r, groups: int) -> list[int]:
+def _mixed_sizes(r, groups: int) -> list[int]:
     """Group sizes from a mix of empty, one-to-three-row, short and long groups (past 1024 groups
     only empty and one-to-three-row ones), at most ~24k rows in all."""
     if groups > 1024:
@@ -543,7 +543,7 @@ def test_random_problems(seed):
     groups = r.randint(1025, 1300) if r.random() < 0.1 else int(round(2 ** r.uniform(0, 6)))
     most = 16 if groups > 1024 else 160  # dW and its FP64 reference are [E, N, K]
     n, k = 8 * r.randint(1, most), 8 * r.randint(1, most)
-    sizes, lz = _random_sizes(r, groups), r.random() < 0.5
+    sizes, lz = _mixed_sizes(r, groups), r.random() < 0.5
     forms = _random_forms(r)
     variant, f32 = r.choice(["det", "fast"]), r.random() < 0.3
     wforms = ["", f"gg_sm90_wgrad_{variant}", "gg_portable_wgrad"] + ([] if f32 else [f"gg_sm90_wgrad_{variant}_c2"])
