@@ -57,6 +57,10 @@ struct Sm90Mxfp4MoeGemm {
   // Stages in flight ahead of the one computed. kStages - 1 would refill the slot stage ks - 1
   // read, so its last k16 step would have to retire before each barrier: measured 3-7% slower.
   static constexpr int kAhead = kStages - 2;
+  // k16 steps whose wgmmas a warp keeps in flight: three where the registers allow (the
+  // three-warpgroup tilings: 160 of 168), else two (a third spills at the 128-register cap).
+  static constexpr int kStepsInFlight = kThreads == 384 ? 3 : 2;
+  static_assert(kStepsInFlight <= 8, "a stage's steps cover the steps in flight: stage g - 2 has retired at stage g's barrier");
   static constexpr int kNBlocks = kBN / 8;
   static_assert(kAhead >= 1, "the ring needs a slot for the stage whose wgmmas are still running");
   static_assert(Cfg::kWarpsK == 1, "no K split: a warp owns whole k16 steps");
@@ -96,7 +100,7 @@ struct Sm90Mxfp4MoeGemm {
 #pragma unroll
     for (int i = 0; i < kMB; ++i) Wgmma::mma(reinterpret_cast<float(&)[4 * kNBlocks]>(acc[i]), a[i], desc, 1u);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<1>();  // step s - 1 retired: its A registers may be reused by step s + 1
+    ptx::wgmma_wait<kStepsInFlight - 1>();  // step s - kStepsInFlight + 1 retired: its A registers may be reused
   }
 
   // The weights' scale codes: each stage's words in the slot, or through the code ring
