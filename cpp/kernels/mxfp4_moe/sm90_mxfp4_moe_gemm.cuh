@@ -60,7 +60,7 @@ struct Sm90Mxfp4MoeGemm {
   // k16 steps whose wgmmas a warp keeps in flight: three where the registers allow (the
   // three-warpgroup tilings: 167 of their 168 registers; 2-4% faster than two on the H200),
   // else two (a third set of A registers spills at the four-warpgroup 128-register cap).
-  static constexpr int kStepsInFlight = kThreads == 384 ? 3 : 2;
+  static constexpr int kStepsInFlight = Cfg::kWarpGroups == 3 ? 3 : 2;
   static constexpr int kStepsPerStage = Cfg::kKStage / 16;
   static_assert(kStepsInFlight <= kStepsPerStage,
                 "the steps in flight at a stage barrier all belong to the stage before: stage g - 2 has retired");
