@@ -51,7 +51,7 @@ def moe_layer(layout: str, t: int):
     beta, lbeta = m.random_situ(l, gen)
     runner = CakeMxfp4MoEWrapper(m.E, m.TOP_K, m.H, m.I, **m.LAYOUTS[layout])
     plans, _, _, _, routes = m._bind(t, runner, prepared, (None, None), beta, lbeta, gen, l, offset)
-    return plans[0], 2.0 * routes * m.H * 3 * i_shard
+    return plans[0].run, 2.0 * routes * m.H * 3 * i_shard
 
 
 def main() -> None:

@@ -61,7 +61,7 @@ def family_b(gen: torch.Generator) -> list[dict]:
         beta, lbeta = b.random_situ(l, gen)
         runner = CakeMxfp4MoEWrapper(b.E, b.TOP_K, b.H, b.I, **b.LAYOUTS[layout])
         plans, naive, *_ = b._bind(1, runner, prepared, bank16, beta, lbeta, gen, l, offset)
-        for who, fns in (("ours", plans), ("naive", naive)):
+        for who, fns in (("ours", [p.run for p in plans]), ("naive", naive)):
             rows.append({"geometry": f"family B {layout}", "who": who, "T": 1, **three_ways(b._cycle(fns), 1)})
         del prepared, bank16, plans, naive
         torch.cuda.empty_cache()

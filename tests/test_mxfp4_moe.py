@@ -212,11 +212,14 @@ def test_decide_contract_rows():
     assert w.decide(3).tile == "n8_narrow4" and w.decide(3).forms[2] == "mxfp4_moe_gemm1_n8_narrow4"
     assert w.decide(5).tile == "n8" and w.decide(5).forms[2] == "mxfp4_moe_gemm1_n8"
     d = w.decide(12288)
-    assert (d.supported, d.path, d.block_n, d.tile) == (True, "prefill", 128, "wg128x4")
-    assert d.forms[2:4] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm2_wg128x4")
+    assert (d.supported, d.path, d.block_n, d.tile, d.alt_tile) == (True, "prefill", 128, "wg128x4", "wg160x3")
+    assert d.forms[2:6] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm2_wg128x4",
+                            "mxfp4_moe_gemm2_wg160x3")
     d = w.decide(16384)
-    assert (d.supported, d.path, d.block_n, d.tile) == (True, "prefill", 160, "wg160x3")
-    assert d.forms[2:4] == ("mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm2_wg160x3")
+    assert (d.supported, d.path, d.block_n, d.tile, d.alt_tile) == (True, "prefill", 160, "wg160x3", "wg128x4")
+    assert d.forms[2:6] == ("mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm2_wg160x3",
+                            "mxfp4_moe_gemm2_wg128x4")
+    assert "BN=128 (wg128x4) where the device finds" in d.reason
 
 
 _TP8 = (CONTRACT["top_k"], CONTRACT["num_experts"], CONTRACT["hidden_size"], TP8["intermediate_shard"])
@@ -226,8 +229,10 @@ def test_decide_resident_rows_for_a_short_gemm2():
     """A four-warpgroup GEMM2 with K = the intermediate shard <= 512 keeps the token rows
     resident (tp8's 384); GEMM1, longer shards and the two-warpgroup wg128 keep their form."""
     w = CakeMxfp4MoEWrapper(**CONTRACT, **TP8)
-    assert w.decide(12288).forms[2:4] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm2_wg128x4_rb")
-    assert w.decide(16384).forms[2:4] == ("mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm2_wg160x3_rb")
+    assert w.decide(12288).forms[2:6] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm1_wg160x3",
+                                          "mxfp4_moe_gemm2_wg128x4_rb", "mxfp4_moe_gemm2_wg160x3_rb")
+    assert w.decide(16384).forms[2:6] == ("mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm1_wg128x4",
+                                          "mxfp4_moe_gemm2_wg160x3_rb", "mxfp4_moe_gemm2_wg128x4_rb")
     assert _decide.gemm_tiles("wg160x3", 7168, 3072) == ("wg160x3", "wg160x3")
     assert _decide.gemm_tiles("wg128x4", 7168, 512) == ("wg128x4", "wg128x4_rb")
     assert _decide.gemm_tiles("wg128x4", 512, 640) == ("wg128x4", "wg128x4")
@@ -282,6 +287,40 @@ def test_decide_token_tiles_grow_with_t(shape, sm90):
         load = _decide.routes_per_expert(t, *shape[:2])
         short = shape[3] <= _decide.RESIDENT_K
         assert (d.block_n == 160) == (sm90 and d.block_n >= 128 and _decide.prefill_tile(load, short) == "wg160x3")
+
+
+@pytest.mark.parametrize("shape", [(16, 896, 7168, 3072), (16, 896, 7168, 384), (8, 64, 384, 256)])
+def test_decide_alt_tile_only_for_the_sm90_prefill_path(shape):
+    """On sm_90 every prefill decision names a second form (the next by expected cost, another
+    token-tile size) for the device to choose from; no other path, no forced tile, no portable
+    device does."""
+    for t in range(1, 30000, 97):
+        d = _decide.decide(t, *shape, sm90=True)
+        load = _decide.routes_per_expert(t, *shape[:2])
+        if d.path == "prefill" and d.block_n >= 96:
+            assert d.alt_tile == _decide.prefill_tiles(load, shape[3] <= _decide.RESIDENT_K)[1], (t, d)
+            assert _decide.BLOCK_N_OF[d.alt_tile] != d.block_n and len(d.forms) == 7
+        else:
+            assert d.alt_tile == "" and len(d.forms) == 5, (t, d)
+        assert _decide.decide(t, *shape, sm90=False).alt_tile == ""
+        assert _decide.decide(t, *shape, sm90=True, tile="wg128x4").alt_tile == ""
+
+
+def test_device_tile_choice_rule():
+    """The routing kernel's rule, mirrored: the form whose tiles cost less in total (ceil(count /
+    BN) x cost per tile, summed over the local experts), ties to the table's form. The two ep8
+    rows where the plan-time estimate missed (the benchmark's rank sees ~1.43x the uniform load)
+    go the way they measured faster (bench/results/2026-12-03_h200_mxfp4_moe_prefill_tile_sweep.md)."""
+    choose = _decide.device_tile_choice
+    assert choose([157] * 112, "wg128x4", "wg160x3") == "wg160x3"   # ep8 T = 6144: one 160-row tile each
+    assert choose([210] * 112, "wg160x3", "wg128x4") == "wg128x4"   # ep8 T = 8192: two tiles either way
+    assert choose([100] * 8, "wg160x3", "wg128x4") == "wg128x4"
+    assert choose([0] * 8, "wg160x3", "wg128x4") == "wg160x3"     # no tiles: a tie
+    assert choose([13 * 128], "wg128x4", "wg160x3") == "wg128x4"  # 13 x 1.0 against 11 x 1.3 = 14.3
+    assert choose([10 * 160], "wg128x4", "wg160x3") == "wg128x4"  # 12.5 -> 13 against 10 x 1.3 = 13: a tie
+    assert choose([96, 97], "wg96x4", "wg128x4") == "wg128x4"     # 3 x 0.85 = 2.55 against 2 x 1.0
+    assert choose([96, 96], "wg96x4", "wg128x4") == "wg96x4"      # 2 x 0.85 against 2 x 1.0
+    assert _decide.tile_cost_milli("wg96x4") == 850
 
 
 # tp8 (T * k / E = T / 56 routes per expert): the faster prefill form per T, kernel time per run

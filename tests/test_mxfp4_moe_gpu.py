@@ -224,6 +224,71 @@ def test_tile_sync_changes_no_bit(layers, name, t, tile):
     assert torch.equal(layer.run(case, tile=tile, tile_sync=False), synced[0]), "tile_sync changed the bits"
 
 
+def _case_with_local_counts(geom: Geometry, t: int, per_expert: int, seed: int) -> Case:
+    """A case whose routes give each local expert exactly ``per_expert`` routes (the rest name
+    remote experts), in random slots: the route counts, and so the device's prefill tile choice,
+    are set by construction."""
+    case = make_case(geom, t, seed=seed)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    n, local = t * geom.top_k, per_expert * geom.local
+    remote = [e for e in range(geom.num_experts) if not geom.offset <= e < geom.offset + geom.local]
+    assert remote and local <= n
+    ids = torch.arange(n, device="cuda") // per_expert + geom.offset
+    fill = torch.tensor(remote, device="cuda")[torch.randint(0, len(remote), (n,), device="cuda", generator=g)]
+    ids = torch.where(torch.arange(n, device="cuda") < local, ids, fill)
+    ids = ids[torch.randperm(n, device="cuda", generator=g)].to(torch.int32).view(t, geom.top_k).contiguous()
+    return dataclasses.replace(case, topk_ids=ids)
+
+
+# h384_ep_k8 (16 local experts, I = 256): T = 1024 expects 128 routes per expert (the table's
+# pair: wg160x3, then wg128x4), T = 2048 256 (wg128x4, then wg160x3; 16384 routes: the
+# several-CTA routing). 100 routes per expert fit one tile of either (128 is cheaper), 150 one
+# 160-row tile or two 128-row ones (160 is cheaper).
+@pytest.mark.parametrize("t", [1024, 2048])
+def test_device_tile_choice(layers, t):
+    """The routing kernel picks the prefill pair from the call's route counts: each run's bits
+    are those of the chosen form forced, the choice follows the counts the routes set (sum of
+    ceil(count / BN) x cost per tile), and a replayed graph follows new routes across the two
+    forms without a new plan."""
+    from cake_moe.mxfp4_moe import _decide
+    layer = layers("h384_ep_k8")
+    geom = layer.geom
+    cases = {n: _case_with_local_counts(geom, t, n, seed=40 + n) for n in (100, 150)}
+    bound = dataclasses.replace(cases[100], **{f: getattr(cases[100], f).clone()
+                                               for f in ("x", "x_sf", "topk_ids", "topk_weights")})
+    plan, out = layer.plan(bound)
+    d = plan.decision
+    assert d.alt_tile and {d.tile, d.alt_tile} == {"wg128x4", "wg160x3"}, d
+    assert len(d.forms) == 7 and _decide.gemm_forms(d.alt_tile, geom.hidden, geom.i_shard)[0] in plan.forms
+    want = {}
+    for n, case in cases.items():
+        choice = _decide.device_tile_choice([n] * geom.local, d.tile, d.alt_tile)
+        assert choice == ("wg128x4" if n == 100 else "wg160x3")
+        forced = layer.run(case, tile=choice)
+        _check(case, forced, reference(case, layer.bank))
+        auto_plan, auto_out = layer.plan(case)
+        poison_(auto_out)
+        auto_plan.run()
+        torch.cuda.synchronize()
+        assert auto_plan.last_tile() == choice
+        assert torch.equal(auto_out, forced), f"{n} routes per expert: not the bits of {choice} forced"
+        want[n] = (choice, forced)
+    # one capture, both routings: the bound routes are rewritten between replays
+    plan.run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run()
+    for n in (150, 100, 150):
+        for f in ("x", "x_sf", "topk_ids", "topk_weights"):
+            getattr(bound, f).copy_(getattr(cases[n], f))
+        poison_(out)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert plan.last_tile() == want[n][0]
+        assert torch.equal(out, want[n][1]), f"replay with {n} routes per expert: not the bits of {want[n][0]}"
+
+
 @pytest.mark.parametrize("name,t,tile,ctas", [("tp8", 1, "n8_narrow", 37), ("ep8", 1, "n8_narrow", 100),
                                               ("ep8", 2, "n8_narrow4", 1), ("ep8", 4, "n8", 64),
                                               ("h256_e8_k2", 17, "n8_narrow", 1), ("h256_e8_k2", 17, "n8_narrow", 5),
@@ -247,6 +312,7 @@ def test_gemm1_unit_queue_changes_no_bit(layers, monkeypatch, name, t, tile, cta
 
 
 _SPLIT_FLAGS_AT = 4  # moe::kSplitFlagsAt: the split flags' first int32 in the tile list's header
+_TILE_CHOICE_AT = 2  # moe::kTileChoiceAt: the prefill pair the routing kernel chose
 
 
 def _gemm1_units(layer: Layer, case: Case, tile: str) -> int:
@@ -425,6 +491,13 @@ def test_routing_bookkeeping(layers, name, regime, t, tile, packed):
             assert torch.equal(rows.sort().values, want_rows), f"expert {e}: rows are not its own"
         assert torch.equal(got["row_token"][rows].long(), routes // geom.top_k)
     bn = plan.decision.block_n
+    if plan.decision.alt_tile:  # the routing kernel chose one of two prefill forms from the counts
+        from cake_moe.mxfp4_moe import _decide
+        chosen = _decide.device_tile_choice(counts.tolist(), plan.decision.tile, plan.decision.alt_tile)
+        assert int(got["header"][_TILE_CHOICE_AT - 1]) == (chosen == plan.decision.alt_tile)
+        bn = _decide.BLOCK_N_OF[chosen]
+    else:
+        assert int(got["header"][_TILE_CHOICE_AT - 1]) == 0
     want_tiles = [(e, int(offsets[e]) + j * bn) for e in range(geom.local) for j in range(-(-int(counts[e]) // bn))]
     assert got["tile_count"] == len(want_tiles)
     assert [tuple(x) for x in got["tiles"].tolist()] == want_tiles

@@ -27,7 +27,8 @@ void bind_mxfp4_moe(nb::module_& m) {
          std::optional<Tensor> w1_sf_max, std::optional<Tensor> w2_sf_max, int32_t num_tokens, int32_t hidden,
          int32_t inter, int32_t num_experts, int32_t num_local,
          int32_t local_offset, int32_t top_k, const std::string& gemm1_tile, const std::string& gemm2_tile,
-         bool tile_sync) {
+         bool tile_sync, const std::string& gemm1_alt_tile, const std::string& gemm2_alt_tile, int32_t tile_cost,
+         int32_t alt_tile_cost) {
         if (weights_kind < 0 || weights_kind > 2) throw ValueError("weights_kind must be 0 (bf16), 1 (f32) or 2 (packed)");
         if (weights_kind != 2 && !topk_weights) throw ValueError("topk_weights is required unless routes are packed");
         mxfp4_moe::Problem p;
@@ -73,6 +74,10 @@ void bind_mxfp4_moe(nb::module_& m) {
         p.gemm1_tile = gemm1_tile;
         p.gemm2_tile = gemm2_tile;
         p.tile_sync = tile_sync;
+        p.gemm1_alt_tile = gemm1_alt_tile;
+        p.gemm2_alt_tile = gemm2_alt_tile;
+        p.tile_cost = tile_cost;
+        p.alt_tile_cost = alt_tile_cost;
         return mxfp4_moe::make_plan(p);
       },
       nb::arg("x"), nb::arg("x_sf"), nb::arg("topk_ids"), nb::arg("topk_weights").none(), nb::arg("weights_kind"),
@@ -80,7 +85,8 @@ void bind_mxfp4_moe(nb::module_& m) {
       nb::arg("workspace"), nb::arg("output"), nb::arg("w1_sf_max").none(), nb::arg("w2_sf_max").none(),
       nb::arg("num_tokens"), nb::arg("hidden"), nb::arg("inter"),
       nb::arg("num_experts"), nb::arg("num_local"), nb::arg("local_offset"), nb::arg("top_k"),
-      nb::arg("gemm1_tile"), nb::arg("gemm2_tile"), nb::arg("tile_sync"));
+      nb::arg("gemm1_tile"), nb::arg("gemm2_tile"), nb::arg("tile_sync"), nb::arg("gemm1_alt_tile") = "",
+      nb::arg("gemm2_alt_tile") = "", nb::arg("tile_cost") = 0, nb::arg("alt_tile_cost") = 0);
 }
 
 }  // namespace cake_moe::bindings

@@ -134,9 +134,28 @@ class Mxfp4MoePlan final : public Plan {
     const TilingInfo t1 = tiling_for(p.gemm1_tile), t2 = tiling_for(p.gemm2_tile);
     if (t1.bn != t2.bn) throw ValueError("GEMM1 and GEMM2 tiles must share one token-tile size (block_n)");
     if (t1.gemm2_only) throw ValueError(p.gemm1_tile + " is a GEMM2 form");
-    if (t2.resident_k > 0 && p.inter > t2.resident_k)
-      throw ValueError(p.gemm2_tile + " keeps every stage of K resident: intermediate shard <= " +
-                       std::to_string(t2.resident_k));
+    auto check_gemm2 = [&](const TilingInfo& t, const std::string& name) {
+      if (t.resident_k > 0 && p.inter > t.resident_k)
+        throw ValueError(name + " keeps every stage of K resident: intermediate shard <= " +
+                         std::to_string(t.resident_k));
+    };
+    check_gemm2(t2, p.gemm2_tile);
+    const int64_t routes = int64_t(p.tokens) * p.top_k;
+    // A second prefill pair: two persistent (sm_90a) pairs of different token tiles, chosen on the
+    // device by the routing kernel's full path (more than kMaxFewRoutes routes), no tile sync.
+    has_alt_ = !p.gemm1_alt_tile.empty() || !p.gemm2_alt_tile.empty();
+    TilingInfo ta1{}, ta2{};
+    if (has_alt_) {
+      ta1 = tiling_for(p.gemm1_alt_tile);
+      ta2 = tiling_for(p.gemm2_alt_tile);
+      if (ta1.bn != ta2.bn || ta1.bn == t1.bn)
+        throw ValueError("a second GEMM pair shares one token-tile size, other than the first pair's");
+      if (!(t1.persistent && t2.persistent && ta1.persistent && ta2.persistent) || ta1.gemm2_only)
+        throw ValueError("a second GEMM pair is for the persistent sm_90a prefill forms");
+      check_gemm2(ta2, p.gemm2_alt_tile);
+      if (p.tile_sync || routes <= moe::kMaxFewRoutes || p.tile_cost <= 0 || p.alt_tile_cost <= 0)
+        throw ValueError("a second GEMM pair needs more than 32 routes, no tile sync and both costs per tile > 0");
+    }
     uint8_t* base = p.workspace;
     auto* offsets = reinterpret_cast<int32_t*>(base + ws.offsets);
     auto* row_token = reinterpret_cast<int32_t*>(base + ws.row_token);
@@ -148,7 +167,6 @@ class Mxfp4MoePlan final : public Plan {
     auto* x_bf16 = reinterpret_cast<uint16_t*>(base + ws.x_bf16);
     auto* act = reinterpret_cast<uint16_t*>(base + ws.act);
     auto* rows = reinterpret_cast<uint16_t*>(base + ws.rows);
-    const int64_t routes = int64_t(p.tokens) * p.top_k;
 
     runtime::ScopedDevice scope(p.device);
     // 1. routing bookkeeping: one CTA, or count / scan / place over chunks of the routes
@@ -156,7 +174,8 @@ class Mxfp4MoePlan final : public Plan {
     const moe::RouteParams route_params{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, tile_done,
                                         chunk_rows, chunk_routes, int32_t(routes), p.top_k, p.num_experts,
                                         p.num_local, p.local_offset,
-                                        p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, t1.bn};
+                                        p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, t1.bn,
+                                        has_alt_ ? ta1.bn : 0, p.tile_cost, p.alt_tile_cost};
     const unsigned chunks = chunk_routes > 0 ? unsigned((routes + chunk_routes - 1) / chunk_routes) : 1u;
     if (chunk_routes == 0) {
       bind_route(route_[0], "cake_moe_route", 1, route_params);
@@ -237,10 +256,20 @@ class Mxfp4MoePlan final : public Plan {
     }();
     const bool queue = queue_ctas > 0 && queue_ctas < gemm1_pieces;
     gemm1.unit_queue = queue ? tile_count + 1 : nullptr;
-    bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local, gemm1, queue ? queue_ctas : 0, gemm1_pieces);
     GemmParams gemm2{p.w2, p.w2_sf, p.w2_sf_max, act, nullptr, offsets, tile_count, tiles, done, rows, nullptr,
                      nullptr, p.hidden, p.inter, 0, gemm1_m_blocks};
     gemm2.code_ring = code_ring(t2.gemm2_ring, p.inter);
+    if (has_alt_) {  // each pair runs only under its choice; the alternative's launches follow the first's
+      gemm1.tile_choice = gemm2.tile_choice = tile_count + moe::kTileChoiceAt;
+      const int64_t alt_tiles = std::min(routes, moe::token_tiles_bound(routes, p.num_local, ta1.bn));
+      GemmParams alt1 = gemm1, alt2 = gemm2;
+      alt1.choice = alt2.choice = 1;
+      alt1.code_ring = code_ring(ta1.gemm1_ring, p.hidden);
+      alt2.code_ring = code_ring(ta2.gemm2_ring, p.inter);
+      bind_gemm(gemm1_alt_, "mxfp4_moe_gemm1_", ta1, alt_tiles, p.num_local, alt1);
+      bind_gemm(gemm2_alt_, "mxfp4_moe_gemm2_", ta2, alt_tiles, p.num_local, alt2);
+    }
+    bind_gemm(gemm1_, "mxfp4_moe_gemm1_", t1, max_tiles, p.num_local, gemm1, queue ? queue_ctas : 0, gemm1_pieces);
     bind_gemm(gemm2_, "mxfp4_moe_gemm2_", t2, max_tiles, p.num_local, gemm2);
     // 5. finalize
     finalize_.form = "moe_finalize";
@@ -251,7 +280,8 @@ class Mxfp4MoePlan final : public Plan {
     finalize_.cfg.block[0] = moe::kFinalizeThreads;
     // Launch order: dequantize (ordinary), routing, GEMM1, GEMM2, finalize, each of the last four
     // a dependent launch that starts while its predecessor drains and waits (griddepcontrol.wait)
-    // before reading its outputs. The routing kernel reads nothing the dequantize writes: it runs
+    // before reading its outputs (a second prefill pair: each GEMM followed by its alternative,
+    // also dependent; the one not chosen waits, then exits). The routing kernel reads nothing the dequantize writes: it runs
     // alongside it and waits for it only before completing, so GEMM1's wait covers both. With at
     // most 32 routes the routing kernel (then GEMM1's gate: the lookahead has requested the first
     // weights) goes first instead, and the dequantize, released at its start, waits for it
@@ -259,23 +289,26 @@ class Mxfp4MoePlan final : public Plan {
     route_first_ = chunk_routes == 0 && routes <= moe::kMaxFewRoutes;
     for (auto& r : route_) r.cfg.pdl = !route_first_;
     dequant_.cfg.pdl = route_first_;
-    gemm1_.cfg.pdl = gemm2_.cfg.pdl = finalize_.cfg.pdl = true;
+    gemm1_.cfg.pdl = gemm2_.cfg.pdl = finalize_.cfg.pdl = gemm1_alt_.cfg.pdl = gemm2_alt_.cfg.pdl = true;
     *finalize_.params = moe::FinalizeParams{rows, route_row,
                                            p.weight_kind == int32_t(moe::RouteWeights::kPacked)
                                                ? static_cast<const void*>(p.topk_ids)
                                                : p.topk_weights,
                                            p.out, p.tokens, p.hidden, p.top_k, p.weight_kind};
-    forms_ = dequant_.form + ", " + route_[0].form + ", " + gemm1_.form + ", " + gemm2_.form + ", " + finalize_.form;
+    forms_ = dequant_.form + ", " + route_[0].form + ", " + gemm1_.form + (has_alt_ ? ", " + gemm1_alt_.form : "") +
+             ", " + gemm2_.form + (has_alt_ ? ", " + gemm2_alt_.form : "") + ", " + finalize_.form;
   }
 
   void run(std::uintptr_t stream) const override {
     if (tokens_ == 0) return;
-    runtime::ScopedDevice scope(device_);  // once for the five to seven launches
+    runtime::ScopedDevice scope(device_);  // once for the five to nine launches
     if (!route_first_) dequant_.launch_in_scope(stream);
     for (int i = 0; i < route_launches_; ++i) route_[i].launch_in_scope(stream);
     if (route_first_) dequant_.launch_in_scope(stream);
     gemm1_.launch_in_scope(stream);
+    if (has_alt_) gemm1_alt_.launch_in_scope(stream);
     gemm2_.launch_in_scope(stream);
+    if (has_alt_) gemm2_alt_.launch_in_scope(stream);
     finalize_.launch_in_scope(stream);
   }
 
@@ -320,6 +353,8 @@ class Mxfp4MoePlan final : public Plan {
   runtime::BoundKernel<formats::DequantizeArgs> dequant_;
   bool route_first_ = false;  // the routing kernel before the dequantize (at most 32 routes)
   runtime::BoundKernel<GemmParams> gemm1_, gemm2_;
+  bool has_alt_ = false;  // a second prefill pair, chosen on the device (Problem::gemm1_alt_tile)
+  runtime::BoundKernel<GemmParams> gemm1_alt_, gemm2_alt_;
   runtime::BoundKernel<moe::FinalizeParams> finalize_;
   std::string forms_;
 };

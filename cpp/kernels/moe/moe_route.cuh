@@ -67,10 +67,29 @@ __device__ __forceinline__ void place_routes(const RouteParams& p, int32_t begin
   }
 }
 
-// GEMM1's unit queue and split flags (the tile list's header past the count), zeroed by
-// threads [0, n): the previous call has completed, nothing reads them now.
+// GEMM1's unit queue and split flags (the tile list's header past the count and the tile
+// choice), zeroed by threads [0, n): the previous call has completed, nothing reads them now.
 __device__ __forceinline__ void zero_gemm1_counters(const RouteParams& p, int32_t tid, int32_t n) {
-  for (int32_t i = 1 + tid; i < kTileHeaderInts; i += n) p.tile_count[i] = 0;
+  for (int32_t i = 1 + tid; i < kTileHeaderInts; i += n)
+    if (i != kTileChoiceAt) p.tile_count[i] = 0;
+}
+
+// The token-tile rows of this call: block_n, or alt_block_n where its tiles cost less (RouteParams).
+// count: the per-expert counts (shared). Collective over the CTA; ends with a CTA barrier.
+__device__ __forceinline__ int32_t choose_block_n(const RouteParams& p, const int32_t* count) {
+  if (p.alt_block_n <= 0) return p.block_n;
+  __shared__ unsigned long long cost[2];  // the two forms' total cost (tiles x cost per tile)
+  if (threadIdx.x < 2) cost[threadIdx.x] = 0;
+  __syncthreads();
+  uint32_t tiles = 0, alt_tiles = 0;  // at most R / 8 + L each
+  for (int32_t e = threadIdx.x; e < p.num_local; e += kRouteThreads) {
+    tiles += uint32_t((count[e] + p.block_n - 1) / p.block_n);
+    alt_tiles += uint32_t((count[e] + p.alt_block_n - 1) / p.alt_block_n);
+  }
+  if (tiles) atomicAdd(&cost[0], (unsigned long long)tiles * uint32_t(p.block_cost));
+  if (alt_tiles) atomicAdd(&cost[1], (unsigned long long)alt_tiles * uint32_t(p.alt_block_cost));
+  __syncthreads();
+  return cost[1] < cost[0] ? p.alt_block_n : p.block_n;
 }
 
 // From the per-expert counts (shared): the offsets, the token-tile list and its done counters.
@@ -79,18 +98,22 @@ __device__ __forceinline__ void zero_gemm1_counters(const RouteParams& p, int32_
 __device__ __forceinline__ void publish_offsets(const RouteParams& p, int32_t* count, int32_t* tiles_end,
                                                 int32_t* chunk_total) {
   const int32_t tid = threadIdx.x, L = p.num_local;
+  const int32_t block_n = choose_block_n(p, count);
   // offsets (exclusive prefix of the counts) and per-expert token-tile ends (inclusive prefix)
-  for (int32_t e = tid; e < L; e += kRouteThreads) tiles_end[e] = (count[e] + p.block_n - 1) / p.block_n;
+  for (int32_t e = tid; e < L; e += kRouteThreads) tiles_end[e] = (count[e] + block_n - 1) / block_n;
   block_inclusive_scan(count, L, chunk_total);
   block_inclusive_scan(tiles_end, L, chunk_total);
   const int32_t num_tiles = L > 0 ? tiles_end[L - 1] : 0;
   for (int32_t e = tid; e <= L; e += kRouteThreads) p.offsets[e] = e == 0 ? 0 : count[e - 1];
-  if (tid == 0) p.tile_count[0] = num_tiles;
+  if (tid == 0) {
+    p.tile_count[0] = num_tiles;
+    p.tile_count[kTileChoiceAt] = block_n == p.block_n ? 0 : 1;
+  }
   zero_gemm1_counters(p, tid, kRouteThreads);
   for (int32_t t = tid; t < num_tiles; t += kRouteThreads) {
     const int32_t e = first_slot_above(tiles_end, L, t);
     const int32_t first_tile = e == 0 ? 0 : tiles_end[e - 1];
-    const int32_t row0 = (e == 0 ? 0 : count[e - 1]) + (t - first_tile) * p.block_n;
+    const int32_t row0 = (e == 0 ? 0 : count[e - 1]) + (t - first_tile) * block_n;
     p.tiles[t] = TokenTile{e, row0};
     p.tile_done[t] = 0;  // the previous call has completed: nothing reads it now
   }
@@ -167,7 +190,10 @@ __device__ __forceinline__ void route_few(const RouteParams& p) {
     p.tiles[n.tiles_below + j] = TokenTile{e, n.routes_below + j * p.block_n};
     p.tile_done[n.tiles_below + j] = 0;  // the previous call has completed: nothing reads it now
   }
-  if (lane == 0) p.tile_count[0] = n.num_tiles;
+  if (lane == 0) {
+    p.tile_count[0] = n.num_tiles;
+    p.tile_count[kTileChoiceAt] = 0;  // block_n: the plan binds no second form for so few routes
+  }
   zero_gemm1_counters(p, lane, 32);
 }
 

@@ -35,9 +35,11 @@ CAKE_HD constexpr int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 // kSplitParkBytes (a 256-thread CTA's 16 FP32 accumulators per thread: the n8 forms).
 constexpr int32_t kMaxSplitUnits = 128;
 constexpr int64_t kSplitParkBytes = 16384;
-// The tile list's header, in int32: [0] tile count, [1] GEMM1's unit queue, [4, 4 + kMaxSplitUnits)
-// the split flags; the routing kernel zeroes all but the count.
+// The tile list's header, in int32: [0] tile count, [1] GEMM1's unit queue, [2] the tile form the
+// routing kernel chose (RouteParams::alt_block_n), [4, 4 + kMaxSplitUnits) the split flags; the
+// routing kernel writes the count and the choice and zeroes the rest.
 constexpr int32_t kTileHeaderInts = 4 + kMaxSplitUnits;
+constexpr int32_t kTileChoiceAt = 2;
 constexpr int32_t kSplitFlagsAt = 4;
 // Split units a workspace holds for R routes: no more than GEMM1's units at 64 weight rows per
 // CTA (the narrowest form) and 2I weight rows.
@@ -102,6 +104,13 @@ struct RouteParams {
   int32_t local_offset;     // first local global id
   int32_t packed;           // topk_ids holds packed routes
   int32_t block_n;          // rows per token tile (the GEMM form's BN)
+  // Prefill tile choice on the device (0: none). With alt_block_n > 0 the plan has bound two GEMM
+  // form pairs; from the actual counts the routing kernel lists tiles of block_n rows (choice 0)
+  // or of alt_block_n rows (choice 1), whichever gives the smaller sum over experts of
+  // ceil(count / rows) x the form's cost per tile (block_cost, alt_block_cost), ties to block_n,
+  // and writes the choice at header[kTileChoiceAt]; the other pair's kernels exit at once.
+  int32_t alt_block_n;
+  int32_t block_cost, alt_block_cost;  // cost per token tile of each form, any common unit
 };
 
 // At most this many routes (one warp's worth: T = 1, 2 at top_k 16) take the few-route paths:

@@ -342,6 +342,9 @@ struct Sm90Mxfp4MoeGemm {
   __device__ static void run(const GemmParams& p) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     ptx::grid_dependency_wait();  // the tile list and B rows come from the previous launches
+    // The other form of the pair was chosen: nothing to do (having waited, this grid completes
+    // after its predecessor, so the next launch's wait still covers every launch before it).
+    if (p.tile_choice != nullptr && *p.tile_choice != p.choice) return;
     const Walk walk = walk_of(*p.tile_count * p.m_blocks);
     int work = walk.first;
     if (work >= walk.end) return;

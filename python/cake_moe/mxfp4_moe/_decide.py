@@ -102,14 +102,19 @@ RESIDENT_TILES: tuple[str, ...] = ("wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg
 # expert), 2-3% at T = 16 (0.29), even at T = 28 (0.5), 1-2% slower at T = 64 (1.14), where
 # GEMM1 fills the GPU.
 TILE_SYNC_MAX_LOAD = 0.3
+# moe::kMaxFewRoutes: up to this many routes the routing kernel takes its one-warp path.
+MAX_FEW_ROUTES = 32
 
 
 @dataclass(frozen=True)
 class PlanDecision:
-    """What ``plan()`` would run for a token count: ``forms`` are the five kernel forms of one
+    """What ``plan()`` would run for a token count: ``forms`` are the kernel forms of one
     ``run()`` in launch order, as ``cake-moe info`` lists them (the routing form is one launch,
-    or three from 16384 routes); ``block_n`` the token rows per GEMM tile. ``supported`` is
-    False only for a request the layer cannot serve (``reason``)."""
+    or three from 16384 routes); ``block_n`` the token rows per GEMM tile. With ``alt_tile`` (sm_90a
+    prefill) the plan binds a second GEMM pair of that tile form, each GEMM followed by its
+    alternative (seven forms): the routing kernel picks the pair from the actual route counts
+    (``device_tile_choice``) and the other pair's kernels exit at once. ``supported`` is False
+    only for a request the layer cannot serve (``reason``)."""
 
     supported: bool
     reason: str
@@ -118,6 +123,7 @@ class PlanDecision:
     forms: tuple[str, ...]
     tile: str = ""  # form suffix of the GEMMs whose K exceeds SHORT_K
     tile_sync: bool = False  # GEMM2 waits per token tile for GEMM1 (TILE_SYNC_MAX_LOAD)
+    alt_tile: str = ""  # the second prefill tile form the device may choose instead of ``tile``
 
 
 def gemm_tiles(tile: str, hidden: int, inter: int) -> tuple[str, str]:
@@ -166,26 +172,46 @@ def expected_tiles(load: float, block_n: int) -> float:
     return total
 
 
-def prefill_tile(load: float, short_shard: bool) -> str:
-    """The sm_90a prefill form of least expected cost (PREFILL_TILE_COST x expected tiles)."""
+def prefill_tiles(load: float, short_shard: bool) -> list[str]:
+    """The sm_90a prefill forms in order of expected cost (PREFILL_TILE_COST x expected tiles)."""
     forms = ["wg128x4", "wg160x3"] + (["wg96x4"] if short_shard and load <= NARROW_PREFILL_MAX_LOAD else [])
-    return min(forms, key=lambda f: PREFILL_TILE_COST[f] * expected_tiles(load, BLOCK_N_OF[f]))
+    return sorted(forms, key=lambda f: PREFILL_TILE_COST[f] * expected_tiles(load, BLOCK_N_OF[f]))
 
 
-def _sm90_form(load: float, inter: int) -> tuple[str, int, str]:
-    """(path, block_n, tile) of an sm_90 device for ``load`` routes per expert."""
+def prefill_tile(load: float, short_shard: bool) -> str:
+    """The sm_90a prefill form of least expected cost."""
+    return prefill_tiles(load, short_shard)[0]
+
+
+def tile_cost_milli(tile: str) -> int:
+    """PREFILL_TILE_COST of a prefill form in thousandths: the routing kernel's integer cost."""
+    return round(1000 * PREFILL_TILE_COST[tile])
+
+
+def device_tile_choice(counts, tile: str, alt_tile: str) -> str:
+    """The form the routing kernel picks from a call's route count per local expert: ``alt_tile``
+    where its tiles cost less in total (sum of ceil(count / BN) x cost per tile), else ``tile``."""
+    def cost(form: str) -> int:
+        bn = BLOCK_N_OF[form]
+        return sum(-(-int(c) // bn) for c in counts) * tile_cost_milli(form)
+    return alt_tile if cost(alt_tile) < cost(tile) else tile
+
+
+def _sm90_form(load: float, inter: int) -> tuple[str, int, str, str]:
+    """(path, block_n, tile, alt_tile) of an sm_90 device for ``load`` routes per expert; the
+    prefill path names the two forms of least expected cost, for the device to choose from."""
     if inter <= RESIDENT_K:
         decode_max, mid_max, wg64_max = SM90_SHORT_SHARD_LOADS
     else:
         decode_max, mid_max, wg64_max = TILE_TABLE[0][0], SM90_MID_WG_MIN_LOAD, PREFILL_WG_MIN_LOAD
     if load > wg64_max:
-        tile = prefill_tile(load, inter <= RESIDENT_K)
-        return "prefill", BLOCK_N_OF[tile], tile
+        tile, alt = prefill_tiles(load, inter <= RESIDENT_K)[:2]
+        return "prefill", BLOCK_N_OF[tile], tile, alt
     if load > mid_max:
-        return SM90_MID_PREFILL[1:]
+        return (*SM90_MID_PREFILL[1:], "")
     if load > decode_max:
-        return "mid", BLOCK_N_OF[SM90_MID], SM90_MID
-    return TILE_TABLE[0][1:]
+        return "mid", BLOCK_N_OF[SM90_MID], SM90_MID, ""
+    return (*TILE_TABLE[0][1:], "")
 
 
 def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, *, sm90: bool = False,
@@ -198,10 +224,13 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
         return PlanDecision(False, f"num_tokens must be an int >= 1, got {num_tokens!r}", "none", 0, ())
     load = routes_per_expert(num_tokens, top_k, num_experts)
+    alt = ""
     if sm90:
-        path, block_n, chosen = _sm90_form(load, inter)
+        path, block_n, chosen, alt = _sm90_form(load, inter)
     else:
         _, path, block_n, chosen = next(row for row in TILE_TABLE if load <= row[0])
+    if num_tokens * top_k <= MAX_FEW_ROUTES:
+        alt = ""  # the few-route routing path lists one form's tiles
     if block_n == 8 and num_tokens * top_k <= NARROW4_ROUTES:
         chosen = "n8_narrow" if num_tokens * top_k <= NARROW_ROUTES else "n8_narrow4"
     if tile is not None:
@@ -209,7 +238,7 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
             raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
         if tile in SM90_TILES and not sm90:
             return PlanDecision(False, f"tile {tile!r} is an sm_90a form; this device is not sm_90", "none", 0, ())
-        chosen, path = tile, "forced"
+        chosen, path, alt = tile, "forced", ""
         block_n = BLOCK_N_OF[tile]
     sync_ok = chosen not in SM90_TILES
     if tile_sync is None:
@@ -220,6 +249,13 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
         return PlanDecision(False, f"tile_sync needs an mma.sync tile form; {chosen!r} is a persistent sm_90a "
                             "form", "none", 0, ())
     reason = (f"T*k/E = {load:g} routes per expert: {path} tiles of BN={block_n} token rows ({chosen})"
+              + (f", or of BN={BLOCK_N_OF[alt]} ({alt}) where the device finds the call's route counts make "
+                 "them cheaper" if alt else "")
               + (", GEMM2 waits per token tile" if tile_sync else ""))
-    forms = (DEQUANT_FORM, ROUTE_FORM, *gemm_forms(chosen, hidden, inter), FINALIZE_FORM)
-    return PlanDecision(True, reason, path, block_n, forms, chosen, tile_sync)
+    gemm1, gemm2 = gemm_forms(chosen, hidden, inter)
+    if alt:
+        alt1, alt2 = gemm_forms(alt, hidden, inter)
+        forms = (DEQUANT_FORM, ROUTE_FORM, gemm1, alt1, gemm2, alt2, FINALIZE_FORM)
+    else:
+        forms = (DEQUANT_FORM, ROUTE_FORM, gemm1, gemm2, FINALIZE_FORM)
+    return PlanDecision(True, reason, path, block_n, forms, chosen, tile_sync, alt)

@@ -25,8 +25,9 @@ def _check_mode() -> bool:
 
 class Mxfp4MoEPlan:
     """A bound MXFP4 MoE layer for one token count. :meth:`run` enqueues dequantize, route,
-    GEMM1, GEMM2 and finalize on the current stream: no allocation, no host synchronisation,
-    capturable in a CUDA graph. It reads the values in the bound tensors at run time, so new
+    GEMM1, GEMM2 and finalize on the current stream (at prefill on sm_90a, each GEMM beside the
+    alternative form the routing kernel may choose: ``decision.alt_tile``, :meth:`last_tile`): no
+    allocation, no host synchronisation, capturable in a CUDA graph. It reads the values in the bound tensors at run time, so new
     tokens, routes or weights written in place are picked up by the next run (or replay); new
     scales need their largest codes (``w1_sf_max`` / ``w2_sf_max``, when bound) written too.
     Under ``torch.compile`` :meth:`run` is the op ``cake_moe::mxfp4_moe_run`` (``fullgraph=True``
@@ -39,7 +40,8 @@ class Mxfp4MoEPlan:
 
     def __init__(self, plan, *, decision: PlanDecision, device: torch.device, num_tokens: int, num_experts: int,
                  output: torch.Tensor, inputs: tuple[torch.Tensor | None, ...], keep: tuple[torch.Tensor, ...],
-                 code_max: tuple[tuple[str, torch.Tensor, torch.Tensor], ...] = ()):
+                 code_max: tuple[tuple[str, torch.Tensor, torch.Tensor], ...] = (),
+                 tile_choice: torch.Tensor | None = None):
         self._plan = plan
         self._reference = isinstance(plan, _ops.ReferencePlan)   # a CPU wrapper's plan: no stream
         self._device = device
@@ -51,6 +53,7 @@ class Mxfp4MoEPlan:
         self._packed = inputs[3] is None
         self._keep = keep        # the extension holds raw pointers: the tensors live as long as the plan
         self._code_max = code_max  # (name, scales [L, rows, cols], largest codes [L]) bound to the kernels
+        self._tile_choice = tile_choice  # int32 [1] in the workspace: the pair the routing kernel chose
         self.decision = decision
         self.num_tokens = num_tokens
         self.output = output
@@ -60,6 +63,15 @@ class Mxfp4MoEPlan:
     def forms(self) -> str:
         """The kernel forms this plan launches, as the extension reports them."""
         return self._plan.forms
+
+    def last_tile(self) -> str:
+        """The tile form of the last run: ``decision.tile``, or where the decision names an
+        ``alt_tile``, the one of the two that the routing kernel chose from that run's route
+        counts. Reads the workspace, so it waits for the device: for diagnostics and benchmarks,
+        not for the serving path."""
+        if not self.decision.alt_tile or self._tile_choice is None:
+            return self.decision.tile
+        return self.decision.alt_tile if int(self._tile_choice.item()) == 1 else self.decision.tile
 
     def _check_ids(self) -> None:
         ids = self._topk_ids >> 16 if self._packed else self._topk_ids

@@ -28,7 +28,8 @@ _CODE_MAX_NAMES = ("w1_sf_max", "w2_sf_max")  # optional in the dict: without th
 
 _MAX_ROUTE_CHUNKS = 64  # moe::kMaxRouteChunks (cpp/kernels/moe/params.hpp)
 _MAX_SPLIT_UNITS = 128  # moe::kMaxSplitUnits
-_TILE_HEADER_INTS = 4 + _MAX_SPLIT_UNITS  # moe::kTileHeaderInts: count, unit queue, pad, the split flags
+_TILE_HEADER_INTS = 4 + _MAX_SPLIT_UNITS  # moe::kTileHeaderInts: count, unit queue, tile choice, pad, the split flags
+_TILE_CHOICE_AT = 2                       # moe::kTileChoiceAt: the header's int32 naming the chosen prefill pair
 _SPLIT_PARK_BYTES = 16384  # moe::kSplitParkBytes
 
 
@@ -61,7 +62,7 @@ def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, t
     With R = T * top_k routes, every segment is padded to 256 bytes, in this order: expert
     offsets (L+1) int32; row_token R int32; route_row R int32; the token-tile list, at most
     R // 8 + min(L, R) tiles of 8 bytes after a header of 132 int32 (the count, GEMM1's unit
-    queue and split flags); one int32 per tile (GEMM1 CTAs done); 64 x L int32 (per-chunk expert
+    queue, the device's tile choice and split flags); one int32 per tile (GEMM1 CTAs done); 64 x L int32 (per-chunk expert
     counts of the several-CTA routing); the parking slots of GEMM1's K halves, 16 KiB for each of
     min(128, tiles x ceil(2 I / 64)) units; x_bf16 [T, H] bf16;
     act [R, I] bf16; rows [R, H] bf16. No segment depends on the tile form, so the total is
@@ -291,16 +292,25 @@ class CakeMxfp4MoEWrapper:
         _runtime.require_served(self.device, "mxfp4_moe")
         weights_kind = _WEIGHT_KIND[None if topk_weights is None else topk_weights.dtype]
         gemm1_tile, gemm2_tile = _decide.gemm_tiles(decision.tile, self.hidden_size, self.intermediate_shard)
+        alt = {}
+        if decision.alt_tile:
+            alt1, alt2 = _decide.gemm_tiles(decision.alt_tile, self.hidden_size, self.intermediate_shard)
+            alt = dict(gemm1_alt_tile=alt1, gemm2_alt_tile=alt2, tile_cost=_decide.tile_cost_milli(decision.tile),
+                       alt_tile_cost=_decide.tile_cost_milli(decision.alt_tile))
         bound = _runtime.ext().mxfp4_moe_plan(
             x.view(torch.uint8), x_sf, topk_ids, topk_weights, weights_kind, w1, w1_sf, w2, w2_sf, beta,
             linear_beta, workspace, output, w1_sf_max, w2_sf_max, num_tokens=num_tokens, hidden=self.hidden_size,
             inter=self.intermediate_shard, num_experts=self.num_experts, num_local=self.num_local_experts,
             local_offset=self.local_expert_offset, top_k=self.top_k, gemm1_tile=gemm1_tile, gemm2_tile=gemm2_tile,
-            tile_sync=decision.tile_sync)
+            tile_sync=decision.tile_sync, **alt)
+        segments = _workspace_segments(num_tokens, self.hidden_size, self.intermediate_shard, self.num_local_experts,
+                                       self.top_k)
+        choice_at = sum(_align256(n) for n in segments[:3]) + 4 * _TILE_CHOICE_AT   # in the tile list's header
         plan = Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
                             num_experts=self.num_experts, output=output, inputs=inputs, keep=keep,
                             code_max=(() if w1_sf_max is None else
-                                      (("w1_sf_max", w1_sf, w1_sf_max), ("w2_sf_max", w2_sf, w2_sf_max))))
+                                      (("w1_sf_max", w1_sf, w1_sf_max), ("w2_sf_max", w2_sf, w2_sf_max))),
+                            tile_choice=workspace[choice_at:choice_at + 4].view(torch.int32))
         plan.run()   # warm-up: loads the kernel images, checks the launch path
         return plan
 
