@@ -7,7 +7,10 @@ included), and check each pair's output against the table's own plan.
 
 `--env NAME=VALUE[,NAME=VALUE...]` (repeatable) adds the table's pair planned with those
 environment variables set (the host reads its switches at plan time), for same-build
-comparisons of a switch.
+comparisons of a switch. `--tiles A,B` adds plans with the tile form forced (`plan(tile=)`: one
+pair, no device choice between two prefill pairs), e.g. the cost of that choice at prefill:
+
+    python ci/moe_gemm_pairs.py tp8 4096 16384 --tiles wg96x4,wg160x3 --rotations 1
 
 A pair is GEMM1_SUFFIX/GEMM2_SUFFIX (see `_decide.gemm_tiles`); both must share a block_n. Rows
 use the benchmark's inputs and weights (`cake_moe.bench.mxfp4_moe`), eight routings rotated in
@@ -39,10 +42,13 @@ def main() -> None:
     ap.add_argument("tokens", type=int, nargs="+")
     ap.add_argument("--pairs", default="", help="comma list of GEMM1/GEMM2 form suffixes")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE[,NAME=VALUE...]: the table's pair planned with them set")
+    ap.add_argument("--tiles", default="", help="comma list of tile forms, each planned forced")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rotations", type=int, default=bench.ROTATIONS, help="routings per variant (one graph)")
     args = ap.parse_args()
     pairs = [tuple(p.split("/")) for p in args.pairs.split(",") if p]
     pairs += [("table", env) for env in args.env]
+    pairs += [("tile", tile) for tile in args.tiles.split(",") if tile]
     copy_bw = timing.copy_bandwidth(1 << 30)
     gen = torch.Generator(device="cuda").manual_seed(0)
     l, offset, i_shard = bench.layout_dims(args.layout)
@@ -54,12 +60,12 @@ def main() -> None:
     table_tiles = _decide.gemm_tiles
     print(f"copy {copy_bw / 1e12:.2f} TB/s", flush=True)
     for t in args.tokens:
-        inputs = [bench.random_inputs(t, l, offset, gen) for _ in range(bench.ROTATIONS)]
+        inputs = [bench.random_inputs(t, l, offset, gen) for _ in range(args.rotations)]
         experts = statistics.mean(_routed_experts(ids, offset, l) for _, _, ids, _ in inputs)
         nbytes = experts * bench.expert_bytes(i_shard)
         calls, outs = {}, {}
         for pair in [("table", "")] + pairs:
-            _decide.gemm_tiles = table_tiles if pair[0] == "table" else (lambda *_a, p=pair: p)
+            _decide.gemm_tiles = table_tiles if pair[0] in ("table", "tile") else (lambda *_a, p=pair: p)
             env = dict(kv.split("=", 1) for kv in pair[1].split(",")) if pair[0] == "table" and pair[1] else {}
             saved = {name: os.environ.get(name) for name in env}
             os.environ.update(env)
@@ -68,7 +74,7 @@ def main() -> None:
                 out = torch.full((t, bench.H), float("nan"), dtype=torch.bfloat16, device="cuda")
                 ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
                 plans.append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws,
-                                         output=out).run)
+                                         output=out, tile=pair[1] if pair[0] == "tile" else None).run)
                 outs[pair].append(out)
             calls[pair] = bench._cycle(plans)
             for name, value in saved.items():
@@ -82,15 +88,17 @@ def main() -> None:
             order = list(calls)
             order = order[r % len(order):] + order[:r % len(order)]
             for pair in order:
-                times[pair].append(timing.time_graph(calls[pair], calls=48, reps=10))
+                times[pair].append(bench._time(calls[pair], t, 48 if len(inputs) > 1 else 20))
         torch.cuda.synchronize()
         ref = torch.cat([o.double() for o in outs[("table", "")]])
         for pair, ts in times.items():
             ms = statistics.median(ts)
             got = torch.cat([o.double() for o in outs[pair]])
             diff = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("nan")
-            name = "table " + "/".join(table_tiles(runner.decide(t).tile, bench.H, i_shard)) + \
-                (f" {pair[1]}" if pair[1] else "") if pair[0] == "table" else "/".join(pair)
+            d = runner.decide(t)
+            name = ("table " + "/".join(table_tiles(d.tile, bench.H, i_shard)) + (f" or {d.alt_tile}" if d.alt_tile else "")
+                    + (f" {pair[1]}" if pair[1] else "") if pair[0] == "table" else
+                    f"tile {pair[1]}" if pair[0] == "tile" else "/".join(pair))
             print(f"{args.layout} T={t:3} {name:28} {ms * 1e3:8.1f} us  {nbytes / (ms * 1e-3) / copy_bw:.4f} of copy"
                   f"  rounds {' '.join(f'{x * 1e3:.1f}' for x in ts)}  diff {diff:.2e}", flush=True)
 

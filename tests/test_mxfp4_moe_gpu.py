@@ -254,6 +254,7 @@ def test_device_tile_choice(layers, t):
     layer = layers("h384_ep_k8")
     geom = layer.geom
     cases = {n: _case_with_local_counts(geom, t, n, seed=40 + n) for n in (100, 150)}
+    cases[150] = dataclasses.replace(cases[150], beta=cases[100].beta, linear_beta=cases[100].linear_beta)  # bound once
     bound = dataclasses.replace(cases[100], **{f: getattr(cases[100], f).clone()
                                                for f in ("x", "x_sf", "topk_ids", "topk_weights")})
     plan, out = layer.plan(bound)

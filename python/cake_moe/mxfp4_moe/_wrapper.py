@@ -147,9 +147,11 @@ class CakeMxfp4MoEWrapper:
     # ------------------------------------------------------------------ host-only queries
 
     def decide(self, num_tokens: int, *, tile: str | None = None, tile_sync: bool | None = None) -> PlanDecision:
-        """The tile form ``plan()`` uses for ``num_tokens`` tokens (host only); ``tile`` forces
-        one of ``_decide.TILES`` (the sm_90a forms only on a compute capability 9.0 device),
-        ``tile_sync`` the per-token-tile GEMM1 -> GEMM2 sync (mma.sync forms only)."""
+        """The tile form ``plan()`` uses for ``num_tokens`` tokens (host only; at prefill on sm_90a
+        also ``alt_tile``, which the device may run instead from the call's route counts);
+        ``tile`` forces one of ``_decide.TILES`` (the sm_90a forms only on a compute capability
+        9.0 device; a forced form has no alternative), ``tile_sync`` the per-token-tile GEMM1 ->
+        GEMM2 sync (mma.sync forms only)."""
         return _decide.decide(num_tokens, self.top_k, self.num_experts, self.hidden_size, self.intermediate_shard,
                               sm90=self.capability == (9, 0), tile=tile, tile_sync=tile_sync)
 
