@@ -290,20 +290,31 @@ def test_decide_token_tiles_grow_with_t(shape, sm90):
 
 
 @pytest.mark.parametrize("shape", [(16, 896, 7168, 3072), (16, 896, 7168, 384), (8, 64, 384, 256)])
-def test_decide_alt_tile_only_for_the_sm90_prefill_path(shape):
-    """On sm_90 every prefill decision names a second form (the next by expected cost, another
-    token-tile size) for the device to choose from; no other path, no forced tile, no portable
-    device does."""
+def test_decide_alt_tile_for_every_sm90_wgmma_path(shape):
+    """On sm_90 every wgmma decision names a second form of another token-tile size for the
+    device to choose from: the next larger tile below wg64x4's range, the other wide form of
+    least expected cost past it. Not the mma.sync paths, a forced tile, a portable device, nor
+    32 routes or fewer (the routing kernel's one-warp path lists one form's tiles)."""
+    short = shape[3] <= _decide.RESIDENT_K
     for t in range(1, 30000, 97):
         d = _decide.decide(t, *shape, sm90=True)
         load = _decide.routes_per_expert(t, *shape[:2])
-        if d.path == "prefill" and d.block_n >= 96:
-            assert d.alt_tile == _decide.prefill_tiles(load, shape[3] <= _decide.RESIDENT_K)[1], (t, d)
-            assert _decide.BLOCK_N_OF[d.alt_tile] != d.block_n and len(d.forms) == 7
+        if d.tile in _decide.SM90_TILES and t * shape[0] > _decide.MAX_FEW_ROUTES:
+            assert d.alt_tile == _decide.alt_tile(load, short, d.tile) and len(d.forms) == 7, (t, d)
+            assert _decide.BLOCK_N_OF[d.alt_tile] != d.block_n
+            if d.block_n < 96:
+                assert _decide.BLOCK_N_OF[d.alt_tile] > d.block_n
+            else:
+                assert d.alt_tile in ("wg96x4", "wg128x4", "wg160x3")
         else:
             assert d.alt_tile == "" and len(d.forms) == 5, (t, d)
         assert _decide.decide(t, *shape, sm90=False).alt_tile == ""
         assert _decide.decide(t, *shape, sm90=True, tile="wg128x4").alt_tile == ""
+    assert _decide.alt_tile(24.0, False, "wg32x4") == "wg64x4"
+    assert _decide.alt_tile(40.0, False, "wg64x4") == "wg128x4"
+    assert _decide.alt_tile(40.0, True, "wg64x4") == "wg96x4"
+    assert _decide.alt_tile(110.0, False, "wg128x4") == "wg160x3"
+    assert _decide.alt_tile(73.0, True, "wg96x4") == "wg128x4"
 
 
 def test_device_tile_choice_rule():
@@ -320,7 +331,11 @@ def test_device_tile_choice_rule():
     assert choose([10 * 160], "wg128x4", "wg160x3") == "wg128x4"  # 12.5 -> 13 against 10 x 1.3 = 13: a tie
     assert choose([96, 97], "wg96x4", "wg128x4") == "wg128x4"     # 3 x 0.85 = 2.55 against 2 x 1.0
     assert choose([96, 96], "wg96x4", "wg128x4") == "wg96x4"      # 2 x 0.85 against 2 x 1.0
-    assert _decide.tile_cost_milli("wg96x4") == 850
+    assert choose([52] * 112, "wg64x4", "wg128x4") == "wg64x4"    # 0.63 against 1.0
+    assert choose([69] * 112, "wg64x4", "wg128x4") == "wg128x4"   # 2 x 0.63 against 1.0
+    assert choose([33] * 112, "wg32x4", "wg64x4") == "wg64x4"     # 2 x 0.5 against 0.63
+    assert [_decide.tile_cost_milli(f) for f in ("wg32x4", "wg64x4", "wg96x4", "wg128x4", "wg160x3")] == \
+        [500, 630, 850, 1000, 1300]
 
 
 # tp8 (T * k / E = T / 56 routes per expert): the faster prefill form per T, kernel time per run

@@ -240,31 +240,36 @@ def _case_with_local_counts(geom: Geometry, t: int, per_expert: int, seed: int) 
     return dataclasses.replace(case, topk_ids=ids)
 
 
-# h384_ep_k8 (16 local experts, I = 256): T = 1024 expects 128 routes per expert (the table's
-# pair: wg160x3, then wg128x4), T = 2048 256 (wg128x4, then wg160x3; 16384 routes: the
-# several-CTA routing). 100 routes per expert fit one tile of either (128 is cheaper), 150 one
-# 160-row tile or two 128-row ones (160 is cheaper).
-@pytest.mark.parametrize("t", [1024, 2048])
-def test_device_tile_choice(layers, t):
-    """The routing kernel picks the prefill pair from the call's route counts: each run's bits
-    are those of the chosen form forced, the choice follows the counts the routes set (sum of
-    ceil(count / BN) x cost per tile), and a replayed graph follows new routes across the two
-    forms without a new plan."""
+# h384_ep_k8 (16 local experts, I = 256, k = 8: T / 8 routes per expert expected). Per T the
+# table's pair and two per-expert route counts that the device's rule sends to different forms
+# of it: T = 200 wg32x4 / wg64x4 (30: one 32-row tile; 40: two, against one 64-row tile), 400
+# wg64x4 / wg96x4, 1024 wg160x3 / wg128x4 (100 fit one tile of either, 128 is cheaper; 150 one
+# 160-row tile or two 128-row ones), 2048 wg128x4 / wg160x3 (16384 routes: the several-CTA routing).
+@pytest.mark.parametrize("t,counts,pair", [(200, (30, 40), ("wg32x4", "wg64x4")),
+                                           (400, (60, 90), ("wg64x4", "wg96x4")),
+                                           (1024, (100, 150), ("wg160x3", "wg128x4")),
+                                           (2048, (100, 150), ("wg128x4", "wg160x3"))])
+def test_device_tile_choice(layers, t, counts, pair):
+    """The routing kernel picks one of the decision's two wgmma forms from the call's route
+    counts: each run's bits are those of the chosen form forced, the choice follows the counts
+    the routes set (sum of ceil(count / BN) x cost per tile), and a replayed graph follows new
+    routes across the two forms without a new plan."""
     from cake_moe.mxfp4_moe import _decide
     layer = layers("h384_ep_k8")
     geom = layer.geom
-    cases = {n: _case_with_local_counts(geom, t, n, seed=40 + n) for n in (100, 150)}
-    cases[150] = dataclasses.replace(cases[150], beta=cases[100].beta, linear_beta=cases[100].linear_beta)  # bound once
-    bound = dataclasses.replace(cases[100], **{f: getattr(cases[100], f).clone()
+    low, high = counts
+    cases = {n: _case_with_local_counts(geom, t, n, seed=40 + n) for n in counts}
+    cases[high] = dataclasses.replace(cases[high], beta=cases[low].beta, linear_beta=cases[low].linear_beta)
+    bound = dataclasses.replace(cases[low], **{f: getattr(cases[low], f).clone()     # bound once, rewritten
                                                for f in ("x", "x_sf", "topk_ids", "topk_weights")})
     plan, out = layer.plan(bound)
     d = plan.decision
-    assert d.alt_tile and {d.tile, d.alt_tile} == {"wg128x4", "wg160x3"}, d
+    assert (d.tile, d.alt_tile) == pair, d
     assert len(d.forms) == 7 and _decide.gemm_forms(d.alt_tile, geom.hidden, geom.i_shard)[0] in plan.forms
     want = {}
     for n, case in cases.items():
         choice = _decide.device_tile_choice([n] * geom.local, d.tile, d.alt_tile)
-        assert choice == ("wg128x4" if n == 100 else "wg160x3")
+        assert choice == (min if n == low else max)(pair, key=_decide.BLOCK_N_OF.get)  # more routes: wider
         forced = layer.run(case, tile=choice)
         _check(case, forced, reference(case, layer.bank))
         auto_plan, auto_out = layer.plan(case)
@@ -280,7 +285,7 @@ def test_device_tile_choice(layers, t):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         plan.run()
-    for n in (150, 100, 150):
+    for n in (high, low, high):
         for f in ("x", "x_sf", "topk_ids", "topk_weights"):
             getattr(bound, f).copy_(getattr(cases[n], f))
         poison_(out)

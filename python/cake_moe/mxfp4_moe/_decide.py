@@ -75,7 +75,13 @@ BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n8_narrow4": 8, "n32": 3
 # 96-row tile (tp8 T = 4096: 73 routes). The long shard keeps wg128x4 there: the only long-shard
 # rank measured (the benchmark's ep8, whose experts see 1.43x T*k/E: 105 routes at T = 4096)
 # needs two 96-row tiles and ran 1.35x slower.
-PREFILL_TILE_COST = {"wg96x4": 0.85, "wg128x4": 1.0, "wg160x3": 1.3}  # per tile, with a margin over the measured
+# The cost of one token tile (all of an expert's m-blocks, both GEMMs) of each sm_90a form,
+# relative to wg128x4: the layer's time is close to a fixed part plus tiles x this. wg160x3 with a
+# margin over the measured; wg32x4 and wg64x4 fitted to the forced-tile rows of both layouts
+# (bench/results/2026-12-01_h200_mxfp4_moe_short_shard_tiles.md: tp8 0.50 / 0.63, ep8 0.51 /
+# 0.61-0.64 at 27-78 routes per expert, with each row's expected tile counts). The decision table
+# keeps its measured thresholds; the device's choice between a decision's two forms uses these.
+SM90_TILE_COST = {"wg32x4": 0.5, "wg64x4": 0.63, "wg96x4": 0.85, "wg128x4": 1.0, "wg160x3": 1.3}
 NARROW_PREFILL_MAX_LOAD = 96
 SM90_MID_PREFILL = (SM90_MID_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg64x4"], "wg64x4")
 SM90_MID = "wg32x4"  # the mid rows' form on sm_90 (BN 32, like n32)
@@ -110,8 +116,8 @@ MAX_FEW_ROUTES = 32
 class PlanDecision:
     """What ``plan()`` would run for a token count: ``forms`` are the kernel forms of one
     ``run()`` in launch order, as ``cake-moe info`` lists them (the routing form is one launch,
-    or three from 16384 routes); ``block_n`` the token rows per GEMM tile. With ``alt_tile`` (sm_90a
-    prefill) the plan binds a second GEMM pair of that tile form, each GEMM followed by its
+    or three from 16384 routes); ``block_n`` the token rows per GEMM tile. With ``alt_tile`` (the
+    sm_90a wgmma paths) the plan binds a second GEMM pair of that tile form, each GEMM followed by its
     alternative (seven forms): the routing kernel picks the pair from the actual route counts
     (``device_tile_choice``) and the other pair's kernels exit at once. ``supported`` is False
     only for a request the layer cannot serve (``reason``)."""
@@ -172,20 +178,38 @@ def expected_tiles(load: float, block_n: int) -> float:
     return total
 
 
-def prefill_tiles(load: float, short_shard: bool) -> list[str]:
-    """The sm_90a prefill forms in order of expected cost (PREFILL_TILE_COST x expected tiles)."""
-    forms = ["wg128x4", "wg160x3"] + (["wg96x4"] if short_shard and load <= NARROW_PREFILL_MAX_LOAD else [])
-    return sorted(forms, key=lambda f: PREFILL_TILE_COST[f] * expected_tiles(load, BLOCK_N_OF[f]))
+def _by_expected_cost(forms: list[str], load: float) -> list[str]:
+    return sorted(forms, key=lambda f: SM90_TILE_COST[f] * expected_tiles(load, BLOCK_N_OF[f]))
+
+
+def _wide_prefill(load: float, short_shard: bool) -> list[str]:
+    return ["wg128x4", "wg160x3"] + (["wg96x4"] if short_shard and load <= NARROW_PREFILL_MAX_LOAD else [])
 
 
 def prefill_tile(load: float, short_shard: bool) -> str:
-    """The sm_90a prefill form of least expected cost."""
-    return prefill_tiles(load, short_shard)[0]
+    """The table's sm_90a prefill form past wg64x4's range: the one of least expected cost
+    (SM90_TILE_COST x expected tiles) of wg128x4, wg160x3 and, for a short shard while one tile
+    can hold an expert's routes, wg96x4."""
+    return _by_expected_cost(_wide_prefill(load, short_shard), load)[0]
+
+
+def alt_tile(load: float, short_shard: bool, tile: str) -> str:
+    """The second form of an sm_90a wgmma decision, which the device runs instead where the
+    call's actual counts make it cheaper (device_tile_choice): past wg64x4's range the other
+    wide form of least expected cost; below it the next larger token tile (wg32x4 -> wg64x4 ->
+    wg96x4 for a short shard, else wg128x4), since a rank's load runs above the T * k / E
+    estimate wherever tokens reach it by expert-parallel dispatch (every token has a local
+    route: ~1.43x at the contract's ep8)."""
+    if tile == "wg32x4":
+        return "wg64x4"
+    if tile == "wg64x4":
+        return "wg96x4" if short_shard and load <= NARROW_PREFILL_MAX_LOAD else "wg128x4"
+    return _by_expected_cost([f for f in _wide_prefill(load, short_shard) if f != tile], load)[0]
 
 
 def tile_cost_milli(tile: str) -> int:
-    """PREFILL_TILE_COST of a prefill form in thousandths: the routing kernel's integer cost."""
-    return round(1000 * PREFILL_TILE_COST[tile])
+    """SM90_TILE_COST of a form in thousandths: the routing kernel's integer cost."""
+    return round(1000 * SM90_TILE_COST[tile])
 
 
 def device_tile_choice(counts, tile: str, alt_tile: str) -> str:
@@ -198,19 +222,20 @@ def device_tile_choice(counts, tile: str, alt_tile: str) -> str:
 
 
 def _sm90_form(load: float, inter: int) -> tuple[str, int, str, str]:
-    """(path, block_n, tile, alt_tile) of an sm_90 device for ``load`` routes per expert; the
-    prefill path names the two forms of least expected cost, for the device to choose from."""
+    """(path, block_n, tile, alt_tile) of an sm_90 device for ``load`` routes per expert: the
+    wgmma paths name a second form for the device to choose from (alt_tile)."""
     if inter <= RESIDENT_K:
         decode_max, mid_max, wg64_max = SM90_SHORT_SHARD_LOADS
     else:
         decode_max, mid_max, wg64_max = TILE_TABLE[0][0], SM90_MID_WG_MIN_LOAD, PREFILL_WG_MIN_LOAD
+    short = inter <= RESIDENT_K
     if load > wg64_max:
-        tile, alt = prefill_tiles(load, inter <= RESIDENT_K)[:2]
-        return "prefill", BLOCK_N_OF[tile], tile, alt
+        tile = prefill_tile(load, short)
+        return "prefill", BLOCK_N_OF[tile], tile, alt_tile(load, short, tile)
     if load > mid_max:
-        return (*SM90_MID_PREFILL[1:], "")
+        return (*SM90_MID_PREFILL[1:], alt_tile(load, short, SM90_MID_PREFILL[3]))
     if load > decode_max:
-        return "mid", BLOCK_N_OF[SM90_MID], SM90_MID, ""
+        return "mid", BLOCK_N_OF[SM90_MID], SM90_MID, alt_tile(load, short, SM90_MID)
     return (*TILE_TABLE[0][1:], "")
 
 
