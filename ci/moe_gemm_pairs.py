@@ -8,7 +8,7 @@ included), and check each pair's output against the table's own plan.
 `--env NAME=VALUE[,NAME=VALUE...]` (repeatable) adds the table's pair planned with those
 environment variables set (the host reads its switches at plan time), for same-build
 comparisons of a switch. `--tiles A,B` adds plans with the tile form forced (`plan(tile=)`: one
-pair, no device choice between two prefill pairs), e.g. the cost of that choice at prefill:
+pair, no device choice between two), e.g. the cost of that choice:
 
     python ci/moe_gemm_pairs.py tp8 4096 16384 --tiles wg96x4,wg160x3 --rotations 1
 

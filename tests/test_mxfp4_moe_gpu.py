@@ -132,6 +132,26 @@ def test_every_tile_form(layers, name, t, tile):
     assert torch.equal(layer.run(case, tile=tile), got), f"tile {tile}: a second plan changed the bits"
 
 
+_SM90_TILES = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
+
+
+@pytest.mark.parametrize("name,t", [("h384_ep_k8", 300), ("ring_h512_i512_e8_k2", 129), ("i640_h256_e8_k2", 200),
+                                    ("ring_h256_i1024_e4_k2", 129)])
+def test_sm90_tile_forms_give_the_same_bits(layers, name, t):
+    """Every sm_90a wgmma form sums K in the same order (a warp owns whole rows, k16 steps in
+    order, no K split; the token-tile size only changes which rows share a tile), so all give the
+    same bits: the device's choice between a decision's two forms changes no bit. Resident-row
+    and streamed GEMM2s, the code ring on both GEMMs."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma forms are sm_90a")
+    layer = layers(name)
+    case = make_case(layer.geom, t, "zipf", seed=t + 17)
+    outs = {tile: layer.run(case, tile=tile) for tile in _SM90_TILES}
+    _check(case, outs["wg128x4"], reference(case, layer.bank))
+    for tile, got in outs.items():
+        assert torch.equal(got, outs["wg128x4"]), f"{tile}: other bits than wg128x4"
+
+
 @pytest.fixture(scope="module")
 def wide_scale_layer():
     """H = 1024 (GEMM1 spans two decode stages and eight wgmma stages) and scale codes on both

@@ -141,7 +141,7 @@ class Mxfp4MoePlan final : public Plan {
     };
     check_gemm2(t2, p.gemm2_tile);
     const int64_t routes = int64_t(p.tokens) * p.top_k;
-    // A second prefill pair: two persistent (sm_90a) pairs of different token tiles, chosen on the
+    // A second GEMM pair: two persistent (sm_90a wgmma) pairs of different token tiles, chosen on the
     // device by the routing kernel's full path (more than kMaxFewRoutes routes), no tile sync.
     has_alt_ = !p.gemm1_alt_tile.empty() || !p.gemm2_alt_tile.empty();
     TilingInfo ta1{}, ta2{};
@@ -280,9 +280,10 @@ class Mxfp4MoePlan final : public Plan {
     finalize_.cfg.block[0] = moe::kFinalizeThreads;
     // Launch order: dequantize (ordinary), routing, GEMM1, GEMM2, finalize, each of the last four
     // a dependent launch that starts while its predecessor drains and waits (griddepcontrol.wait)
-    // before reading its outputs (a second prefill pair: each GEMM followed by its alternative,
-    // also dependent; the one not chosen waits, then exits). The routing kernel reads nothing the dequantize writes: it runs
-    // alongside it and waits for it only before completing, so GEMM1's wait covers both. With at
+    // before reading its outputs (a second GEMM pair: each GEMM followed by its alternative,
+    // also dependent; the one not chosen waits, then exits). The routing kernel reads nothing
+    // the dequantize writes: it runs alongside it and waits for it only before completing, so
+    // GEMM1's wait covers both. With at
     // most 32 routes the routing kernel (then GEMM1's gate: the lookahead has requested the first
     // weights) goes first instead, and the dequantize, released at its start, waits for it
     // before completing: the routing kernel no longer starts a dependent-launch latency late.
@@ -353,7 +354,7 @@ class Mxfp4MoePlan final : public Plan {
   runtime::BoundKernel<formats::DequantizeArgs> dequant_;
   bool route_first_ = false;  // the routing kernel before the dequantize (at most 32 routes)
   runtime::BoundKernel<GemmParams> gemm1_, gemm2_;
-  bool has_alt_ = false;  // a second prefill pair, chosen on the device (Problem::gemm1_alt_tile)
+  bool has_alt_ = false;  // a second GEMM pair, chosen on the device (Problem::gemm1_alt_tile)
   runtime::BoundKernel<GemmParams> gemm1_alt_, gemm2_alt_;
   runtime::BoundKernel<moe::FinalizeParams> finalize_;
   std::string forms_;

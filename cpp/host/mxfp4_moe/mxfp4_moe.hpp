@@ -1,5 +1,5 @@
 // Host side of family B (MXFP4 x MXFP8 SiTU routed MoE): a plan binds the caller's buffers once,
-// resolves its kernels (five forms, seven with a second prefill pair; the routing is one launch or
+// resolves its kernels (five forms, seven with a second GEMM pair; the routing is one launch or
 // three), and run() only enqueues them (no allocation, no sync).
 // Python (cake_moe.mxfp4_moe) has validated every shape, dtype, device and overlap.
 #pragma once
@@ -32,7 +32,7 @@ struct Problem {
                                       // wg64x4, wg32x4); both share one block_n
   bool tile_sync = false;             // GEMM2 waits per token tile, not for all of GEMM1 (the decision
                                       // table's; honoured only when both forms are one-CTA-per-item)
-  // A second sm_90a prefill pair (empty: none), launched after each GEMM of the first: the routing
+  // A second sm_90a wgmma GEMM pair (empty: none), launched after each GEMM of the first: the routing
   // kernel picks one pair from the actual counts (moe::RouteParams::alt_block_n), the other exits.
   std::string gemm1_alt_tile, gemm2_alt_tile;
   int32_t tile_cost = 0, alt_tile_cost = 0;  // cost per token tile of each pair (> 0 with a second pair)

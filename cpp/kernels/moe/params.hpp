@@ -104,8 +104,8 @@ struct RouteParams {
   int32_t local_offset;     // first local global id
   int32_t packed;           // topk_ids holds packed routes
   int32_t block_n;          // rows per token tile (the GEMM form's BN)
-  // Prefill tile choice on the device (0: none). With alt_block_n > 0 the plan has bound two GEMM
-  // form pairs; from the actual counts the routing kernel lists tiles of block_n rows (choice 0)
+  // The token-tile size chosen on the device (0: none). With alt_block_n > 0 the plan has bound
+  // two GEMM form pairs; from the actual counts the routing kernel lists tiles of block_n rows (choice 0)
   // or of alt_block_n rows (choice 1), whichever gives the smaller sum over experts of
   // ceil(count / rows) x the form's cost per tile (block_cost, alt_block_cost), ties to block_n,
   // and writes the choice at header[kTileChoiceAt]; the other pair's kernels exit at once.

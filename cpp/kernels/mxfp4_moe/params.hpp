@@ -56,7 +56,7 @@ struct GemmParams {
   int32_t split_max;            // <= moe::kMaxSplitUnits: with more units from split_from on, none is split
   int32_t split_all_max;        // <= moe::kMaxSplitUnits: with at most this many units (a short first
                                 //   wave, fewer units than SMs) every unit is split, from unit 0
-  const int32_t* tile_choice;   // null, or (a prefill form bound beside another one, sm_90a) the tile
+  const int32_t* tile_choice;   // null, or (an sm_90a wgmma form bound beside another one) the tile
                                 //   form the routing kernel chose (header[moe::kTileChoiceAt]): the
   int32_t choice;               //   kernel exits at once unless it equals `choice`
 };

@@ -2,8 +2,9 @@
 
 Python checks every argument (dtype, shape, contiguity, alignment, overlap, device) and picks
 the tile form from the decision table; the compiled extension binds the buffers into a plan
-object whose ``run(stream)`` enqueues the five kernel forms (five launches, seven when the routing
-runs over several CTAs). Nothing here launches a kernel by itself.
+object whose ``run(stream)`` enqueues the five kernel forms (five launches; two more when the
+routing runs over several CTAs, two more for an sm_90a wgmma decision's second GEMM pair).
+Nothing here launches a kernel by itself.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ _CODE_MAX_NAMES = ("w1_sf_max", "w2_sf_max")  # optional in the dict: without th
 _MAX_ROUTE_CHUNKS = 64  # moe::kMaxRouteChunks (cpp/kernels/moe/params.hpp)
 _MAX_SPLIT_UNITS = 128  # moe::kMaxSplitUnits
 _TILE_HEADER_INTS = 4 + _MAX_SPLIT_UNITS  # moe::kTileHeaderInts: count, unit queue, tile choice, pad, the split flags
-_TILE_CHOICE_AT = 2                       # moe::kTileChoiceAt: the header's int32 naming the chosen prefill pair
+_TILE_CHOICE_AT = 2                       # moe::kTileChoiceAt: the header's int32 naming the chosen GEMM pair
 _SPLIT_PARK_BYTES = 16384  # moe::kSplitParkBytes
 
 
@@ -62,8 +63,8 @@ def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, t
     With R = T * top_k routes, every segment is padded to 256 bytes, in this order: expert
     offsets (L+1) int32; row_token R int32; route_row R int32; the token-tile list, at most
     R // 8 + min(L, R) tiles of 8 bytes after a header of 132 int32 (the count, GEMM1's unit
-    queue, the device's tile choice and split flags); one int32 per tile (GEMM1 CTAs done); 64 x L int32 (per-chunk expert
-    counts of the several-CTA routing); the parking slots of GEMM1's K halves, 16 KiB for each of
+    queue, the device's tile choice and split flags); one int32 per tile (GEMM1 CTAs done); 64 x
+    L int32 (per-chunk expert counts of the several-CTA routing); the parking slots of GEMM1's K halves, 16 KiB for each of
     min(128, tiles x ceil(2 I / 64)) units; x_bf16 [T, H] bf16;
     act [R, I] bf16; rows [R, H] bf16. No segment depends on the tile form, so the total is
     monotonic in T.
@@ -244,9 +245,10 @@ class CakeMxfp4MoEWrapper:
         workspace uint8 [>= get_workspace_size(T)], 256-byte aligned; output [T, H] bf16. Every
         tensor is contiguous and on the wrapper's device; output and workspace share no memory
         with each other or with any input. ``tile`` overrides the decision
-        table's tile form and ``tile_sync`` its GEMM1 -> GEMM2 sync (see :meth:`decide`). Forms
-        sum K in different orders: each is repeatable to the bit, two forms agree to rounding;
-        ``tile_sync`` changes no bit.
+        table's tile form (and binds that one alone) and ``tile_sync`` its GEMM1 -> GEMM2 sync
+        (see :meth:`decide`). Each form is repeatable to the bit; the sm_90a wgmma forms give
+        the same bits as each other, the mma.sync forms sum K in other orders and agree with
+        them to rounding; ``tile_sync`` changes no bit.
         """
         if _capturing():
             raise RuntimeError("CakeMxfp4MoEWrapper.plan() cannot run during CUDA graph capture: plan outside "
