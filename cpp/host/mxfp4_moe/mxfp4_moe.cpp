@@ -141,8 +141,8 @@ class Mxfp4MoePlan final : public Plan {
     };
     check_gemm2(t2, p.gemm2_tile);
     const int64_t routes = int64_t(p.tokens) * p.top_k;
-    // A second GEMM pair: two persistent (sm_90a wgmma) pairs of different token tiles, chosen on the
-    // device by the routing kernel's full path (more than kMaxFewRoutes routes), no tile sync.
+    // A second GEMM pair: two persistent (sm_90a wgmma) pairs of different token tiles, chosen on
+    // the device by the routing kernel's full path (more than kMaxFewRoutes routes), no tile sync.
     has_alt_ = !p.gemm1_alt_tile.empty() || !p.gemm2_alt_tile.empty();
     TilingInfo ta1{}, ta2{};
     if (has_alt_) {
@@ -151,7 +151,7 @@ class Mxfp4MoePlan final : public Plan {
       if (ta1.bn != ta2.bn || ta1.bn == t1.bn)
         throw ValueError("a second GEMM pair shares one token-tile size, other than the first pair's");
       if (!(t1.persistent && t2.persistent && ta1.persistent && ta2.persistent) || ta1.gemm2_only)
-        throw ValueError("a second GEMM pair is for the persistent sm_90a prefill forms");
+        throw ValueError("a second GEMM pair is for the persistent sm_90a wgmma forms");
       check_gemm2(ta2, p.gemm2_alt_tile);
       if (p.tile_sync || routes <= moe::kMaxFewRoutes || p.tile_cost <= 0 || p.alt_tile_cost <= 0)
         throw ValueError("a second GEMM pair needs more than 32 routes, no tile sync and both costs per tile > 0");
@@ -283,10 +283,10 @@ class Mxfp4MoePlan final : public Plan {
     // before reading its outputs (a second GEMM pair: each GEMM followed by its alternative,
     // also dependent; the one not chosen waits, then exits). The routing kernel reads nothing
     // the dequantize writes: it runs alongside it and waits for it only before completing, so
-    // GEMM1's wait covers both. With at
-    // most 32 routes the routing kernel (then GEMM1's gate: the lookahead has requested the first
-    // weights) goes first instead, and the dequantize, released at its start, waits for it
-    // before completing: the routing kernel no longer starts a dependent-launch latency late.
+    // GEMM1's wait covers both. With at most 32 routes the routing kernel (then GEMM1's gate: the
+    // lookahead has requested the first weights) goes first instead, and the dequantize, released
+    // at its start, waits for it before completing: the routing kernel no longer starts a
+    // dependent-launch latency late.
     route_first_ = chunk_routes == 0 && routes <= moe::kMaxFewRoutes;
     for (auto& r : route_) r.cfg.pdl = !route_first_;
     dequant_.cfg.pdl = route_first_;

@@ -105,8 +105,8 @@ struct RouteParams {
   int32_t packed;           // topk_ids holds packed routes
   int32_t block_n;          // rows per token tile (the GEMM form's BN)
   // The token-tile size chosen on the device (0: none). With alt_block_n > 0 the plan has bound
-  // two GEMM form pairs; from the actual counts the routing kernel lists tiles of block_n rows (choice 0)
-  // or of alt_block_n rows (choice 1), whichever gives the smaller sum over experts of
+  // two GEMM form pairs; from the actual counts the routing kernel lists tiles of block_n rows
+  // (choice 0) or of alt_block_n rows (choice 1), whichever gives the smaller sum over experts of
   // ceil(count / rows) x the form's cost per tile (block_cost, alt_block_cost), ties to block_n,
   // and writes the choice at header[kTileChoiceAt]; the other pair's kernels exit at once.
   int32_t alt_block_n;
