@@ -265,7 +265,7 @@ def markdown(rows: list[dict]) -> str:
                      f"{r['eff_bw_frac']:.2f} | {r['tflops']:.0f} | {peer if peer else '-'} |")
     if any(r.get("tile", "").endswith("*") for r in rows):
         lines += ["", "tile*: the form the routing kernel chose from the row's route counts, of the decision "
-                  "table's two prefill forms"]
+                  "table's two wgmma forms"]
     return "\n".join(lines)
 
 
