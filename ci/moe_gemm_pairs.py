@@ -13,10 +13,11 @@ pair, no device choice between two), e.g. the cost of that choice:
     python ci/moe_gemm_pairs.py tp8 4096 16384 --tiles wg96x4,wg160x3 --rotations 1
 
 A pair is GEMM1_SUFFIX/GEMM2_SUFFIX (see `_decide.gemm_tiles`); both must share a block_n. Rows
-use the benchmark's inputs and weights (`cake_moe.bench.mxfp4_moe`), eight routings rotated in
-one CUDA graph, and report time, the fraction of the copy bandwidth measured in the same run, and
-the relative difference to the table's plan (different K splits sum in another order: a few
-1e-3 at most, much more means a broken pair).
+use the benchmark's inputs and weights (`cake_moe.bench.mxfp4_moe`), eight routings rotated
+(`--rotations`), timed as the benchmark times its rows (one CUDA graph up to T = 1024, eager
+launches beyond), and report time, the fraction of the copy bandwidth measured in the same run,
+and the relative difference to the table's plan (different K splits sum in another order: a few
+1e-3 at most, much more means a broken pair; the sm_90a wgmma forms give the same bits).
 """
 from __future__ import annotations
 
@@ -96,8 +97,8 @@ def main() -> None:
             got = torch.cat([o.double() for o in outs[pair]])
             diff = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("nan")
             d = runner.decide(t)
-            name = ("table " + "/".join(table_tiles(d.tile, bench.H, i_shard)) + (f" or {d.alt_tile}" if d.alt_tile else "")
-                    + (f" {pair[1]}" if pair[1] else "") if pair[0] == "table" else
+            table = "/".join(table_tiles(d.tile, bench.H, i_shard)) + (f" or {d.alt_tile}" if d.alt_tile else "")
+            name = (f"table {table}" + (f" {pair[1]}" if pair[1] else "") if pair[0] == "table" else
                     f"tile {pair[1]}" if pair[0] == "tile" else "/".join(pair))
             print(f"{args.layout} T={t:3} {name:28} {ms * 1e3:8.1f} us  {nbytes / (ms * 1e-3) / copy_bw:.4f} of copy"
                   f"  rounds {' '.join(f'{x * 1e3:.1f}' for x in ts)}  diff {diff:.2e}", flush=True)

@@ -117,8 +117,8 @@ class PlanDecision:
     """What ``plan()`` would run for a token count: ``forms`` are the kernel forms of one
     ``run()`` in launch order, as ``cake-moe info`` lists them (the routing form is one launch,
     or three from 16384 routes); ``block_n`` the token rows per GEMM tile. With ``alt_tile`` (the
-    sm_90a wgmma paths) the plan binds a second GEMM pair of that tile form, each GEMM followed by its
-    alternative (seven forms): the routing kernel picks the pair from the actual route counts
+    sm_90a wgmma paths) the plan binds a second GEMM pair of that tile form, each GEMM followed
+    by its alternative (seven forms): the routing kernel picks the pair from the actual counts
     (``device_tile_choice``) and the other pair's kernels exit at once. ``supported`` is False
     only for a request the layer cannot serve (``reason``)."""
 
@@ -129,7 +129,7 @@ class PlanDecision:
     forms: tuple[str, ...]
     tile: str = ""  # form suffix of the GEMMs whose K exceeds SHORT_K
     tile_sync: bool = False  # GEMM2 waits per token tile for GEMM1 (TILE_SYNC_MAX_LOAD)
-    alt_tile: str = ""  # the second prefill tile form the device may choose instead of ``tile``
+    alt_tile: str = ""  # the second wgmma tile form the device may run instead of ``tile``
 
 
 def gemm_tiles(tile: str, hidden: int, inter: int) -> tuple[str, str]:
@@ -224,11 +224,11 @@ def device_tile_choice(counts, tile: str, alt_tile: str) -> str:
 def _sm90_form(load: float, inter: int) -> tuple[str, int, str, str]:
     """(path, block_n, tile, alt_tile) of an sm_90 device for ``load`` routes per expert: the
     wgmma paths name a second form for the device to choose from (alt_tile)."""
-    if inter <= RESIDENT_K:
+    short = inter <= RESIDENT_K
+    if short:
         decode_max, mid_max, wg64_max = SM90_SHORT_SHARD_LOADS
     else:
         decode_max, mid_max, wg64_max = TILE_TABLE[0][0], SM90_MID_WG_MIN_LOAD, PREFILL_WG_MIN_LOAD
-    short = inter <= RESIDENT_K
     if load > wg64_max:
         tile = prefill_tile(load, short)
         return "prefill", BLOCK_N_OF[tile], tile, alt_tile(load, short, tile)
