@@ -95,7 +95,7 @@ def run_mxfp4_moe() -> None:
                                         ("zipf", 17, torch.float32, "n8_narrow", 3))),
                        ("h384_ep_k8", (("balanced", 17, torch.bfloat16, None, None),
                                        ("remote", 17, torch.float32, None, None),
-                                       ("zipf", 2048, torch.float32, None, None),   # routing over 4 CTAs, two GEMM pairs
+                                       ("zipf", 2048, torch.float32, None, None),   # 4 routing CTAs, 2 GEMM pairs
                                        ("balanced", 200, torch.float32, wg_mid, None),
                                        ("zipf", 300, torch.float32, wg_wide, None),
                                        ("zipf", 300, torch.float32, wg_narrow, None))),

@@ -28,8 +28,9 @@ class Mxfp4MoEPlan:
     GEMM1, GEMM2 and finalize on the current stream (with an sm_90a wgmma form, each GEMM beside
     the second form the routing kernel may choose: ``decision.alt_tile``, :meth:`last_tile`): no
     allocation, no host synchronisation, capturable in a CUDA graph. It reads the values in the
-    bound tensors at run time, so new tokens, routes or weights written in place are picked up by the next run (or replay); new
-    scales need their largest codes (``w1_sf_max`` / ``w2_sf_max``, when bound) written too.
+    bound tensors at run time, so new tokens, routes or weights written in place are picked up
+    by the next run (or replay); new scales need their largest codes (``w1_sf_max`` /
+    ``w2_sf_max``, when bound) written too.
     Under ``torch.compile`` :meth:`run` is the op ``cake_moe::mxfp4_moe_run`` (``fullgraph=True``
     works); a plan made on a CPU wrapper runs the FP64 reference instead of the kernels.
 

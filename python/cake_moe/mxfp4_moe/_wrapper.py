@@ -64,8 +64,8 @@ def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, t
     offsets (L+1) int32; row_token R int32; route_row R int32; the token-tile list, at most
     R // 8 + min(L, R) tiles of 8 bytes after a header of 132 int32 (the count, GEMM1's unit
     queue, the device's tile choice and split flags); one int32 per tile (GEMM1 CTAs done); 64 x
-    L int32 (per-chunk expert counts of the several-CTA routing); the parking slots of GEMM1's K halves, 16 KiB for each of
-    min(128, tiles x ceil(2 I / 64)) units; x_bf16 [T, H] bf16;
+    L int32 (per-chunk expert counts of the several-CTA routing); the parking slots of GEMM1's K
+    halves, 16 KiB for each of min(128, tiles x ceil(2 I / 64)) units; x_bf16 [T, H] bf16;
     act [R, I] bf16; rows [R, H] bf16. No segment depends on the tile form, so the total is
     monotonic in T.
     """
@@ -148,8 +148,8 @@ class CakeMxfp4MoEWrapper:
     # ------------------------------------------------------------------ host-only queries
 
     def decide(self, num_tokens: int, *, tile: str | None = None, tile_sync: bool | None = None) -> PlanDecision:
-        """The tile form ``plan()`` uses for ``num_tokens`` tokens (host only; at prefill on sm_90a
-        also ``alt_tile``, which the device may run instead from the call's route counts);
+        """The tile form ``plan()`` uses for ``num_tokens`` tokens (host only; for an sm_90a wgmma
+        form also ``alt_tile``, which the device may run instead from the call's route counts);
         ``tile`` forces one of ``_decide.TILES`` (the sm_90a forms only on a compute capability
         9.0 device; a forced form has no alternative), ``tile_sync`` the per-token-tile GEMM1 ->
         GEMM2 sync (mma.sync forms only)."""
