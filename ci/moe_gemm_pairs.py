@@ -74,8 +74,10 @@ def main() -> None:
             for x, x_sf, ids, w in inputs:
                 out = torch.full((t, bench.H), float("nan"), dtype=torch.bfloat16, device="cuda")
                 ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
+                # a forced pair binds no second form: it is planned at the table's tile, forced
+                tile = pair[1] if pair[0] == "tile" else None if pair[0] == "table" else runner.decide(t).tile
                 plans.append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws,
-                                         output=out, tile=pair[1] if pair[0] == "tile" else None).run)
+                                         output=out, tile=tile).run)
                 outs[pair].append(out)
             calls[pair] = bench._cycle(plans)
             for name, value in saved.items():

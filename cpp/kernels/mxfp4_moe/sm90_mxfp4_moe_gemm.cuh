@@ -93,13 +93,21 @@ struct Sm90Mxfp4MoeGemm {
     }
   }
 
+  // B's descriptor: built once per stage and advanced per k16 step (one 64-bit add), or built
+  // per step from the tile's address (~4 more uniform instructions per step). The four-warpgroup
+  // forms are issue-bound and gain 1-1.5% from the add (tp8 / ep8 T = 512..2048, same process,
+  // bench/results/2026-12-03_h200_mxfp4_moe_issue_trims.md); `wg160x3` measured even to 1.3%
+  // slower with it, so it keeps the per-step build, as does the unmeasured two-warpgroup `wg128`.
+  static constexpr bool kDescPerStep = Cfg::kWarpGroups != 4;
+
   template <int kS, bool kBig>
   __device__ static __forceinline__ void step(Acc& acc, const uint2 (&wrow)[kMB][2], const uint32_t (&codes)[kMB][2],
-                                              uint32_t b_tile) {
+                                              uint32_t b_tile, uint64_t b_desc) {
     uint32_t a[kMB][4];
     fragments<kS, kBig>(a, wrow, codes);
     ptx::wgmma_fence();  // the A registers were just written by ordinary instructions
-    const uint64_t desc = ptx::make_desc_kmajor_sw128(b_tile + 32 * kS);
+    const uint64_t desc = kDescPerStep ? ptx::make_desc_kmajor_sw128(b_tile + 32 * kS)
+                                       : ptx::desc_advance(b_desc, 32 * kS);
 #pragma unroll
     for (int i = 0; i < kMB; ++i) Wgmma::mma(reinterpret_cast<float(&)[4 * kNBlocks]>(acc[i]), a[i], desc, 1u);
     ptx::wgmma_commit();
@@ -117,17 +125,20 @@ struct Sm90Mxfp4MoeGemm {
   template <bool kBig>
   __device__ static __forceinline__ void compute_stage(const typename Base::Smem& sm, int slot, int b_slot, int row0,
                                                        typename Codes::Reads cr, Acc& acc) {
+    const uint32_t b_stage = ptx::smem_addr(sm.b(b_slot));
+    const uint64_t b_desc0 = ptx::make_desc_kmajor_sw128(b_stage);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       uint2 wrow[kMB][2];
       uint32_t codes[kMB][2];
       Base::template load_unit_words<kMB>(sm, slot, Base::unit_offsets(row0, 0, u).w, wrow);
       Base::template load_unit_codes<kMB>(cr.unit0 + 2 * u, cr.row_stride, codes);
-      const uint32_t b_tile = ptx::smem_addr(sm.b(b_slot)) + u * Cfg::kBTileBytes;
-      step<0, kBig>(acc, wrow, codes, b_tile);
-      step<1, kBig>(acc, wrow, codes, b_tile);
-      step<2, kBig>(acc, wrow, codes, b_tile);
-      step<3, kBig>(acc, wrow, codes, b_tile);
+      const uint32_t b_tile = b_stage + u * Cfg::kBTileBytes;
+      const uint64_t b_desc = ptx::desc_advance(b_desc0, u * Cfg::kBTileBytes);
+      step<0, kBig>(acc, wrow, codes, b_tile, b_desc);
+      step<1, kBig>(acc, wrow, codes, b_tile, b_desc);
+      step<2, kBig>(acc, wrow, codes, b_tile, b_desc);
+      step<3, kBig>(acc, wrow, codes, b_tile, b_desc);
     }
   }
 

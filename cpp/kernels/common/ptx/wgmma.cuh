@@ -75,6 +75,10 @@ __device__ __forceinline__ uint64_t make_desc_kmajor_sw128(uint32_t smem_byte_ad
   return make_smem_desc_sw128(smem_byte_addr, 16u, 1024u);
 }
 
+// The descriptor of the same layout `bytes` further on: a multiple of 16 bytes, and the start
+// address field (14 bits of address >> 4) cannot carry below 256 KB of shared memory.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 // MN-major operand (transposed B): each K row holds 64 contiguous MN elements
 // (128 B); 8 K rows form a 1024-B atom (SBO = 1024 to the next 8 K rows); the
 // next 64 MN elements start `mn_chunk_stride_bytes` later (LBO).
