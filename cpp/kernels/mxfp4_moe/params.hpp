@@ -140,10 +140,10 @@ struct Tiling {
 // Three row groups (192 weight rows) on three warpgroups leave 168 registers per thread, room
 // for the 80 accumulators of a 160-token tile: an expert's routes then take fewer tiles (292
 // routes: two instead of three), and each weight is converted once per tile.
-template <int kBN_, int kWarpGroups_, bool kResidentB_ = false, int kRowGroups = 4>
-struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4> {
-  using Base = Tiling<kBN_, kRowGroups, 1, 4>;
-  using LoaderTiling = Sm90Tiling<kBN_, 2, false, kRowGroups>;
+template <int kBN_, int kWarpGroups_, bool kResidentB_ = false, int kRowGroups = 4, bool kTmaW = false>
+struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4, kTmaW> {
+  using Base = Tiling<kBN_, kRowGroups, 1, 4, kTmaW>;
+  using LoaderTiling = Sm90Tiling<kBN_, 2, false, kRowGroups, kTmaW>;
   static constexpr int kWarpGroups = kWarpGroups_;
   static constexpr bool kResidentB = kResidentB_;
   static constexpr int kMaxResidentK = Base::kStages * Base::kKStage;
@@ -161,7 +161,9 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4> {
   static constexpr bool kGemm1CodeRing = !kResidentB_, kGemm2CodeRing = kRowGroups == 3 && !kResidentB_;
   static constexpr int kCodeRowBytes = kCodeStages * Base::kSfRowBytes;
   static constexpr int kCodeOffset = kAmaxOffset + kThreads / 32 * kBN_ * 4;
-  static constexpr int kSmemBytes = kCodeOffset + (kGemm1CodeRing || kGemm2CodeRing ? Base::kBM * kCodeRowBytes : 0);
+  // Then, with TMA weights, one mbarrier per ring slot (the weights' arrival).
+  static constexpr int kRingBarOffset = kCodeOffset + (kGemm1CodeRing || kGemm2CodeRing ? Base::kBM * kCodeRowBytes : 0);
+  static constexpr int kSmemBytes = kRingBarOffset + (kTmaW ? 8 * Base::kStages : 0);
   static constexpr int b_offset(int row, int chunk) {
     return (chunk / 8) * kBTileBytes + row * 128 + 16 * ((chunk % 8) ^ (row & 7));
   }
@@ -175,16 +177,16 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4> {
                 "a stage's codes are one word per row, copied up to 16 bytes at a time");
 };
 using Sm90PrefillTiling = Sm90Tiling<128, 2>;     // wg128
-using Sm90Prefill4WgTiling = Sm90Tiling<128, 4>;  // wg128x4
-using Sm90Mid4WgTiling = Sm90Tiling<64, 4>;       // wg64x4
-using Sm90Mid32Tiling = Sm90Tiling<32, 4>;        // wg32x4
-using Sm90Prefill4WgResidentBTiling = Sm90Tiling<128, 4, true>;  // wg128x4_rb (GEMM2, K <= 512)
-using Sm90Mid4WgResidentBTiling = Sm90Tiling<64, 4, true>;       // wg64x4_rb
-using Sm90Mid32ResidentBTiling = Sm90Tiling<32, 4, true>;        // wg32x4_rb
+using Sm90Prefill4WgTiling = Sm90Tiling<128, 4, false, 4, true>;  // wg128x4
+using Sm90Mid4WgTiling = Sm90Tiling<64, 4, false, 4, true>;       // wg64x4
+using Sm90Mid32Tiling = Sm90Tiling<32, 4, false, 4, true>;        // wg32x4
+using Sm90Prefill4WgResidentBTiling = Sm90Tiling<128, 4, true, 4, true>;  // wg128x4_rb (GEMM2, K <= 512)
+using Sm90Mid4WgResidentBTiling = Sm90Tiling<64, 4, true, 4, true>;       // wg64x4_rb
+using Sm90Mid32ResidentBTiling = Sm90Tiling<32, 4, true, 4, true>;        // wg32x4_rb
 using Sm90Prefill160Tiling = Sm90Tiling<160, 3, false, 3>;       // wg160x3
 using Sm90Prefill160ResidentBTiling = Sm90Tiling<160, 3, true, 3>;  // wg160x3_rb
-using Sm90Mid96Tiling = Sm90Tiling<96, 4>;                        // wg96x4
-using Sm90Mid96ResidentBTiling = Sm90Tiling<96, 4, true>;         // wg96x4_rb
+using Sm90Mid96Tiling = Sm90Tiling<96, 4, false, 4, true>;          // wg96x4
+using Sm90Mid96ResidentBTiling = Sm90Tiling<96, 4, true, 4, true>;  // wg96x4_rb
 
 // The shipped tilings (forms.py instantiates them; the decision table in Python picks one per
 // GEMM by expected rows per expert and K). Decode streams each expert's weights once with 8-row token tiles,

@@ -34,6 +34,7 @@
 
 #include "common/ptx/grid_dependency.cuh"
 #include "common/ptx/mbarrier.cuh"
+#include "common/ptx/tma.cuh"
 #include "common/ptx/sm80.cuh"
 #include "common/ptx/wgmma.cuh"
 #include "mxfp4_moe/mxfp4_moe_gemm.cuh"
@@ -250,6 +251,14 @@ struct Sm90Mxfp4MoeGemm {
   // item). Four: the first two warpgroups copy, with the row loader (its 128-register budget has
   // no room for a pointer per copy).
   static constexpr bool kAllCopy = kCopyThreads == kThreads;
+  // TMA weights: thread 0 requests each stage's weight tile (one box of kBM rows), completing on
+  // the slot's mbarrier; the copying threads take the scale codes and token rows (the row
+  // loader skips the weights under kTmaWeights).
+  static constexpr bool kTmaW = Cfg::kTmaWeights;
+  static_assert(!kTmaW || !kAllCopy, "TMA weights: the four-warpgroup forms (row loader)");
+  __device__ static __forceinline__ uint64_t* ring_bars(const typename Base::Smem& sm) {
+    return reinterpret_cast<uint64_t*>(sm.base + Cfg::kRingBarOffset);
+  }
   using StageLoader = std::conditional_t<kAllCopy, typename Base::PointerLoader, typename Base::Loader>;
   __device__ static __forceinline__ bool copies() { return kAllCopy || int(threadIdx.x) < kCopyThreads; }
   __device__ static StageLoader make_stage_loader(const GemmParams& p, const typename Base::Tile& t) {
@@ -284,12 +293,17 @@ struct Sm90Mxfp4MoeGemm {
     Walk walk;
     int work, ks;
     StageLoader loader;
+    typename Base::Tile tile;
   };
 
   // Stage g of the stream into ring slot g % kStages (nothing past the last item), one commit
   // group either way; then the producer moves on. With resident token rows only the weights.
   __device__ static void produce(const GemmParams& p, const typename Base::Smem& sm, Producer& pr, uint32_t g) {
     if (pr.work < pr.walk.end) {
+      if constexpr (kTmaW) {
+        const int slot = int(g % kStages);
+        if (threadIdx.x == 0) Base::load_weights_tma(p, pr.tile, sm, &ring_bars(sm)[slot], slot, pr.ks);
+      }
       if (copies()) {
         if (Codes::enabled(p)) {
           Base::template load_stage<!kResidentB, false>(p, pr.loader, sm, int(g % kStages), pr.ks);
@@ -301,7 +315,10 @@ struct Sm90Mxfp4MoeGemm {
       if (++pr.ks == p.k / Cfg::kKStage) {  // K is a multiple of 128
         pr.ks = 0;
         pr.work += pr.walk.step;
-        if (pr.work < pr.walk.end) pr.loader = make_stage_loader(p, tile_of(p, pr.work));
+        if (pr.work < pr.walk.end) {
+          pr.tile = tile_of(p, pr.work);
+          pr.loader = make_stage_loader(p, pr.tile);
+        }
       }
     }
     ptx::cp_async_commit();
@@ -341,6 +358,7 @@ struct Sm90Mxfp4MoeGemm {
       __syncthreads();  // stage g landed; the stage that last used slot (g + kAhead) % kStages retired
       produce(p, sm, pr, g + kAhead);
       const int slot = int(g % kStages);
+      if constexpr (kTmaW) ptx::mbar_wait_parity(&ring_bars(sm)[slot], (g / kStages) & 1u);
       compute_stage<kBig>(sm, slot, kResidentB ? ks : slot, row0, Codes::reads(p, sm, slot, row0, g), acc);
     }
     ptx::wgmma_wait<0>();
@@ -369,7 +387,15 @@ struct Sm90Mxfp4MoeGemm {
     const int group = warp / kGroupWarps;  // prepared 64-row group of the warp in the CTA
     const int row0 = group * 64 + (warp % kGroupWarps) * 16 * kMB;
     typename Base::Tile t = tile_of(p, work);
-    Producer pr{walk, work, 0, make_stage_loader(p, t)};
+    if constexpr (kTmaW) {
+      if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages; ++s) ptx::mbar_init(&ring_bars(sm)[s], 1);
+        ptx::mbar_fence_init();
+        ptx::tma_prefetch_desc(&p.tmap_w);
+      }
+      __syncthreads();
+    }
+    Producer pr{walk, work, 0, make_stage_loader(p, t), t};
     uint32_t g = 0;  // the stream's stage that the MMA warps compute next
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) produce(p, sm, pr, uint32_t(s));
