@@ -132,8 +132,9 @@ struct Tiling {
 // group (one m16 block per warp: four warps per scheduler hide more of the conversion's
 // latencies). A stage's token rows are two K-major tiles (one per 64-wide K half) in the
 // 128-byte swizzle wgmma reads: kBN rows x 128 B, 8-row atoms. Past the ring: each warp's per-row
-// MXFP8 amax partials for the GEMM1 epilogue, then the scale-code ring. The first two warpgroups
-// issue the copies (LoaderTiling: the stage loader's view).
+// MXFP8 amax partials for the GEMM1 epilogue, then the scale-code ring, then (kTmaW) one mbarrier
+// per slot. The first two warpgroups issue the cp.async copies (LoaderTiling: the stage loader's
+// view); with kTmaW the weight tile comes by TMA (one box of kBM rows x 64 B, 64-byte swizzle).
 // kResidentB (GEMM2 of a short shard, K <= kStages * 128): a CTA walks a contiguous range of
 // items, so consecutive items share a token tile; the tile's rows for every stage stay in the
 // slots' token-row areas (stage ks in slot ks) while only the weights stream through the ring.

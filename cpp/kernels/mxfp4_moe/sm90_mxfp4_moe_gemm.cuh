@@ -1,6 +1,7 @@
 // Family B prefill GEMMs on sm_90a: the MXFP4 weights are dequantized in registers and fed to
 // wgmma as its register operand A (RS form); the routed token rows are B, gathered by cp.async
-// into the 128-byte-swizzled K-major tiles wgmma reads from shared memory.
+// into the 128-byte-swizzled K-major tiles wgmma reads from shared memory. The four-warpgroup
+// forms take each stage's weight tile by TMA (one box, on the slot's mbarrier).
 //
 // A work item (token tile t, m-block mb) is weight rows [mb * kBM, +kBM) x the tile's kBN sorted
 // rows; the grid is persistent (one CTA per SM walks the items). Three tilings (params.hpp):
@@ -248,12 +249,18 @@ struct Sm90Mxfp4MoeGemm {
   }
 
   // Two warpgroups: every thread copies, with the lean pointer loader (sources resolved once per
-  // item). Four: the first two warpgroups copy, with the row loader (its 128-register budget has
-  // no room for a pointer per copy).
+  // item). Four: the first two warpgroups copy, with the row loader (the pointer loader fits
+  // their 128 registers up to BN 96 but measured no faster: ..._mxfp4_moe_issue_trims.md).
   static constexpr bool kAllCopy = kCopyThreads == kThreads;
-  // TMA weights: thread 0 requests each stage's weight tile (one box of kBM rows), completing on
-  // the slot's mbarrier; the copying threads take the scale codes and token rows (the row
-  // loader skips the weights under kTmaWeights).
+  // TMA weights (the four-warpgroup forms): thread 0 requests each stage's weight tile (one box
+  // of kBM rows), completing on the slot's mbarrier; the copying threads take the scale codes
+  // and token rows (the row loader skips the weights under kTmaWeights). Their cp.async copies of
+  // the weights had cost the copying warps ~40 instructions per stage: 2.1-2.9% faster at
+  // T = 1024, neutral within the spread at T = 2048..4096 (same process,
+  // bench/results/2026-12-03_h200_mxfp4_moe_tma_weights.md). The three-warpgroup form's 192-row
+  // stage pads its weights and codes to the 1024-byte swizzle atom (the TMA stage layout has no
+  // padding: Tiling's asserts) and the two-warpgroup form copies with every thread (pointer
+  // loader): both keep cp.async.
   static constexpr bool kTmaW = Cfg::kTmaWeights;
   static_assert(!kTmaW || !kAllCopy, "TMA weights: the four-warpgroup forms (row loader)");
   __device__ static __forceinline__ uint64_t* ring_bars(const typename Base::Smem& sm) {
