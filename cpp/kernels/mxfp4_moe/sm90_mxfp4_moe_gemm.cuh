@@ -35,8 +35,8 @@
 
 #include "common/ptx/grid_dependency.cuh"
 #include "common/ptx/mbarrier.cuh"
-#include "common/ptx/tma.cuh"
 #include "common/ptx/sm80.cuh"
+#include "common/ptx/tma.cuh"
 #include "common/ptx/wgmma.cuh"
 #include "mxfp4_moe/mxfp4_moe_gemm.cuh"
 #include "mxfp4_moe/sm90_code_ring.cuh"
@@ -307,16 +307,16 @@ struct Sm90Mxfp4MoeGemm {
   // group either way; then the producer moves on. With resident token rows only the weights.
   __device__ static void produce(const GemmParams& p, const typename Base::Smem& sm, Producer& pr, uint32_t g) {
     if (pr.work < pr.walk.end) {
+      const int slot = int(g % kStages);
       if constexpr (kTmaW) {
-        const int slot = int(g % kStages);
         if (threadIdx.x == 0) Base::load_weights_tma(p, pr.tile, sm, &ring_bars(sm)[slot], slot, pr.ks);
       }
       if (copies()) {
         if (Codes::enabled(p)) {
-          Base::template load_stage<!kResidentB, false>(p, pr.loader, sm, int(g % kStages), pr.ks);
+          Base::template load_stage<!kResidentB, false>(p, pr.loader, sm, slot, pr.ks);
           Codes::load(p, sm, Codes::source(pr.loader), pr.ks, g);
         } else {
-          Base::template load_stage<!kResidentB, true>(p, pr.loader, sm, int(g % kStages), pr.ks);
+          Base::template load_stage<!kResidentB, true>(p, pr.loader, sm, slot, pr.ks);
         }
       }
       if (++pr.ks == p.k / Cfg::kKStage) {  // K is a multiple of 128
