@@ -61,7 +61,9 @@ struct Sm90Mxfp4MoeGemm {
   static constexpr int kAhead = kStages - 2;
   // k16 steps whose wgmmas a warp keeps in flight: three where the registers allow (the
   // three-warpgroup tilings: 167 of their 168 registers; 2-4% faster than two on the H200),
-  // else two (a third set of A registers spills at the four-warpgroup 128-register cap).
+  // else two: on four warpgroups a third set of A registers spilled at the 128-register cap for
+  // BN >= 96 (with the row-loaded weights) and, where it fits (BN 32, 64), three or four steps
+  // measured no faster (bench/results/2026-12-03_h200_mxfp4_moe_issue_trims.md).
   static constexpr int kStepsInFlight = Cfg::kWarpGroups == 3 ? 3 : 2;
   static constexpr int kStepsPerStage = Cfg::kKStage / 16;
   static_assert(kStepsInFlight <= kStepsPerStage,
