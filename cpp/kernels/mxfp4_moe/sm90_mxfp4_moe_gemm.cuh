@@ -61,9 +61,10 @@ struct Sm90Mxfp4MoeGemm {
   static constexpr int kAhead = kStages - 2;
   // k16 steps whose wgmmas a warp keeps in flight: three where the registers allow (the
   // three-warpgroup tilings: 167 of their 168 registers; 2-4% faster than two on the H200),
-  // else two: on four warpgroups a third set of A registers spilled at the 128-register cap for
-  // BN >= 96 (with the row-loaded weights) and, where it fits (BN 32, 64), three or four steps
-  // measured no faster (bench/results/2026-12-03_h200_mxfp4_moe_issue_trims.md).
+  // else two: on four warpgroups a third set of A registers spills `wg128x4` GEMM1 at the
+  // 128-register cap, and where it fits three or four steps measured no faster (BN 32, 64:
+  // bench/results/2026-12-03_h200_mxfp4_moe_issue_trims.md; BN 96 and the 128-token resident
+  // GEMM2: ..._mxfp4_moe_s3_wg96.md).
   static constexpr int kStepsInFlight = Cfg::kWarpGroups == 3 ? 3 : 2;
   static constexpr int kStepsPerStage = Cfg::kKStage / 16;
   static_assert(kStepsInFlight <= kStepsPerStage,
