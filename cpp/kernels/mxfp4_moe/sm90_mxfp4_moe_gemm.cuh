@@ -260,10 +260,10 @@ struct Sm90Mxfp4MoeGemm {
   // and token rows (the row loader skips the weights under kTmaWeights). Their cp.async copies of
   // the weights had cost the copying warps ~40 instructions per stage: 2.1-2.9% faster at
   // T = 1024, neutral within the spread at T = 2048..4096 (same process,
-  // bench/results/2026-12-03_h200_mxfp4_moe_tma_weights.md). The three-warpgroup form's 192-row
-  // stage pads its weights and codes to the 1024-byte swizzle atom (the TMA stage layout has no
-  // padding: Tiling's asserts) and the two-warpgroup form copies with every thread (pointer
-  // loader): both keep cp.async.
+  // bench/results/2026-12-03_h200_mxfp4_moe_tma_weights.md). The three-warpgroup forms keep
+  // cp.async: with the weights by TMA (their padded stage allows it) they measured 1.7-3.3%
+  // slower at T = 16384 (..._mxfp4_moe_wg160_tma_weights.md); the two-warpgroup form copies with
+  // every thread (pointer loader).
   static constexpr bool kTmaW = Cfg::kTmaWeights;
   static_assert(!kTmaW || !kAllCopy, "TMA weights: the four-warpgroup forms (row loader)");
   __device__ static __forceinline__ uint64_t* ring_bars(const typename Base::Smem& sm) {
