@@ -20,13 +20,12 @@
 // per-row amax partials meet in shared memory.
 //
 // Ring: kStages slots filled kStages - 2 stages ahead, as one stream of stages over the CTA's
-// items (no drain between items). Each k16 step's wgmmas are one commit group, and the previous
-// group is retired right after a step is issued: at most two steps' A registers are live (more
-// starves the 128 accumulators and ptxas serializes the wgmmas), and a slot is refilled only
-// after every wgmma that read it has completed. `wg128x4_rb` (GEMM2, K <= 512) keeps each token
-// tile's rows resident and streams only the weights (Walk, load_resident_b). GEMM1 (and the
-// `wg160x3` GEMM2) take their weights' scale codes four stages at a time into a ring of their
-// own (sm90_code_ring.cuh).
+// items (no drain between items). Each k16 step's wgmmas (two steps' on the BN 32 / 64 forms)
+// are one commit group; the group before is retired right after a group is issued
+// (kStepsInFlight), and a slot is refilled only after every wgmma that read it has completed.
+// `wg128x4_rb` (GEMM2, K <= 512) keeps each token tile's rows resident and streams only the
+// weights (Walk, load_resident_b). GEMM1 (and the `wg160x3` GEMM2) take their weights' scale
+// codes four stages at a time into a ring of their own (sm90_code_ring.cuh).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -64,8 +63,11 @@ struct Sm90Mxfp4MoeGemm {
   // else two: on four warpgroups a third set of A registers spills `wg128x4` GEMM1 at the
   // 128-register cap, and where it fits three or four steps measured no faster (BN 32, 64:
   // bench/results/2026-12-03_h200_mxfp4_moe_issue_trims.md; BN 96 and the 128-token resident
-  // GEMM2: ..._mxfp4_moe_s3_wg96.md).
-  static constexpr int kStepsInFlight = Cfg::kWarpGroups == 3 ? 3 : 2;
+  // GEMM2: ..._mxfp4_moe_s3_wg96.md). With two steps per commit group (BN 32, 64) two groups,
+  // four steps: half the fences and waits, 1.3-2.8% faster at T = 1024..2048; at BN 96 and in
+  // `wg128x4_rb` it measured within the spread, 1.4-1.7% slower, and `wg128x4` GEMM1 spills
+  // (..._mxfp4_moe_step_pairs.md).
+  static constexpr int kStepsInFlight = Cfg::kStepsPerGroup == 2 ? 4 : Cfg::kWarpGroups == 3 ? 3 : 2;
   static constexpr int kStepsPerStage = Cfg::kKStage / 16;
   static_assert(kStepsInFlight <= kStepsPerStage,
                 "the steps in flight at a stage barrier all belong to the stage before: stage g - 2 has retired");
@@ -105,18 +107,37 @@ struct Sm90Mxfp4MoeGemm {
   // slower with it, so it keeps the per-step build, as does the unmeasured two-warpgroup `wg128`.
   static constexpr bool kDescPerStep = Cfg::kWarpGroups != 4;
 
+  // The wgmmas of k16 step kS for the warp's kMB m16 blocks, from A registers `a`.
+  template <int kS>
+  __device__ static __forceinline__ void issue(Acc& acc, const uint32_t (&a)[kMB][4], uint32_t b_tile,
+                                               uint64_t b_desc) {
+    const uint64_t desc = kDescPerStep ? ptx::make_desc_kmajor_sw128(b_tile + 32 * kS)
+                                       : ptx::desc_advance(b_desc, 32 * kS);
+#pragma unroll
+    for (int i = 0; i < kMB; ++i) Wgmma::mma(reinterpret_cast<float(&)[4 * kNBlocks]>(acc[i]), a[i], desc, 1u);
+  }
+
+  // k16 steps kS .. kS + kStepsPerGroup - 1 as one commit group: one fence and one wait per group.
+  static constexpr int kStepsPerGroup = Cfg::kStepsPerGroup;
+  static_assert((kStepsPerGroup == 1 || kStepsPerGroup == 2) && kStepsInFlight % kStepsPerGroup == 0,
+                "one or two k16 steps per commit group, whole groups in flight");
   template <int kS, bool kBig>
   __device__ static __forceinline__ void step(Acc& acc, const uint2 (&wrow)[kMB][2], const uint32_t (&codes)[kMB][2],
                                               uint32_t b_tile, uint64_t b_desc) {
     uint32_t a[kMB][4];
     fragments<kS, kBig>(a, wrow, codes);
-    ptx::wgmma_fence();  // the A registers were just written by ordinary instructions
-    const uint64_t desc = kDescPerStep ? ptx::make_desc_kmajor_sw128(b_tile + 32 * kS)
-                                       : ptx::desc_advance(b_desc, 32 * kS);
-#pragma unroll
-    for (int i = 0; i < kMB; ++i) Wgmma::mma(reinterpret_cast<float(&)[4 * kNBlocks]>(acc[i]), a[i], desc, 1u);
+    if constexpr (kStepsPerGroup == 2) {
+      uint32_t a1[kMB][4];
+      fragments<kS + 1, kBig>(a1, wrow, codes);
+      ptx::wgmma_fence();  // the A registers were just written by ordinary instructions
+      issue<kS>(acc, a, b_tile, b_desc);
+      issue<kS + 1>(acc, a1, b_tile, b_desc);
+    } else {
+      ptx::wgmma_fence();
+      issue<kS>(acc, a, b_tile, b_desc);
+    }
     ptx::wgmma_commit();
-    ptx::wgmma_wait<kStepsInFlight - 1>();  // step s - kStepsInFlight + 1 retired: its A registers may be reused
+    ptx::wgmma_wait<kStepsInFlight / kStepsPerGroup - 1>();  // the group before retired: its A registers may be reused
   }
 
   // The weights' scale codes: each stage's words in the slot, or through the code ring
@@ -141,9 +162,9 @@ struct Sm90Mxfp4MoeGemm {
       const uint32_t b_tile = b_stage + u * Cfg::kBTileBytes;
       const uint64_t b_desc = ptx::desc_advance(b_desc0, u * Cfg::kBTileBytes);
       step<0, kBig>(acc, wrow, codes, b_tile, b_desc);
-      step<1, kBig>(acc, wrow, codes, b_tile, b_desc);
+      if constexpr (kStepsPerGroup == 1) step<1, kBig>(acc, wrow, codes, b_tile, b_desc);
       step<2, kBig>(acc, wrow, codes, b_tile, b_desc);
-      step<3, kBig>(acc, wrow, codes, b_tile, b_desc);
+      if constexpr (kStepsPerGroup == 1) step<3, kBig>(acc, wrow, codes, b_tile, b_desc);
     }
   }
 
