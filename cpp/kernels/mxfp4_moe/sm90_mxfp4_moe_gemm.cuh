@@ -58,15 +58,14 @@ struct Sm90Mxfp4MoeGemm {
   // Stages in flight ahead of the one computed. kStages - 1 would refill the slot stage ks - 1
   // read, so its last k16 step would have to retire before each barrier: measured 3-7% slower.
   static constexpr int kAhead = kStages - 2;
-  // k16 steps whose wgmmas a warp keeps in flight: three where the registers allow (the
-  // three-warpgroup tilings: 167 of their 168 registers; 2-4% faster than two on the H200),
-  // else two: on four warpgroups a third set of A registers spills `wg128x4` GEMM1 at the
-  // 128-register cap, and where it fits three or four steps measured no faster (BN 32, 64:
-  // bench/results/2026-12-03_h200_mxfp4_moe_issue_trims.md; BN 96 and the 128-token resident
-  // GEMM2: ..._mxfp4_moe_s3_wg96.md). With two steps per commit group (BN 32, 64) two groups,
-  // four steps: half the fences and waits, 1.3-2.8% faster at T = 1024..2048; at BN 96 and in
-  // `wg128x4_rb` it measured within the spread, 1.4-1.7% slower, and `wg128x4` GEMM1 spills
-  // (..._mxfp4_moe_step_pairs.md).
+  // k16 steps whose wgmmas a warp keeps in flight, Cfg::kStepsPerGroup of them per commit group:
+  // - three-warpgroup forms: three single steps (167 of their 168 registers; 2-4% faster than two);
+  // - four-warpgroup BN 32 / 64: two groups of two steps (half the fences and waits; 1.3-2.8%
+  //   faster at T = 1024..2048, bench/results/2026-12-03_h200_mxfp4_moe_step_pairs.md);
+  // - the other four-warpgroup forms: two single steps. A third A set spills `wg128x4` GEMM1 at
+  //   the 128-register cap; at BN 96 and in `wg128x4_rb` three steps or step pairs fit and
+  //   measured no faster (..._mxfp4_moe_s3_wg96.md, ..._step_pairs.md), nor did three or four
+  //   single steps at BN 32 / 64 (..._mxfp4_moe_issue_trims.md).
   static constexpr int kStepsInFlight = Cfg::kStepsPerGroup == 2 ? 4 : Cfg::kWarpGroups == 3 ? 3 : 2;
   static constexpr int kStepsPerStage = Cfg::kKStage / 16;
   static_assert(kStepsInFlight <= kStepsPerStage,
@@ -282,7 +281,7 @@ struct Sm90Mxfp4MoeGemm {
   // the weights had cost the copying warps ~40 instructions per stage: 2.1-2.9% faster at
   // T = 1024, neutral within the spread at T = 2048..4096 (same process,
   // bench/results/2026-12-03_h200_mxfp4_moe_tma_weights.md). The three-warpgroup forms keep
-  // cp.async: with the weights by TMA (their padded stage allows it) they measured 1.7-3.3%
+  // cp.async: with the weights by TMA (Tiling's no-padding assert relaxed) they measured 1.7-3.3%
   // slower at T = 16384 (..._mxfp4_moe_wg160_tma_weights.md); the two-warpgroup form copies with
   // every thread (pointer loader).
   static constexpr bool kTmaW = Cfg::kTmaWeights;
