@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "common/ptx/grid_dependency.cuh"
 #include "common/ptx/mbarrier.cuh"
@@ -66,7 +67,8 @@ struct Sm90Mxfp4MoeGemm {
   //   the 128-register cap; at BN 96 and in `wg128x4_rb` three steps or step pairs fit and
   //   measured no faster (..._mxfp4_moe_s3_wg96.md, ..._step_pairs.md), nor did three or four
   //   single steps at BN 32 / 64 (..._mxfp4_moe_issue_trims.md).
-  static constexpr int kStepsInFlight = Cfg::kStepsPerGroup == 2 ? 4 : Cfg::kWarpGroups == 3 ? 3 : 2;
+  static constexpr int kStepsInFlight =
+      Cfg::kStepsPerGroup > 1 ? 2 * Cfg::kStepsPerGroup : Cfg::kWarpGroups == 3 ? 3 : 2;
   static constexpr int kStepsPerStage = Cfg::kKStage / 16;
   static_assert(kStepsInFlight <= kStepsPerStage,
                 "the steps in flight at a stage barrier all belong to the stage before: stage g - 2 has retired");
@@ -116,27 +118,31 @@ struct Sm90Mxfp4MoeGemm {
     for (int i = 0; i < kMB; ++i) Wgmma::mma(reinterpret_cast<float(&)[4 * kNBlocks]>(acc[i]), a[i], desc, 1u);
   }
 
-  // k16 steps kS .. kS + kStepsPerGroup - 1 as one commit group: one fence and one wait per group.
+  // k16 steps kS + kI (kI = 0 .. kStepsPerGroup - 1) as one commit group: every step's A registers
+  // converted, then one fence, the group's wgmmas, one commit and one wait that retires the group
+  // before.
   static constexpr int kStepsPerGroup = Cfg::kStepsPerGroup;
-  static_assert((kStepsPerGroup == 1 || kStepsPerGroup == 2) && kStepsInFlight % kStepsPerGroup == 0,
-                "one or two k16 steps per commit group, whole groups in flight");
-  template <int kS, bool kBig>
-  __device__ static __forceinline__ void step(Acc& acc, const uint2 (&wrow)[kMB][2], const uint32_t (&codes)[kMB][2],
-                                              uint32_t b_tile, uint64_t b_desc) {
-    uint32_t a[kMB][4];
-    fragments<kS, kBig>(a, wrow, codes);
-    if constexpr (kStepsPerGroup == 2) {
-      uint32_t a1[kMB][4];
-      fragments<kS + 1, kBig>(a1, wrow, codes);
-      ptx::wgmma_fence();  // the A registers were just written by ordinary instructions
-      issue<kS>(acc, a, b_tile, b_desc);
-      issue<kS + 1>(acc, a1, b_tile, b_desc);
-    } else {
-      ptx::wgmma_fence();
-      issue<kS>(acc, a, b_tile, b_desc);
-    }
+  static_assert(4 % kStepsPerGroup == 0 && kStepsInFlight % kStepsPerGroup == 0,
+                "whole groups per 64-wide unit and in flight");
+  template <int kS, bool kBig, int... kI>
+  __device__ static __forceinline__ void step_group(Acc& acc, const uint2 (&wrow)[kMB][2],
+                                                    const uint32_t (&codes)[kMB][2], uint32_t b_tile,
+                                                    uint64_t b_desc, std::integer_sequence<int, kI...>) {
+    uint32_t a[kStepsPerGroup][kMB][4];
+    (fragments<kS + kI, kBig>(a[kI], wrow, codes), ...);
+    ptx::wgmma_fence();  // the A registers were just written by ordinary instructions
+    (issue<kS + kI>(acc, a[kI], b_tile, b_desc), ...);
     ptx::wgmma_commit();
     ptx::wgmma_wait<kStepsInFlight / kStepsPerGroup - 1>();  // the group before retired: its A registers may be reused
+  }
+  // The unit's four k16 steps, in groups of kStepsPerGroup.
+  template <bool kBig, int... kG>
+  __device__ static __forceinline__ void unit_steps(Acc& acc, const uint2 (&wrow)[kMB][2],
+                                                    const uint32_t (&codes)[kMB][2], uint32_t b_tile,
+                                                    uint64_t b_desc, std::integer_sequence<int, kG...>) {
+    (step_group<kG * kStepsPerGroup, kBig>(acc, wrow, codes, b_tile, b_desc,
+                                           std::make_integer_sequence<int, kStepsPerGroup>{}),
+     ...);
   }
 
   // The weights' scale codes: each stage's words in the slot, or through the code ring
@@ -160,10 +166,7 @@ struct Sm90Mxfp4MoeGemm {
       Base::template load_unit_codes<kMB>(cr.unit0 + 2 * u, cr.row_stride, codes);
       const uint32_t b_tile = b_stage + u * Cfg::kBTileBytes;
       const uint64_t b_desc = ptx::desc_advance(b_desc0, u * Cfg::kBTileBytes);
-      step<0, kBig>(acc, wrow, codes, b_tile, b_desc);
-      if constexpr (kStepsPerGroup == 1) step<1, kBig>(acc, wrow, codes, b_tile, b_desc);
-      step<2, kBig>(acc, wrow, codes, b_tile, b_desc);
-      if constexpr (kStepsPerGroup == 1) step<3, kBig>(acc, wrow, codes, b_tile, b_desc);
+      unit_steps<kBig>(acc, wrow, codes, b_tile, b_desc, std::make_integer_sequence<int, 4 / kStepsPerGroup>{});
     }
   }
 
