@@ -67,8 +67,9 @@ struct Sm90Mxfp4MoeGemm {
   //   the 128-register cap; at BN 96 and in `wg128x4_rb` three steps or step pairs fit and
   //   measured no faster (..._mxfp4_moe_s3_wg96.md, ..._step_pairs.md), nor did three or four
   //   single steps at BN 32 / 64 (..._mxfp4_moe_issue_trims.md).
-  static constexpr int kStepsInFlight =
-      Cfg::kStepsPerGroup > 1 ? 2 * Cfg::kStepsPerGroup : Cfg::kWarpGroups == 3 ? 3 : 2;
+  static constexpr int kStepsPerGroup = Cfg::kStepsPerGroup;
+  static_assert(4 % kStepsPerGroup == 0, "whole groups per 64-wide unit");
+  static constexpr int kStepsInFlight = kStepsPerGroup > 1 ? 2 * kStepsPerGroup : Cfg::kWarpGroups == 3 ? 3 : 2;
   static constexpr int kStepsPerStage = Cfg::kKStage / 16;
   static_assert(kStepsInFlight <= kStepsPerStage,
                 "the steps in flight at a stage barrier all belong to the stage before: stage g - 2 has retired");
@@ -121,9 +122,6 @@ struct Sm90Mxfp4MoeGemm {
   // k16 steps kS + kI (kI = 0 .. kStepsPerGroup - 1) as one commit group: every step's A registers
   // converted, then one fence, the group's wgmmas, one commit and one wait that retires the group
   // before.
-  static constexpr int kStepsPerGroup = Cfg::kStepsPerGroup;
-  static_assert(4 % kStepsPerGroup == 0 && kStepsInFlight % kStepsPerGroup == 0,
-                "whole groups per 64-wide unit and in flight");
   template <int kS, bool kBig, int... kI>
   __device__ static __forceinline__ void step_group(Acc& acc, const uint2 (&wrow)[kMB][2],
                                                     const uint32_t (&codes)[kMB][2], uint32_t b_tile,
