@@ -61,12 +61,15 @@ struct Sm90Mxfp4MoeGemm {
   static constexpr int kAhead = kStages - 2;
   // k16 steps whose wgmmas a warp keeps in flight, Cfg::kStepsPerGroup of them per commit group:
   // - three-warpgroup forms: three single steps (167 of their 168 registers; 2-4% faster than two);
-  // - four-warpgroup BN 32 / 64: two groups of two steps (half the fences and waits; 1.3-2.8%
+  // - four-warpgroup BN 64: two groups of two steps (half the fences and waits; 1.3-2.8%
   //   faster at T = 1024..2048, bench/results/2026-12-03_h200_mxfp4_moe_step_pairs.md);
+  // - four-warpgroup BN 32: two groups of four steps (0.9-1.6% faster than pairs at
+  //   T = 512..1024, ..._mxfp4_moe_exact_copies.md);
   // - the other four-warpgroup forms: two single steps. A third A set spills `wg128x4` GEMM1 at
   //   the 128-register cap; at BN 96 and in `wg128x4_rb` three steps or step pairs fit and
   //   measured no faster (..._mxfp4_moe_s3_wg96.md, ..._step_pairs.md), nor did three or four
-  //   single steps at BN 32 / 64 (..._mxfp4_moe_issue_trims.md).
+  //   single steps at BN 32 / 64 (..._mxfp4_moe_issue_trims.md), nor step pairs on the
+  //   three-warpgroup forms (0-1.2% slower, ..._mxfp4_moe_exact_copies.md).
   static constexpr int kStepsPerGroup = Cfg::kStepsPerGroup;
   static_assert(4 % kStepsPerGroup == 0, "whole groups per 64-wide unit");
   static constexpr int kStepsInFlight = kStepsPerGroup > 1 ? 2 * kStepsPerGroup : Cfg::kWarpGroups == 3 ? 3 : 2;
@@ -327,6 +330,21 @@ struct Sm90Mxfp4MoeGemm {
     typename Base::Tile tile;
   };
 
+  // The copying threads' share of a stage. kExactCopies (the BN 160 forms): K is a multiple of
+  // 128 here, so no K tests, and token rows past the tile copied from row 0, not zero-filled
+  // per copy: 1.1-3.1% faster at T = 8192..16384; on wg32x4 the filler rows' reads (most of a
+  // thin tile at T = 512) made it 2.9% slower (..._mxfp4_moe_exact_copies.md).
+  static_assert(!Cfg::kExactCopies || !kAllCopy, "exact copies: the row loader");
+  template <bool kWithSf>
+  __device__ static __forceinline__ void copy_stage(const GemmParams& p, const typename Base::Smem& sm,
+                                                    const StageLoader& l, int slot, int ks) {
+    if constexpr (kAllCopy) {
+      Base::template load_stage<!kResidentB, kWithSf>(p, l, sm, slot, ks);
+    } else {
+      Base::template load_stage<!kResidentB, kWithSf, Cfg::kExactCopies>(p, l, sm, slot, ks);
+    }
+  }
+
   // Stage g of the stream into ring slot g % kStages (nothing past the last item), one commit
   // group either way; then the producer moves on. With resident token rows only the weights.
   __device__ static void produce(const GemmParams& p, const typename Base::Smem& sm, Producer& pr, uint32_t g) {
@@ -337,10 +355,10 @@ struct Sm90Mxfp4MoeGemm {
       }
       if (copies()) {
         if (Codes::enabled(p)) {
-          Base::template load_stage<!kResidentB, false>(p, pr.loader, sm, slot, pr.ks);
+          copy_stage<false>(p, sm, pr.loader, slot, pr.ks);
           Codes::load(p, sm, Codes::source(pr.loader), pr.ks, g);
         } else {
-          Base::template load_stage<!kResidentB, true>(p, pr.loader, sm, slot, pr.ks);
+          copy_stage<true>(p, sm, pr.loader, slot, pr.ks);
         }
       }
       if (++pr.ks == p.k / Cfg::kKStage) {  // K is a multiple of 128
