@@ -153,7 +153,7 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4, kTmaW> {
   using LoaderTiling = Sm90Tiling<kBN_, 2, false, kRowGroups, kTmaW>;
   static constexpr int kWarpGroups = kWarpGroups_;
   static constexpr int kStepsPerGroup = kStepsPerGroup_;  // k16 steps per wgmma commit group
-  static constexpr bool kExactCopies = kExactCopies_;     // stage loads without K or row predicates
+  static constexpr bool kExactCopies = kExactCopies_;     // no K tests, no token-row zero-fill
   static constexpr bool kResidentB = kResidentB_;
   static constexpr int kMaxResidentK = Base::kStages * Base::kKStage;
   static constexpr int kThreads = 128 * kWarpGroups;

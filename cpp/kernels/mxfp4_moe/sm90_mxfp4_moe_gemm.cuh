@@ -20,8 +20,8 @@
 // per-row amax partials meet in shared memory.
 //
 // Ring: kStages slots filled kStages - 2 stages ahead, as one stream of stages over the CTA's
-// items (no drain between items). Each k16 step's wgmmas (two steps' on the BN 32 / 64 forms)
-// are one commit group; the group before is retired right after a group is issued
+// items (no drain between items). Each k16 step's wgmmas (kStepsPerGroup steps' on the BN 32 /
+// 64 forms) are one commit group; the group before is retired right after a group is issued
 // (kStepsInFlight), and a slot is refilled only after every wgmma that read it has completed.
 // `wg128x4_rb` (GEMM2, K <= 512) keeps each token tile's rows resident and streams only the
 // weights (Walk, load_resident_b). GEMM1 (and the `wg160x3` GEMM2) take their weights' scale

@@ -85,7 +85,7 @@ struct Mxfp4MoeStageLoader {
     const uint8_t* w_src;          // this thread's first weight chunk at K = 0
     const uint8_t* sf_src;         // first scale word at K = 0
     uint32_t b_src[kBIters];       // 16-byte chunk of each copy's activation source at K = 0, from p.b
-    uint32_t b_valid;              // bit j: copy j's row is in the tile (else zero-filled, source row 0)
+    uint32_t b_valid;              // bit j: copy j's row is in the tile (else source row 0, zero-filled unless kExact)
     uint32_t b_dst;                // shared-memory offset of copy 0 in a slot's activation tile
     int64_t w_step, sf_step;       // bytes between this thread's consecutive rows
     uint32_t w_dst, sf_dst;
