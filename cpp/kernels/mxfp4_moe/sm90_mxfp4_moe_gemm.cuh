@@ -330,18 +330,19 @@ struct Sm90Mxfp4MoeGemm {
     typename Base::Tile tile;
   };
 
-  // The copying threads' share of a stage. kExactCopies (the BN 160 forms): K is a multiple of
-  // 128 here, so no K tests, and token rows past the tile copied from row 0, not zero-filled
-  // per copy: 1.1-3.1% faster at T = 8192..16384; on wg32x4 the filler rows' reads (most of a
-  // thin tile at T = 512) made it 2.9% slower (..._mxfp4_moe_exact_copies.md).
-  static_assert(!Cfg::kExactCopies || !kAllCopy, "exact copies: the row loader");
+  // The copying threads' share of a stage. K is a multiple of 128 here, so kNoKTests drops the
+  // per-stage K tests (BN 32: 1.1% at ep8 T = 512), and kExactCopies (BN 160) also copies token
+  // rows past the tile from row 0 instead of zero-filling them per copy: 1.1-3.1% faster at
+  // T = 8192..16384; on wg32x4 the filler rows' reads (most of a thin tile at T = 512) made it
+  // 2.9% slower (..._mxfp4_moe_exact_copies.md).
+  static_assert(!Cfg::kNoKTests || !kAllCopy, "copies without K tests: the row loader");
   template <bool kWithSf>
   __device__ static __forceinline__ void copy_stage(const GemmParams& p, const typename Base::Smem& sm,
                                                     const StageLoader& l, int slot, int ks) {
     if constexpr (kAllCopy) {
       Base::template load_stage<!kResidentB, kWithSf>(p, l, sm, slot, ks);
     } else {
-      Base::template load_stage<!kResidentB, kWithSf, Cfg::kExactCopies>(p, l, sm, slot, ks);
+      Base::template load_stage<!kResidentB, kWithSf, Cfg::kNoKTests, Cfg::kExactCopies>(p, l, sm, slot, ks);
     }
   }
 

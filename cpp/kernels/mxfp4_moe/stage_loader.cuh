@@ -85,7 +85,7 @@ struct Mxfp4MoeStageLoader {
     const uint8_t* w_src;          // this thread's first weight chunk at K = 0
     const uint8_t* sf_src;         // first scale word at K = 0
     uint32_t b_src[kBIters];       // 16-byte chunk of each copy's activation source at K = 0, from p.b
-    uint32_t b_valid;              // bit j: copy j's row is in the tile (else source row 0, zero-filled unless kExact)
+    uint32_t b_valid;              // bit j: copy j's row is in the tile (else source row 0, zero-filled unless kNoZeroFill)
     uint32_t b_dst;                // shared-memory offset of copy 0 in a slot's activation tile
     int64_t w_step, sf_step;       // bytes between this thread's consecutive rows
     uint32_t w_dst, sf_dst;
@@ -139,15 +139,17 @@ struct Mxfp4MoeStageLoader {
   // Loads stage `ks` (K offset ks * kKStage) into ring slot `slot`; rows outside the weight
   // matrix, the token tile or K are zero-filled and not read. kWithB false: no token rows (a
   // form that keeps them resident loads them itself); kWithSf false: no scale codes (the sm_90a
-  // forms copy them into a ring of their own). kExact (the caller runs K as a multiple of the
-  // stage): no K tests, and the token rows past the tile are copied from the source of their
-  // make_loader entry (row 0) rather than zero-filled, for columns the caller never stores.
-  template <bool kWithB = true, bool kWithSf = true, bool kExact = false>
+  // forms copy them into a ring of their own). kNoKTests (the caller runs K as a multiple of the
+  // stage): no K tests. kNoZeroFill (with kNoKTests): the token rows past the tile are copied
+  // from the source of their make_loader entry (row 0) rather than zero-filled, for columns the
+  // caller never stores.
+  template <bool kWithB = true, bool kWithSf = true, bool kNoKTests = false, bool kNoZeroFill = false>
   __device__ static void load_stage(const GemmParams& p, const Loader& l, const Smem& sm, int slot, int ks) {
+    static_assert(kNoKTests || !kNoZeroFill, "row-0 filler rows only where no stage runs past K");
     const int k0 = ks * Cfg::kKStage;
     if constexpr (!Cfg::kTmaWeights) {
       const uint32_t w_base = ptx::smem_addr(sm.w(slot)) + l.w_dst;
-      const bool w_k_ok = kExact || k0 + l.w_k < p.k;
+      const bool w_k_ok = kNoKTests || k0 + l.w_k < p.k;
       const uint8_t* w_src = l.w_src + k0 / 2;
 #pragma unroll
       for (int j = 0; j < kWIters; ++j) {
@@ -157,7 +159,7 @@ struct Mxfp4MoeStageLoader {
     }
     if constexpr (kWithSf) {
       const uint32_t sf_base = ptx::smem_addr(sm.sf(slot)) + l.sf_dst;
-      const bool sf_k_ok = kExact || k0 + l.sf_k < p.k;
+      const bool sf_k_ok = kNoKTests || k0 + l.sf_k < p.k;
       const uint8_t* sf_src = l.sf_src + k0 / 32;
 #pragma unroll
       for (int j = 0; j < kSfIters; ++j) {
@@ -168,12 +170,12 @@ struct Mxfp4MoeStageLoader {
     }
     if constexpr (!kWithB) return;
     const uint32_t b_base = ptx::smem_addr(sm.b(slot));
-    const bool b_k_ok = kExact || k0 + l.b_k < p.k;
+    const bool b_k_ok = kNoKTests || k0 + l.b_k < p.k;
     const uint32_t b_off = b_k_ok ? uint32_t(k0 / 8) : 0u;  // past K: nothing is read, the source stays in bounds
 #pragma unroll
     for (int j = 0; j < kBIters; ++j)
       ptx::cp_async_16(b_base + b_dst_of(l, j), p.b + uint64_t(l.b_src[j] + b_off) * 8u,
-                       kExact || (b_k_ok && (l.b_valid >> j & 1u)));  // bound: bload
+                       kNoZeroFill || (b_k_ok && (l.b_valid >> j & 1u)));  // bound: bload
   }
 
   // TMA weights (one thread): stage `ks`'s boxes of the tile's kBM weight rows into ring slot
