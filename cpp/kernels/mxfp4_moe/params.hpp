@@ -138,8 +138,8 @@ struct Tiling {
 // kResidentB (GEMM2 of a short shard, K <= kStages * 128): a CTA walks a contiguous range of
 // items, so consecutive items share a token tile; the tile's rows for every stage stay in the
 // slots' token-row areas (stage ks in slot ks) while only the weights stream through the ring.
-// kStepsPerGroup 2 (BN 64) or 4 (BN 32): that many k16 steps per wgmma commit group, so one
-// fence and one wait per group; their A registers fit at those widths (sm90_mxfp4_moe_gemm.cuh).
+// kStepsPerGroup 4 (BN 32 / 64): that many k16 steps per wgmma commit group, so one fence and
+// one wait per group; their A registers fit at those widths (sm90_mxfp4_moe_gemm.cuh).
 // kNoKTests (the BN 32 and 160 forms): the copying threads' stage loads drop their per-stage K
 // tests (this kernel runs K as a multiple of 128). kExactCopies (the BN 160 forms) also fills the
 // token rows past a tile from row 0 instead of zero-filling them per copy: those columns are
@@ -191,10 +191,10 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4, kTmaW> {
 };
 using Sm90PrefillTiling = Sm90Tiling<128, 2>;     // wg128
 using Sm90Prefill4WgTiling = Sm90Tiling<128, 4, false, 4, true>;  // wg128x4
-using Sm90Mid4WgTiling = Sm90Tiling<64, 4, false, 4, true, 2>;    // wg64x4
+using Sm90Mid4WgTiling = Sm90Tiling<64, 4, false, 4, true, 4>;    // wg64x4
 using Sm90Mid32Tiling = Sm90Tiling<32, 4, false, 4, true, 4, false, true>;     // wg32x4
 using Sm90Prefill4WgResidentBTiling = Sm90Tiling<128, 4, true, 4, true>;  // wg128x4_rb (GEMM2, K <= 512)
-using Sm90Mid4WgResidentBTiling = Sm90Tiling<64, 4, true, 4, true, 2>;    // wg64x4_rb
+using Sm90Mid4WgResidentBTiling = Sm90Tiling<64, 4, true, 4, true, 4>;    // wg64x4_rb
 using Sm90Mid32ResidentBTiling = Sm90Tiling<32, 4, true, 4, true, 4, false, true>;     // wg32x4_rb
 using Sm90Prefill160Tiling = Sm90Tiling<160, 3, false, 3, false, 1, true>;          // wg160x3
 using Sm90Prefill160ResidentBTiling = Sm90Tiling<160, 3, true, 3, false, 1, true>;  // wg160x3_rb

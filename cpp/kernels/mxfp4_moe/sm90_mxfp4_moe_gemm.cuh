@@ -61,10 +61,11 @@ struct Sm90Mxfp4MoeGemm {
   static constexpr int kAhead = kStages - 2;
   // k16 steps whose wgmmas a warp keeps in flight, Cfg::kStepsPerGroup of them per commit group:
   // - three-warpgroup forms: three single steps (167 of their 168 registers; 2-4% faster than two);
-  // - four-warpgroup BN 64: two groups of two steps (half the fences and waits; 1.3-2.8%
-  //   faster at T = 1024..2048, bench/results/2026-12-03_h200_mxfp4_moe_step_pairs.md);
-  // - four-warpgroup BN 32: two groups of four steps (0.9-1.6% faster than pairs at
-  //   T = 512..1024, ..._mxfp4_moe_exact_copies.md);
+  // - four-warpgroup BN 32 / 64: two groups of four steps (one fence and one wait per 64-wide
+  //   unit). Pairs were 1.3-2.8% faster than single steps at T = 1024..2048
+  //   (bench/results/2026-12-03_h200_mxfp4_moe_step_pairs.md), fours faster than pairs by
+  //   0.9-1.6% on BN 32 (..._mxfp4_moe_exact_copies.md) and 1.5-4.2% on BN 64 at T = 2048,
+  //   128 registers without spills (..._mxfp4_moe_steps_and_k_tests.md);
   // - the other four-warpgroup forms: two single steps. A third A set spills `wg128x4` GEMM1 at
   //   the 128-register cap; at BN 96 and in `wg128x4_rb` three steps or step pairs fit and
   //   measured no faster (..._mxfp4_moe_s3_wg96.md, ..._step_pairs.md), nor did three or four
