@@ -78,18 +78,27 @@ __device__ __forceinline__ void zero_gemm1_counters(const RouteParams& p, int32_
 // count: the per-expert counts (shared). Collective over the CTA; ends with a CTA barrier.
 __device__ __forceinline__ int32_t choose_block_n(const RouteParams& p, const int32_t* count) {
   if (p.alt_block_n <= 0) return p.block_n;
-  __shared__ unsigned long long cost[2];  // the two forms' total cost (tiles x cost per tile)
-  if (threadIdx.x < 2) cost[threadIdx.x] = 0;
+  // The tile counts are summed per warp, then one 32-bit shared add per warp: a 64-bit shared
+  // atomicAdd is a compare-and-swap loop on sm_90, and 896 threads contending on it took ~50 us.
+  __shared__ uint32_t total[2];  // the two forms' tile counts, at most R / 8 + L each
+  if (threadIdx.x < 2) total[threadIdx.x] = 0;
   __syncthreads();
-  uint32_t tiles = 0, alt_tiles = 0;  // at most R / 8 + L each
+  uint32_t tiles = 0, alt_tiles = 0;
   for (int32_t e = threadIdx.x; e < p.num_local; e += kRouteThreads) {
     tiles += uint32_t((count[e] + p.block_n - 1) / p.block_n);
     alt_tiles += uint32_t((count[e] + p.alt_block_n - 1) / p.alt_block_n);
   }
-  if (tiles) atomicAdd(&cost[0], (unsigned long long)tiles * uint32_t(p.block_cost));
-  if (alt_tiles) atomicAdd(&cost[1], (unsigned long long)alt_tiles * uint32_t(p.alt_block_cost));
+  static_assert(kRouteThreads % 32 == 0, "whole warps");
+  tiles = __reduce_add_sync(0xFFFFFFFFu, tiles);
+  alt_tiles = __reduce_add_sync(0xFFFFFFFFu, alt_tiles);
+  if ((threadIdx.x & 31u) == 0) {
+    atomicAdd(&total[0], tiles);
+    atomicAdd(&total[1], alt_tiles);
+  }
   __syncthreads();
-  return cost[1] < cost[0] ? p.alt_block_n : p.block_n;
+  const uint64_t cost = uint64_t(total[0]) * uint32_t(p.block_cost);  // tiles x cost per tile
+  const uint64_t alt_cost = uint64_t(total[1]) * uint32_t(p.alt_block_cost);
+  return alt_cost < cost ? p.alt_block_n : p.block_n;
 }
 
 // From the per-expert counts (shared): the offsets, the token-tile list and its done counters.
