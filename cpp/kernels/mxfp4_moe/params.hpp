@@ -141,7 +141,7 @@ struct Tiling {
 // kStepsPerGroup 4 (BN 32 / 64): that many k16 steps per wgmma commit group, so one fence and
 // one wait per group; their A registers fit at those widths (sm90_mxfp4_moe_gemm.cuh).
 // kNoKTests (the BN 32 and 160 forms): the copying threads' stage loads drop their per-stage K
-// tests (this kernel runs K as a multiple of 128). kExactCopies (the BN 160 forms) also fills the
+// tests (this kernel runs K as a multiple of 128). kNoZeroFill (the BN 160 forms) also fills the
 // token rows past a tile from row 0 instead of zero-filling them per copy: those columns are
 // computed and never stored (on BN 32, where most of a tile is filler at T = 512, the extra
 // reads cost more than the predicate).
@@ -149,15 +149,15 @@ struct Tiling {
 // for the 80 accumulators of a 160-token tile: an expert's routes then take fewer tiles (292
 // routes: two instead of three), and each weight is converted once per tile.
 template <int kBN_, int kWarpGroups_, bool kResidentB_ = false, int kRowGroups = 4, bool kTmaW = false,
-          int kStepsPerGroup_ = 1, bool kExactCopies_ = false, bool kNoKTests_ = kExactCopies_>
+          int kStepsPerGroup_ = 1, bool kNoZeroFill_ = false, bool kNoKTests_ = kNoZeroFill_>
 struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4, kTmaW> {
   using Base = Tiling<kBN_, kRowGroups, 1, 4, kTmaW>;
   using LoaderTiling = Sm90Tiling<kBN_, 2, false, kRowGroups, kTmaW>;
   static constexpr int kWarpGroups = kWarpGroups_;
   static constexpr int kStepsPerGroup = kStepsPerGroup_;  // k16 steps per wgmma commit group
-  static constexpr bool kExactCopies = kExactCopies_;     // token rows past the tile from row 0
+  static constexpr bool kNoZeroFill = kNoZeroFill_;       // token rows past the tile from row 0
   static constexpr bool kNoKTests = kNoKTests_;           // no per-stage K tests in the copies
-  static_assert(kNoKTests || !kExactCopies, "row-0 filler rows only without K tests");
+  static_assert(kNoKTests || !kNoZeroFill, "row-0 filler rows only without K tests");
   static constexpr bool kResidentB = kResidentB_;
   static constexpr int kMaxResidentK = Base::kStages * Base::kKStage;
   static constexpr int kThreads = 128 * kWarpGroups;
@@ -192,10 +192,10 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4, kTmaW> {
 using Sm90PrefillTiling = Sm90Tiling<128, 2>;     // wg128
 using Sm90Prefill4WgTiling = Sm90Tiling<128, 4, false, 4, true>;  // wg128x4
 using Sm90Mid4WgTiling = Sm90Tiling<64, 4, false, 4, true, 4>;    // wg64x4
-using Sm90Mid32Tiling = Sm90Tiling<32, 4, false, 4, true, 4, false, true>;     // wg32x4
+using Sm90Mid32Tiling = Sm90Tiling<32, 4, false, 4, true, 4, false, true>;  // wg32x4
 using Sm90Prefill4WgResidentBTiling = Sm90Tiling<128, 4, true, 4, true>;  // wg128x4_rb (GEMM2, K <= 512)
 using Sm90Mid4WgResidentBTiling = Sm90Tiling<64, 4, true, 4, true, 4>;    // wg64x4_rb
-using Sm90Mid32ResidentBTiling = Sm90Tiling<32, 4, true, 4, true, 4, false, true>;     // wg32x4_rb
+using Sm90Mid32ResidentBTiling = Sm90Tiling<32, 4, true, 4, true, 4, false, true>;  // wg32x4_rb
 using Sm90Prefill160Tiling = Sm90Tiling<160, 3, false, 3, false, 1, true>;          // wg160x3
 using Sm90Prefill160ResidentBTiling = Sm90Tiling<160, 3, true, 3, false, 1, true>;  // wg160x3_rb
 using Sm90Mid96Tiling = Sm90Tiling<96, 4, false, 4, true>;          // wg96x4

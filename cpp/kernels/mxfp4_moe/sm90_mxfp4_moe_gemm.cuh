@@ -332,10 +332,10 @@ struct Sm90Mxfp4MoeGemm {
   };
 
   // The copying threads' share of a stage. K is a multiple of 128 here, so kNoKTests drops the
-  // per-stage K tests (BN 32: 1.1% at ep8 T = 512), and kExactCopies (BN 160) also copies token
-  // rows past the tile from row 0 instead of zero-filling them per copy: 1.1-3.1% faster at
-  // T = 8192..16384; on wg32x4 the filler rows' reads (most of a thin tile at T = 512) made it
-  // 2.9% slower (..._mxfp4_moe_exact_copies.md).
+  // per-stage K tests (BN 32: 0.9-1.7% faster at T = 512..1024, ..._mxfp4_moe_steps_and_k_tests.md),
+  // and kNoZeroFill (BN 160) also copies token rows past the tile from row 0 instead of
+  // zero-filling them per copy: 1.1-3.1% faster at T = 8192..16384; on wg32x4 the filler rows'
+  // reads (most of a thin tile at T = 512) made it 2.9% slower (..._mxfp4_moe_exact_copies.md).
   static_assert(!Cfg::kNoKTests || !kAllCopy, "copies without K tests: the row loader");
   template <bool kWithSf>
   __device__ static __forceinline__ void copy_stage(const GemmParams& p, const typename Base::Smem& sm,
@@ -343,7 +343,7 @@ struct Sm90Mxfp4MoeGemm {
     if constexpr (kAllCopy) {
       Base::template load_stage<!kResidentB, kWithSf>(p, l, sm, slot, ks);
     } else {
-      Base::template load_stage<!kResidentB, kWithSf, Cfg::kNoKTests, Cfg::kExactCopies>(p, l, sm, slot, ks);
+      Base::template load_stage<!kResidentB, kWithSf, Cfg::kNoKTests, Cfg::kNoZeroFill>(p, l, sm, slot, ks);
     }
   }
 
