@@ -15,8 +15,9 @@ pair, no device choice between two), e.g. the cost of that choice:
 A pair is GEMM1_SUFFIX/GEMM2_SUFFIX (see `_decide.gemm_tiles`); both must share a block_n. Rows
 use the benchmark's inputs and weights (`cake_moe.bench.mxfp4_moe`), eight routings rotated
 (`--rotations`), timed as the benchmark times its rows (one CUDA graph up to T = 1024, eager
-launches beyond; `--graph`: one graph at every T, whose rounds spread less), and report time, the fraction of the copy bandwidth measured in the same run,
-and the relative difference to the table's plan (different K splits sum in another order: a few
+launches beyond; `--graph`: one graph at every T, whose rounds spread less), and report time,
+the fraction of the copy bandwidth measured in the same run, and the relative difference to the
+table's plan (different K splits sum in another order: a few
 1e-3 at most, much more means a broken pair; the sm_90a wgmma forms give the same bits).
 """
 from __future__ import annotations
@@ -47,8 +48,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--rotations", type=int, default=bench.ROTATIONS, help="routings per variant (one graph)")
     ap.add_argument("--graph", action="store_true",
-                    help=f"time every row graph-replayed (the benchmark graphs T <= {bench.GRAPH_MAX_T} only): "
-                         "tighter rounds for same-process comparisons at large T")
+                    help=f"time every row graph-replayed (the benchmark graphs T <= {bench.GRAPH_MAX_T} "
+                         "only): tighter rounds for same-process comparisons at large T")
     args = ap.parse_args()
     pairs = [tuple(p.split("/")) for p in args.pairs.split(",") if p]
     pairs += [("table", env) for env in args.env]
