@@ -157,7 +157,6 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4, kTmaW> {
   static constexpr int kStepsPerGroup = kStepsPerGroup_;  // k16 steps per wgmma commit group
   static constexpr bool kNoZeroFill = kNoZeroFill_;       // token rows past the tile from row 0
   static constexpr bool kNoKTests = kNoKTests_;           // no per-stage K tests in the copies
-  static_assert(kNoKTests || !kNoZeroFill, "row-0 filler rows only without K tests");
   static constexpr bool kResidentB = kResidentB_;
   static constexpr int kMaxResidentK = Base::kStages * Base::kKStage;
   static constexpr int kThreads = 128 * kWarpGroups;
