@@ -132,36 +132,58 @@ struct Tiling {
 // group (one m16 block per warp: four warps per scheduler hide more of the conversion's
 // latencies). A stage's token rows are two K-major tiles (one per 64-wide K half) in the
 // 128-byte swizzle wgmma reads: kBN rows x 128 B, 8-row atoms. Past the ring: each warp's per-row
-// MXFP8 amax partials for the GEMM1 epilogue, then the scale-code ring, then (kTmaW) one mbarrier
-// per slot. The first two warpgroups issue the cp.async copies (LoaderTiling: the stage loader's
-// view); with kTmaW the weight tile comes by TMA (one box of kBM rows x 64 B, 64-byte swizzle).
+// MXFP8 amax partials for the GEMM1 epilogue, then the scale-code ring, then (kTmaWeights) one
+// mbarrier per slot. The first two warpgroups issue the cp.async copies (LoaderTiling: the stage
+// loader's view); with kTmaWeights the weight tile comes by TMA (one box of kBM rows x 64 B,
+// 64-byte swizzle).
 // kResidentB (GEMM2 of a short shard, K <= kStages * 128): a CTA walks a contiguous range of
 // items, so consecutive items share a token tile; the tile's rows for every stage stay in the
 // slots' token-row areas (stage ks in slot ks) while only the weights stream through the ring.
-// kStepsPerGroup 4 (BN 32 / 64): that many k16 steps per wgmma commit group, so one fence and
-// one wait per group; their A registers fit at those widths (sm90_mxfp4_moe_gemm.cuh).
-// kNoKTests (the BN 32 and 160 forms): the copying threads' stage loads drop their per-stage K
-// tests (this kernel runs K as a multiple of 128). kNoZeroFill (the BN 160 forms) also fills the
-// token rows past a tile from row 0 instead of zero-filling them per copy: those columns are
-// computed and never stored (on BN 32, where most of a tile is filler at T = 512, the extra
-// reads cost more than the predicate).
 // Three row groups (192 weight rows) on three warpgroups leave 168 registers per thread, room
 // for the 80 accumulators of a 160-token tile: an expert's routes then take fewer tiles (292
 // routes: two instead of three), and each weight is converted once per tile.
-template <int kBN_, int kWarpGroups_, bool kResidentB_ = false, int kRowGroups = 4, bool kTmaW = false,
-          int kStepsPerGroup_ = 1, bool kNoZeroFill_ = false, bool kNoKTests_ = kNoZeroFill_>
-struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4, kTmaW> {
-  using Base = Tiling<kBN_, kRowGroups, 1, 4, kTmaW>;
-  using LoaderTiling = Sm90Tiling<kBN_, 2, false, kRowGroups, kTmaW>;
-  static constexpr int kWarpGroups = kWarpGroups_;
-  static constexpr int kStepsPerGroup = kStepsPerGroup_;  // k16 steps per wgmma commit group
-  static constexpr bool kNoZeroFill = kNoZeroFill_;       // token rows past the tile from row 0
-  static constexpr bool kNoKTests = kNoKTests_;           // no per-stage K tests in the copies
-  static constexpr bool kResidentB = kResidentB_;
+//
+// A form's knobs are named in a shape: a type deriving from Sm90Shape that sets kBN and overrides
+// the defaults it changes (C++17 has no class-type template arguments, so the knobs are static
+// members). The defaults: two warpgroups over four 64-row groups, cp.async weights, one k16 step
+// per commit group, K-tested and zero-filled stage copies.
+struct Sm90Shape {
+  static constexpr int kWarpGroups = 2;       // 2 (a warp owns two m16 blocks) or kRowGroups
+  static constexpr int kRowGroups = 4;        // 64-row weight groups: kBM = 64 x kRowGroups
+  static constexpr bool kResidentB = false;   // token rows resident over a tile's items (GEMM2)
+  static constexpr bool kTmaWeights = false;  // the weight tile by TMA instead of cp.async
+  // k16 steps per wgmma commit group: one fence and one wait per group; 4 where their A
+  // registers fit (BN 32 / 64, sm90_mxfp4_moe_gemm.cuh)
+  static constexpr int kStepsPerGroup = 1;
+  // The copying threads' stage loads drop their per-stage K tests (this kernel runs K as a
+  // multiple of 128): the BN 32 and 160 forms (on BN 64 slower, on BN 96 / 128 within 0.3%).
+  static constexpr bool kNoKTests = false;
+  // With kNoKTests: token rows past a tile are copied from row 0 instead of zero-filled per
+  // copy (those columns are computed and never stored). The BN 160 forms; on BN 32, where most
+  // of a tile is filler at T = 512, the extra reads cost more than the predicate.
+  static constexpr bool kNoZeroFill = false;
+};
+template <class S> struct ResidentB : S { static constexpr bool kResidentB = true; };
+// The stage loader's view of a form (LoaderTiling): its weight rows and token tile, with the
+// default knobs (the copies' K tests and fill come from the form itself).
+template <class S> struct Sm90LoaderShape : Sm90Shape {
+  static constexpr int kBN = S::kBN, kRowGroups = S::kRowGroups;
+  static constexpr bool kTmaWeights = S::kTmaWeights;
+};
+
+template <class Shape>
+struct Sm90Tiling : Tiling<Shape::kBN, Shape::kRowGroups, 1, 4, Shape::kTmaWeights> {
+  using Base = Tiling<Shape::kBN, Shape::kRowGroups, 1, 4, Shape::kTmaWeights>;
+  using LoaderTiling = Sm90Tiling<Sm90LoaderShape<Shape>>;
+  static constexpr int kWarpGroups = Shape::kWarpGroups;
+  static constexpr int kStepsPerGroup = Shape::kStepsPerGroup;
+  static constexpr bool kNoZeroFill = Shape::kNoZeroFill;
+  static constexpr bool kNoKTests = Shape::kNoKTests;
+  static constexpr bool kResidentB = Shape::kResidentB;
   static constexpr int kMaxResidentK = Base::kStages * Base::kKStage;
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr bool kGemm1SplitsK = false;  // (persistent: no unit queue)
-  static constexpr int kBTileBytes = kBN_ * 128;  // one K half of a stage's token rows
+  static constexpr int kBTileBytes = Base::kBN * 128;  // one K half of a stage's token rows
   static constexpr int kAmaxOffset = Base::kStages * Base::kStageBytes;
   // Then the scale codes' ring (sm90_code_ring.cuh; the slots' scale areas then go unused, and
   // a GEMM that keeps them leaves the ring unused): per row the 4-byte words of kCodeStages
@@ -170,17 +192,18 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4, kTmaW> {
   // Which GEMMs take it (measured, sm90_code_ring.cuh): GEMM1 (the resident-row tilings serve
   // GEMM2 only), and GEMM2 of the three-warpgroup form that streams its token rows. A tiling none
   // of whose GEMMs takes it has no ring area.
-  static constexpr bool kGemm1CodeRing = !kResidentB_, kGemm2CodeRing = kRowGroups == 3 && !kResidentB_;
+  static constexpr bool kGemm1CodeRing = !kResidentB;
+  static constexpr bool kGemm2CodeRing = Shape::kRowGroups == 3 && !kResidentB;
   static constexpr int kCodeRowBytes = kCodeStages * Base::kSfRowBytes;
-  static constexpr int kCodeOffset = kAmaxOffset + kThreads / 32 * kBN_ * 4;
+  static constexpr int kCodeOffset = kAmaxOffset + kThreads / 32 * Base::kBN * 4;
   // Then, with TMA weights, one mbarrier per ring slot (the weights' arrival).
   static constexpr int kRingBarOffset = kCodeOffset + (kGemm1CodeRing || kGemm2CodeRing ? Base::kBM * kCodeRowBytes : 0);
-  static constexpr int kSmemBytes = kRingBarOffset + (kTmaW ? 8 * Base::kStages : 0);
+  static constexpr int kSmemBytes = kRingBarOffset + (Base::kTmaWeights ? 8 * Base::kStages : 0);
   static constexpr int b_offset(int row, int chunk) {
     return (chunk / 8) * kBTileBytes + row * 128 + 16 * ((chunk % 8) ^ (row & 7));
   }
   static_assert(Base::kKStage == 128, "a stage is two 64-wide K halves");
-  static_assert(kWarpGroups == 2 || kWarpGroups == kRowGroups,
+  static_assert(kWarpGroups == 2 || kWarpGroups == Shape::kRowGroups,
                 "two warpgroups (a warp owns two m16 blocks) or one per 64-row group (one m16 block)");
   static_assert(Base::kBOffset % 1024 == 0 && Base::kStageBytes % 1024 == 0 && kBTileBytes % 1024 == 0,
                 "every B tile starts on a 1024-byte swizzle atom");
@@ -188,17 +211,43 @@ struct Sm90Tiling : Tiling<kBN_, kRowGroups, 1, 4, kTmaW> {
   static_assert(Base::kSfRowBytes == 4 && kCodeOffset % 16 == 0,
                 "a stage's codes are one word per row, copied up to 16 bytes at a time");
 };
-using Sm90PrefillTiling = Sm90Tiling<128, 2>;     // wg128
-using Sm90Prefill4WgTiling = Sm90Tiling<128, 4, false, 4, true>;  // wg128x4
-using Sm90Mid4WgTiling = Sm90Tiling<64, 4, false, 4, true, 4>;    // wg64x4
-using Sm90Mid32Tiling = Sm90Tiling<32, 4, false, 4, true, 4, false, true>;  // wg32x4
-using Sm90Prefill4WgResidentBTiling = Sm90Tiling<128, 4, true, 4, true>;  // wg128x4_rb (GEMM2, K <= 512)
-using Sm90Mid4WgResidentBTiling = Sm90Tiling<64, 4, true, 4, true, 4>;    // wg64x4_rb
-using Sm90Mid32ResidentBTiling = Sm90Tiling<32, 4, true, 4, true, 4, false, true>;  // wg32x4_rb
-using Sm90Prefill160Tiling = Sm90Tiling<160, 3, false, 3, false, 1, true>;          // wg160x3
-using Sm90Prefill160ResidentBTiling = Sm90Tiling<160, 3, true, 3, false, 1, true>;  // wg160x3_rb
-using Sm90Mid96Tiling = Sm90Tiling<96, 4, false, 4, true>;          // wg96x4
-using Sm90Mid96ResidentBTiling = Sm90Tiling<96, 4, true, 4, true>;  // wg96x4_rb
+
+// The shipped sm_90a shapes, by form suffix (forms.py; `_rb`: the same shape with ResidentB, a
+// GEMM2 form for K <= 512).
+struct Wg128Shape : Sm90Shape {  // wg128
+  static constexpr int kBN = 128;
+};
+struct Wg128x4Shape : Sm90Shape {  // wg128x4, wg128x4_rb
+  static constexpr int kBN = 128, kWarpGroups = 4;
+  static constexpr bool kTmaWeights = true;
+};
+struct Wg96x4Shape : Sm90Shape {  // wg96x4, wg96x4_rb
+  static constexpr int kBN = 96, kWarpGroups = 4;
+  static constexpr bool kTmaWeights = true;
+};
+struct Wg64x4Shape : Sm90Shape {  // wg64x4, wg64x4_rb
+  static constexpr int kBN = 64, kWarpGroups = 4, kStepsPerGroup = 4;
+  static constexpr bool kTmaWeights = true;
+};
+struct Wg32x4Shape : Sm90Shape {  // wg32x4, wg32x4_rb
+  static constexpr int kBN = 32, kWarpGroups = 4, kStepsPerGroup = 4;
+  static constexpr bool kTmaWeights = true, kNoKTests = true;
+};
+struct Wg160x3Shape : Sm90Shape {  // wg160x3, wg160x3_rb
+  static constexpr int kBN = 160, kWarpGroups = 3, kRowGroups = 3;
+  static constexpr bool kNoKTests = true, kNoZeroFill = true;
+};
+using Sm90PrefillTiling = Sm90Tiling<Wg128Shape>;
+using Sm90Prefill4WgTiling = Sm90Tiling<Wg128x4Shape>;
+using Sm90Mid4WgTiling = Sm90Tiling<Wg64x4Shape>;
+using Sm90Mid32Tiling = Sm90Tiling<Wg32x4Shape>;
+using Sm90Prefill4WgResidentBTiling = Sm90Tiling<ResidentB<Wg128x4Shape>>;
+using Sm90Mid4WgResidentBTiling = Sm90Tiling<ResidentB<Wg64x4Shape>>;
+using Sm90Mid32ResidentBTiling = Sm90Tiling<ResidentB<Wg32x4Shape>>;
+using Sm90Prefill160Tiling = Sm90Tiling<Wg160x3Shape>;
+using Sm90Prefill160ResidentBTiling = Sm90Tiling<ResidentB<Wg160x3Shape>>;
+using Sm90Mid96Tiling = Sm90Tiling<Wg96x4Shape>;
+using Sm90Mid96ResidentBTiling = Sm90Tiling<ResidentB<Wg96x4Shape>>;
 
 // The shipped tilings (forms.py instantiates them; the decision table in Python picks one per
 // GEMM by expected rows per expert and K). Decode streams each expert's weights once with 8-row token tiles,
