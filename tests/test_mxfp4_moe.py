@@ -338,6 +338,38 @@ def test_device_tile_choice_rule():
         [500, 630, 850, 1000, 1300]
 
 
+def test_device_tile_listing_rule():
+    """The width per expert's rule, mirrored (moe_route.cuh, choose_listing): full tiles of the
+    wider form and a last tile of at most the narrower form's rows in the narrower form's list,
+    where that costs at least 2% less than the cheaper single form; else device_tile_choice."""
+    listing = _decide.device_tile_listing
+    # 418 = 2 x 160 + 98: 2 x 1.3 + 1.0 = 3.6 against 3 x 1.3 = 3.9 and 4 x 1.0
+    assert listing([418] * 112, "wg160x3", "wg128x4") == "wg160x3+wg128x4"
+    assert listing([418] * 112, "wg128x4", "wg160x3") == "wg128x4+wg160x3"  # either order of the pair
+    # 300 = 160 + 140: the rest needs a 160-row tile, so the split lists what wg160x3 alone does
+    assert listing([300] * 8, "wg160x3", "wg128x4") == "wg160x3"
+    assert listing([256] * 8, "wg160x3", "wg128x4") == "wg128x4"   # 2 x 1.0 against 2.3 (split) and 2.6
+    assert listing([100] * 8, "wg160x3", "wg128x4") == "wg128x4"   # one tile: the split is wg128x4 alone
+    assert listing([0] * 8, "wg160x3", "wg128x4") == "wg160x3"     # no tiles: a tie, the table's form
+    # 9 x 420 (2 x 160 + 100) and 384 (2 x 160 + 64): split 10 x 3.6 = 36 against 39 and 39
+    assert listing([420] * 9 + [384], "wg160x3", "wg128x4") == "wg160x3+wg128x4"
+    # within the 2% margin: 260 and 384 split 2.3 + 3.6 = 5.9 against wg128x4's 3.0 + 3.0 = 6.0
+    assert listing([260, 384], "wg160x3", "wg128x4") == "wg128x4"
+
+
+def test_split_width_needs_the_switch_two_pairs_and_the_chunked_routing(monkeypatch):
+    d = _decide.decide(16384, 16, 896, 7168, 384, sm90=True)
+    assert d.alt_tile
+    monkeypatch.delenv("CAKE_MOE_TILE_SPLIT", raising=False)
+    assert not _wrapper.split_width(d, 16384, 16)
+    monkeypatch.setenv("CAKE_MOE_TILE_SPLIT", "1")
+    assert _wrapper.split_width(d, 16384, 16)
+    assert _wrapper.split_width(d, 1024, 16)        # 16384 routes: the several-CTA routing
+    assert not _wrapper.split_width(d, 1023, 16)    # one CTA routes them: one list
+    single = _decide.decide(16384, 16, 896, 7168, 384, sm90=True, tile="wg160x3")
+    assert not single.alt_tile and not _wrapper.split_width(single, 16384, 16)
+
+
 # tp8 (T * k / E = T / 56 routes per expert): the faster prefill form per T, kernel time per run
 # on the H200 (bench/results/2026-12-01_h200_mxfp4_moe_wg160x3.md)
 _WIDE_MEASURED = {3072: "wg64x4", 4096: "wg96x4", 5120: "wg128x4", 6144: "wg128x4", 8192: "wg160x3", 10240: "wg128x4", 12288: "wg128x4",
@@ -457,12 +489,13 @@ def test_plan_decision_is_frozen():
 
 def test_workspace_formula_by_hand():
     # T=1, H=I=128, L=1, k=1: one tile (8 B + the 528-byte header: 3 units of 256 bytes), four
-    # 64-row GEMM1 units of 16 KiB parking slots (256 units), the other eight segments one unit each
-    assert _wrapper._workspace_bytes(1, 128, 128, 1, 1) == (8 + 3 + 256) * 256
+    # 64-row GEMM1 units of 16 KiB parking slots (256 units), the second tile list as the first
+    # (3 units), the other eight segments one unit each
+    assert _wrapper._workspace_bytes(1, 128, 128, 1, 1) == (8 + 3 + 256 + 3) * 256
     # T=100, H=256, I=128, L=4, k=2: R=200, 29 tiles, 29 x 4 parking slots
     t, h, i, l, k = 100, 256, 128, 4, 2
     segs = [20, 800, 800, (25 + 4) * 8 + 528, (25 + 4) * 4, 64 * l * 4, 116 * 16384, t * h * 2, 200 * i * 2,
-            200 * h * 2]
+            200 * h * 2, (25 + 4) * 8 + 528]
     assert _wrapper._workspace_bytes(t, h, i, l, k) == sum(-(-s // 256) * 256 for s in segs)
 
 

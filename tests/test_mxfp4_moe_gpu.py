@@ -315,6 +315,34 @@ def test_device_tile_choice(layers, t, counts, pair):
         assert torch.equal(out, want[n][1]), f"replay with {n} routes per expert: not the bits of {want[n][0]}"
 
 
+# h384_ep_k8 at T = 2048 (16384 routes: the several-CTA routing) binds wg128x4 and wg160x3. Per
+# local expert 260 routes = 160 + 100 (split: 1.3 + 1.0 against 2 x 1.3 and 3 x 1.0), 100 (one
+# 128-row tile) and 150 (one 160-row tile).
+@pytest.mark.parametrize("n,want", [(260, "wg128x4+wg160x3"), (100, "wg128x4"), (150, "wg160x3")])
+def test_width_per_expert(layers, monkeypatch, n, want):
+    """CAKE_MOE_TILE_SPLIT=1 (the width per expert; off by default): the routing kernel lists each
+    expert's full 160-row tiles for wg160x3 and its last tile of <= 128 rows for wg128x4, or one
+    form's tiles alone, by the rule _decide.device_tile_listing mirrors, and each listing gives the
+    bits of wg160x3 forced alone (every wgmma form gives the same bits)."""
+    from cake_moe.mxfp4_moe import _decide
+    monkeypatch.setenv("CAKE_MOE_TILE_SPLIT", "1")
+    layer = layers("h384_ep_k8")
+    geom = layer.geom
+    case = _case_with_local_counts(geom, 2048, n, seed=60 + n)
+    forced = layer.run(case, tile="wg160x3")
+    _check(case, forced, reference(case, layer.bank))
+    plan, out = layer.plan(case)
+    d = plan.decision
+    assert (d.tile, d.alt_tile) == ("wg128x4", "wg160x3"), d
+    assert _decide.device_tile_listing([n] * geom.local, d.tile, d.alt_tile) == want
+    for _ in range(2):  # the second run: the lists and words of the first are rewritten
+        poison_(out)
+        plan.run()
+        torch.cuda.synchronize()
+        assert plan.last_tile() == want
+        assert torch.equal(out, forced), f"{n} routes per expert: not the bits of wg160x3 forced"
+
+
 @pytest.mark.parametrize("name,t,tile,ctas", [("tp8", 1, "n8_narrow", 37), ("ep8", 1, "n8_narrow", 100),
                                               ("ep8", 2, "n8_narrow4", 1), ("ep8", 4, "n8", 64),
                                               ("h256_e8_k2", 17, "n8_narrow", 1), ("h256_e8_k2", 17, "n8_narrow", 5),

@@ -147,6 +147,7 @@ def _moe_engine_forms() -> list[Form]:
              (Kernel("cake_moe_route", "cake_moe::moe::route", threads=1024),
               Kernel("cake_moe_route_count", "cake_moe::moe::route_count", threads=1024),
               Kernel("cake_moe_route_scan", "cake_moe::moe::route_scan", threads=1024),
+              Kernel("cake_moe_route_scan_split", "cake_moe::moe::route_scan_split", threads=1024),
               Kernel("cake_moe_route_place", "cake_moe::moe::route_place", threads=1024)),
              {"op": "route"}, native=(), prelude="static_assert(cake_moe::moe::kRouteThreads == 1024);",
              validated=("90a",)),

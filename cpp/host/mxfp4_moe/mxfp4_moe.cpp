@@ -167,21 +167,32 @@ class Mxfp4MoePlan final : public Plan {
     auto* x_bf16 = reinterpret_cast<uint16_t*>(base + ws.x_bf16);
     auto* act = reinterpret_cast<uint16_t*>(base + ws.act);
     auto* rows = reinterpret_cast<uint16_t*>(base + ws.rows);
+    auto* alt_tile_count = reinterpret_cast<int32_t*>(base + ws.alt_tiles);
+    auto* alt_tile_list = reinterpret_cast<moe::TokenTile*>(base + ws.alt_tiles + moe::kTileHeaderInts * 4);
 
     runtime::ScopedDevice scope(p.device);
     // 1. routing bookkeeping: one CTA, or count / scan / place over chunks of the routes
     const int32_t chunk_routes = moe::route_chunk_routes(routes);
-    const moe::RouteParams route_params{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, tile_done,
-                                        chunk_rows, chunk_routes, int32_t(routes), p.top_k, p.num_experts,
-                                        p.num_local, p.local_offset,
-                                        p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, t1.bn,
-                                        has_alt_ ? ta1.bn : 0, p.tile_cost, p.alt_tile_cost};
+    // The width per expert (moe::RouteParams::alt_tile_count): with two pairs bound and the
+    // several-CTA routing, CAKE_MOE_TILE_SPLIT=1 lets the scan list each expert's full tiles for
+    // the wider pair and its last tile for the narrower one; each pair then reads a list and a
+    // choice word of its own. Off by default: not yet measured on a GPU.
+    split_width_ = has_alt_ && chunk_routes > 0 && env_or("CAKE_MOE_TILE_SPLIT", 0) == 1;
+    moe::RouteParams route_params{p.topk_ids, offsets, row_token, route_row, tile_count, tiles, tile_done,
+                                  chunk_rows, chunk_routes, int32_t(routes), p.top_k, p.num_experts,
+                                  p.num_local, p.local_offset,
+                                  p.weight_kind == int32_t(moe::RouteWeights::kPacked) ? 1 : 0, t1.bn,
+                                  has_alt_ ? ta1.bn : 0, p.tile_cost, p.alt_tile_cost, nullptr, nullptr};
+    if (split_width_) {
+      route_params.alt_tile_count = alt_tile_count;
+      route_params.alt_tiles = alt_tile_list;
+    }
     const unsigned chunks = chunk_routes > 0 ? unsigned((routes + chunk_routes - 1) / chunk_routes) : 1u;
     if (chunk_routes == 0) {
       bind_route(route_[0], "cake_moe_route", 1, route_params);
     } else {
       bind_route(route_[0], "cake_moe_route_count", chunks, route_params);
-      bind_route(route_[1], "cake_moe_route_scan", 1, route_params);
+      bind_route(route_[1], split_width_ ? "cake_moe_route_scan_split" : "cake_moe_route_scan", 1, route_params);
       bind_route(route_[2], "cake_moe_route_place", chunks, route_params);
     }
     route_launches_ = chunk_routes == 0 ? 1 : 3;
@@ -264,6 +275,12 @@ class Mxfp4MoePlan final : public Plan {
       const int64_t alt_tiles = std::min(routes, moe::token_tiles_bound(routes, p.num_local, ta1.bn));
       GemmParams alt1 = gemm1, alt2 = gemm2;
       alt1.choice = alt2.choice = 1;
+      if (split_width_) {  // the alt pair's own list and word (0: it runs)
+        alt1.tile_count = alt2.tile_count = alt_tile_count;
+        alt1.tiles = alt2.tiles = alt_tile_list;
+        alt1.tile_choice = alt2.tile_choice = alt_tile_count + moe::kTileChoiceAt;
+        alt1.choice = alt2.choice = 0;
+      }
       alt1.code_ring = code_ring(ta1.gemm1_ring, p.hidden);
       alt2.code_ring = code_ring(ta2.gemm2_ring, p.inter);
       bind_gemm(gemm1_alt_, "mxfp4_moe_gemm1_", ta1, alt_tiles, p.num_local, alt1);
@@ -357,6 +374,7 @@ class Mxfp4MoePlan final : public Plan {
   bool has_alt_ = false;  // a second GEMM pair, chosen on the device (Problem::gemm1_alt_tile)
   runtime::BoundKernel<GemmParams> gemm1_alt_, gemm2_alt_;
   runtime::BoundKernel<moe::FinalizeParams> finalize_;
+  bool split_width_ = false;  // the width per expert: each pair its own tile list
   std::string forms_;
 };
 

@@ -129,6 +129,93 @@ __device__ __forceinline__ void publish_offsets(const RouteParams& p, int32_t* c
   __syncthreads();
 }
 
+// ---- the width per expert (route_scan_split; RouteParams::alt_tile_count) -------------------
+// An expert's tiles when its full tiles take the wider form and a last, partly filled tile of at
+// most `narrow` rows takes the narrower one: {wider-form tiles, narrower-form tiles (0 or 1)}.
+struct SplitTiles {
+  int32_t wide, narrow;
+};
+__device__ __forceinline__ SplitTiles split_tiles(int32_t count, int32_t wide, int32_t narrow) {
+  const int32_t full = count / wide, rest = count - full * wide;
+  return {full + (rest > narrow ? 1 : 0), rest > 0 && rest <= narrow ? 1 : 0};
+}
+
+// Which listing costs least: 0 all tiles at block_n, 1 all at alt_block_n (ties to 0, as
+// choose_block_n), 2 the split, where it saves more than kSplitGainPct of the cheaper of the two.
+// count: the per-expert counts (shared). Collective over the CTA; ends with a CTA barrier.
+__device__ __forceinline__ int32_t choose_listing(const RouteParams& p, const int32_t* count) {
+  __shared__ uint32_t total[4];  // tiles at block_n, at alt_block_n, the split's wide and narrow ones
+  if (threadIdx.x < 4) total[threadIdx.x] = 0;
+  __syncthreads();
+  const bool alt_wider = p.alt_block_n > p.block_n;
+  const int32_t wide = alt_wider ? p.alt_block_n : p.block_n, narrow = alt_wider ? p.block_n : p.alt_block_n;
+  uint32_t tiles[4] = {0u, 0u, 0u, 0u};
+  for (int32_t e = threadIdx.x; e < p.num_local; e += kRouteThreads) {
+    const SplitTiles st = split_tiles(count[e], wide, narrow);
+    tiles[0] += uint32_t((count[e] + p.block_n - 1) / p.block_n);
+    tiles[1] += uint32_t((count[e] + p.alt_block_n - 1) / p.alt_block_n);
+    tiles[2] += uint32_t(st.wide);
+    tiles[3] += uint32_t(st.narrow);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // per warp, then one 32-bit shared add (choose_block_n: why)
+    tiles[i] = __reduce_add_sync(0xFFFFFFFFu, tiles[i]);
+    if ((threadIdx.x & 31u) == 0) atomicAdd(&total[i], tiles[i]);
+  }
+  __syncthreads();
+  const uint64_t cost = uint64_t(total[0]) * uint32_t(p.block_cost);
+  const uint64_t alt_cost = uint64_t(total[1]) * uint32_t(p.alt_block_cost);
+  const uint32_t wide_cost = uint32_t(alt_wider ? p.alt_block_cost : p.block_cost);
+  const uint32_t narrow_cost = uint32_t(alt_wider ? p.block_cost : p.alt_block_cost);
+  const uint64_t split_cost = uint64_t(total[2]) * wide_cost + uint64_t(total[3]) * narrow_cost;
+  const uint64_t single = alt_cost < cost ? alt_cost : cost;
+  if (split_cost * 100u < single * uint64_t(100 - kSplitGainPct)) return 2;
+  return alt_cost < cost ? 1 : 0;
+}
+
+// publish_offsets for the width per expert: the offsets, and the two pairs' tile lists with
+// their choice words (RouteParams::alt_tile_count). Leaves count as its inclusive prefix;
+// tiles_end, alt_end and chunk_total are scratch. Ends with a CTA barrier.
+__device__ __forceinline__ void publish_offsets_split(const RouteParams& p, int32_t* count, int32_t* tiles_end,
+                                                      int32_t* alt_end, int32_t* chunk_total) {
+  const int32_t tid = threadIdx.x, L = p.num_local;
+  const int32_t listing = choose_listing(p, count);
+  const bool alt_wider = p.alt_block_n > p.block_n;
+  const int32_t wide = alt_wider ? p.alt_block_n : p.block_n, narrow = alt_wider ? p.block_n : p.alt_block_n;
+  for (int32_t e = tid; e < L; e += kRouteThreads) {
+    const SplitTiles st = split_tiles(count[e], wide, narrow);
+    tiles_end[e] = listing == 0 ? (count[e] + p.block_n - 1) / p.block_n
+                   : listing == 1 ? 0 : (alt_wider ? st.narrow : st.wide);
+    alt_end[e] = listing == 1 ? (count[e] + p.alt_block_n - 1) / p.alt_block_n
+                 : listing == 0 ? 0 : (alt_wider ? st.wide : st.narrow);
+  }
+  block_inclusive_scan(count, L, chunk_total);
+  block_inclusive_scan(tiles_end, L, chunk_total);
+  block_inclusive_scan(alt_end, L, chunk_total);
+  const int32_t num_tiles = L > 0 ? tiles_end[L - 1] : 0, num_alt = L > 0 ? alt_end[L - 1] : 0;
+  for (int32_t e = tid; e <= L; e += kRouteThreads) p.offsets[e] = e == 0 ? 0 : count[e - 1];
+  if (tid == 0) {
+    p.tile_count[0] = num_tiles;
+    p.tile_count[kTileChoiceAt] = listing == 1 ? 1 : 0;  // the first pair runs on 0
+    p.alt_tile_count[0] = num_alt;
+    p.alt_tile_count[kTileChoiceAt] = listing == 0 ? 1 : 0;  // the alt pair runs on 0
+  }
+  zero_gemm1_counters(p, tid, kRouteThreads);
+  // Tile j of expert e in a list of `rows`-row tiles starts at its offset plus j * rows; the
+  // narrower form's last tile of a split starts after the expert's full tiles of the wider one.
+  auto list = [&](TokenTile* out, const int32_t* ends, int32_t n, int32_t rows, bool after_full) {
+    for (int32_t t = tid; t < n; t += kRouteThreads) {
+      const int32_t e = first_slot_above(ends, L, t);
+      const int32_t first_tile = e == 0 ? 0 : ends[e - 1], first_row = e == 0 ? 0 : count[e - 1];
+      const int32_t skip = after_full ? (count[e] - first_row) / wide * wide : 0;
+      out[t] = TokenTile{e, first_row + skip + (t - first_tile) * rows};
+    }
+  };
+  list(p.tiles, tiles_end, num_tiles, p.block_n, listing == 2 && alt_wider);
+  list(p.alt_tiles, alt_end, num_alt, p.alt_block_n, listing == 2 && !alt_wider);
+  __syncthreads();
+}
+
 // One warp's numbering of at most 32 routes (lane l: route l's local expert e, or -1) in the
 // order publish_offsets lists the tiles (ascending local expert, ceil(count / block_n) tiles
 // each): the lane's same-expert lanes, its expert's tiles (on the expert's first lane, else 0),
@@ -261,7 +348,9 @@ __device__ __forceinline__ void route_count(const RouteParams& p) {
   ptx::grid_dependency_wait();  // complete only after the activation dequantize has
 }
 
-__device__ __forceinline__ void route_scan(const RouteParams& p) {
+// kSplit: route_scan_split, the width per expert (publish_offsets_split).
+template <bool kSplit>
+__device__ __forceinline__ void route_scan_listing(const RouteParams& p) {
   ptx::allow_dependent_launch();  // the placement may be scheduled; it waits for this grid
   __shared__ int32_t count[kMaxLocalExperts];
   __shared__ int32_t tiles_end[kMaxLocalExperts];
@@ -286,8 +375,15 @@ __device__ __forceinline__ void route_scan(const RouteParams& p) {
     count[e] = running;
   }
   __syncthreads();
-  publish_offsets(p, count, tiles_end, chunk_total);  // the placement adds offsets[e]
+  if constexpr (kSplit) {
+    __shared__ int32_t alt_end[kMaxLocalExperts];
+    publish_offsets_split(p, count, tiles_end, alt_end, chunk_total);  // the placement adds offsets[e]
+  } else {
+    publish_offsets(p, count, tiles_end, chunk_total);  // the placement adds offsets[e]
+  }
 }
+__device__ __forceinline__ void route_scan(const RouteParams& p) { route_scan_listing<false>(p); }
+__device__ __forceinline__ void route_scan_split(const RouteParams& p) { route_scan_listing<true>(p); }
 
 __device__ __forceinline__ void route_place(const RouteParams& p) {
   ptx::allow_dependent_launch();  // GEMM1 may be scheduled; it waits for this grid to complete

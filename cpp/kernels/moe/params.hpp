@@ -62,7 +62,8 @@ CAKE_HD constexpr int32_t route_chunk_routes(int64_t routes) {  // 0: one CTA ro
 // not depend on the tile form, so the size is monotonic in T. Python mirrors this function
 // (cake_moe.mxfp4_moe._wrapper._workspace_bytes); tests compare the two.
 struct WorkspaceLayout {
-  int64_t offsets, row_token, route_row, tiles, tile_done, route_chunks, split_park, x_bf16, act, rows, total;
+  int64_t offsets, row_token, route_row, tiles, tile_done, route_chunks, split_park, x_bf16, act, rows, alt_tiles,
+      total;
 };
 
 CAKE_HD WorkspaceLayout workspace_layout(int64_t tokens, int64_t hidden, int64_t inter, int64_t num_local,
@@ -80,6 +81,7 @@ CAKE_HD WorkspaceLayout workspace_layout(int64_t tokens, int64_t hidden, int64_t
   w.x_bf16 = at;    at += align256(tokens * hidden * 2);
   w.act = at;       at += align256(r * inter * 2);
   w.rows = at;      at += align256(r * hidden * 2);
+  w.alt_tiles = at; at += align256(max_token_tiles(r, num_local) * 8 + kTileHeaderInts * 4);  // the split's second list
   w.total = at;
   return w;
 }
@@ -111,7 +113,17 @@ struct RouteParams {
   // and writes the choice at header[kTileChoiceAt]; the other pair's kernels exit at once.
   int32_t alt_block_n;
   int32_t block_cost, alt_block_cost;  // cost per token tile of each form, any common unit
+  // The width per expert (route_scan_split only; nullptr otherwise): the alt pair reads a list
+  // of its own, header alt_tile_count (count, and at kTileChoiceAt its pair's word: 0 = runs)
+  // and alt_tiles, and the first pair's word is header[kTileChoiceAt] as before. Besides all
+  // tiles at block_n (the alt pair's word 1) or all at alt_block_n (the first pair's word 1),
+  // the kernel may list each expert's full tiles of the wider form there and its last,
+  // partly filled tile in the narrower form's list when that fits it (both words 0), where
+  // that costs less than either form alone by kSplitGainPct.
+  int32_t* alt_tile_count;
+  TokenTile* alt_tiles;
 };
+constexpr int32_t kSplitGainPct = 2;  // the split's second kernel pair: one more boundary and tail
 
 // At most this many routes (one warp's worth: T = 1, 2 at top_k 16) take the few-route paths:
 // the routing kernel's one-warp numbering (moe_route.cuh, route_few), its launch ahead of the

@@ -221,6 +221,30 @@ def device_tile_choice(counts, tile: str, alt_tile: str) -> str:
     return alt_tile if cost(alt_tile) < cost(tile) else tile
 
 
+SPLIT_GAIN_PCT = 2  # moe::kSplitGainPct: the split's second kernel pair costs a boundary and a tail
+
+
+def device_tile_listing(counts, tile: str, alt_tile: str) -> str:
+    """With the width per expert bound (``_wrapper.split_width``): the routing kernel's listing
+    for a call's route count per local expert. ``tile`` or ``alt_tile`` alone as
+    :func:`device_tile_choice`, or ``"TILE+ALT"``: each expert's full tiles of the wider form
+    and a last tile of at most the narrower form's rows in its list, where that costs less than
+    the cheaper single form by SPLIT_GAIN_PCT (cpp/kernels/moe/moe_route.cuh, choose_listing)."""
+    wide, narrow = sorted((tile, alt_tile), key=BLOCK_N_OF.get, reverse=True)
+    bw, bn = BLOCK_N_OF[wide], BLOCK_N_OF[narrow]
+    wide_tiles = narrow_tiles = 0
+    for c in counts:
+        full, rest = divmod(int(c), bw)
+        wide_tiles += full + (1 if rest > bn else 0)
+        narrow_tiles += 1 if 0 < rest <= bn else 0
+    split = wide_tiles * tile_cost_milli(wide) + narrow_tiles * tile_cost_milli(narrow)
+    single = min(sum(-(-int(c) // BLOCK_N_OF[f]) for c in counts) * tile_cost_milli(f) for f in (tile, alt_tile))
+    if split * 100 < single * (100 - SPLIT_GAIN_PCT):
+        return f"{tile}+{alt_tile}"
+    return device_tile_choice(counts, tile, alt_tile)
+
+
+
 def _sm90_form(load: float, inter: int) -> tuple[str, int, str, str]:
     """(path, block_n, tile, alt_tile) of an sm_90 device for ``load`` routes per expert: the
     wgmma paths name a second form for the device to choose from (alt_tile)."""

@@ -42,7 +42,7 @@ class Mxfp4MoEPlan:
     def __init__(self, plan, *, decision: PlanDecision, device: torch.device, num_tokens: int, num_experts: int,
                  output: torch.Tensor, inputs: tuple[torch.Tensor | None, ...], keep: tuple[torch.Tensor, ...],
                  code_max: tuple[tuple[str, torch.Tensor, torch.Tensor], ...] = (),
-                 tile_choice: torch.Tensor | None = None):
+                 tile_choice: torch.Tensor | None = None, alt_tile_choice: torch.Tensor | None = None):
         self._plan = plan
         self._reference = isinstance(plan, _ops.ReferencePlan)   # a CPU wrapper's plan: no stream
         self._device = device
@@ -55,6 +55,7 @@ class Mxfp4MoEPlan:
         self._keep = keep        # the extension holds raw pointers: the tensors live as long as the plan
         self._code_max = code_max  # (name, scales [L, rows, cols], largest codes [L]) bound to the kernels
         self._tile_choice = tile_choice  # int32 [1] in the workspace: the pair the routing kernel chose
+        self._alt_tile_choice = alt_tile_choice  # the width per expert: the alt pair's word (0: it ran)
         self.decision = decision
         self.num_tokens = num_tokens
         self.output = output
@@ -68,11 +69,18 @@ class Mxfp4MoEPlan:
     def last_tile(self) -> str:
         """The tile form of the last run: ``decision.tile``, or where the decision names an
         ``alt_tile``, the one of the two that the routing kernel chose from that run's route
-        counts. Reads the workspace, so it waits for the device: for diagnostics and benchmarks,
-        not for the serving path."""
+        counts, or ``"TILE+ALT"`` where it ran both (the width per expert, ``split_width``).
+        Reads the workspace, so it waits for the device: for diagnostics and benchmarks, not for
+        the serving path."""
         if not self.decision.alt_tile or self._tile_choice is None:
             return self.decision.tile
-        return self.decision.alt_tile if int(self._tile_choice.item()) == 1 else self.decision.tile
+        first_runs = int(self._tile_choice.item()) == 0
+        if self._alt_tile_choice is None:
+            return self.decision.tile if first_runs else self.decision.alt_tile
+        alt_runs = int(self._alt_tile_choice.item()) == 0
+        if first_runs and alt_runs:
+            return f"{self.decision.tile}+{self.decision.alt_tile}"
+        return self.decision.tile if first_runs else self.decision.alt_tile
 
     def _check_ids(self) -> None:
         ids = self._topk_ids >> 16 if self._packed else self._topk_ids

@@ -8,6 +8,8 @@ Nothing here launches a kernel by itself.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import _runtime, _validate
@@ -32,6 +34,17 @@ _MAX_SPLIT_UNITS = 128  # moe::kMaxSplitUnits
 _TILE_HEADER_INTS = 4 + _MAX_SPLIT_UNITS  # moe::kTileHeaderInts: count, unit queue, tile choice, pad, the split flags
 _TILE_CHOICE_AT = 2                       # moe::kTileChoiceAt: the header's int32 naming the chosen GEMM pair
 _SPLIT_PARK_BYTES = 16384  # moe::kSplitParkBytes
+_ROUTE_CHUNK_MIN = 4096    # moe::kRouteChunkMin: from 4x this many routes the routing runs over several CTAs
+
+
+def split_width(decision: PlanDecision, num_tokens: int, top_k: int) -> bool:
+    """Whether a plan binds the width per expert (the mirror of the extension's rule,
+    cpp/host/mxfp4_moe/mxfp4_moe.cpp): two GEMM pairs, the several-CTA routing, and
+    ``CAKE_MOE_TILE_SPLIT=1`` in the environment at plan time. The routing kernel may then list
+    each expert's full tiles for the wider pair and its last, partly filled tile for the
+    narrower one, and run both pairs. Off by default."""
+    return (bool(decision.alt_tile) and num_tokens * top_k >= 4 * _ROUTE_CHUNK_MIN
+            and os.environ.get("CAKE_MOE_TILE_SPLIT") == "1")
 
 
 def _align256(n: int) -> int:
@@ -53,6 +66,7 @@ def _workspace_segments(num_tokens: int, hidden: int, inter: int, num_local: int
         num_tokens * hidden * 2,
         routes * inter * 2,
         routes * hidden * 2,
+        tiles * 8 + _TILE_HEADER_INTS * 4,
     )
 
 
@@ -66,8 +80,8 @@ def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, t
     queue, the device's tile choice and split flags); one int32 per tile (GEMM1 CTAs done); 64 x
     L int32 (per-chunk expert counts of the several-CTA routing); the parking slots of GEMM1's K
     halves, 16 KiB for each of min(128, tiles x ceil(2 I / 64)) units; x_bf16 [T, H] bf16;
-    act [R, I] bf16; rows [R, H] bf16. No segment depends on the tile form, so the total is
-    monotonic in T.
+    act [R, I] bf16; rows [R, H] bf16; a second token-tile list with its header (the width per
+    expert: ``split_width``). No segment depends on the tile form, so the total is monotonic in T.
     """
     return sum(_align256(s) for s in _workspace_segments(num_tokens, hidden, inter, num_local, top_k))
 
@@ -310,11 +324,14 @@ class CakeMxfp4MoEWrapper:
         segments = _workspace_segments(num_tokens, self.hidden_size, self.intermediate_shard, self.num_local_experts,
                                        self.top_k)
         choice_at = sum(_align256(n) for n in segments[:3]) + 4 * _TILE_CHOICE_AT   # in the tile list's header
+        alt_choice_at = sum(_align256(n) for n in segments[:-1]) + 4 * _TILE_CHOICE_AT  # the second list's
+        split = split_width(decision, num_tokens, self.top_k)
         plan = Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
                             num_experts=self.num_experts, output=output, inputs=inputs, keep=keep,
                             code_max=(() if w1_sf_max is None else
                                       (("w1_sf_max", w1_sf, w1_sf_max), ("w2_sf_max", w2_sf, w2_sf_max))),
-                            tile_choice=workspace[choice_at:choice_at + 4].view(torch.int32))
+                            tile_choice=workspace[choice_at:choice_at + 4].view(torch.int32),
+                            alt_tile_choice=workspace[alt_choice_at:alt_choice_at + 4].view(torch.int32) if split else None)
         plan.run()   # warm-up: loads the kernel images, checks the launch path
         return plan
 
