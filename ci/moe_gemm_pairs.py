@@ -17,8 +17,9 @@ use the benchmark's inputs and weights (`cake_moe.bench.mxfp4_moe`), eight routi
 (`--rotations`), timed as the benchmark times its rows (one CUDA graph up to T = 1024, eager
 launches beyond; `--graph`: one graph at every T, whose rounds spread less; past T = 1024 a
 graph of 8 calls replayed 5 times per round), and report time, the fraction of the copy
-bandwidth measured in the same run, and the relative difference to the table's plan (different K splits sum in another order: a few 1e-3 at most, much more means a
-broken pair; the sm_90a wgmma forms give the same bits).
+bandwidth measured in the same run, and the relative difference to the table's plan (different
+K splits sum in another order: a few 1e-3 at most, much more means a broken pair; the sm_90a
+wgmma forms give the same bits).
 """
 from __future__ import annotations
 
