@@ -357,13 +357,17 @@ def test_device_tile_listing_rule():
     assert listing([260, 384], "wg160x3", "wg128x4") == "wg128x4"
 
 
-def test_split_width_needs_the_switch_two_pairs_and_the_chunked_routing(monkeypatch):
+def test_split_width_needs_two_pairs_and_the_chunked_routing(monkeypatch):
+    """On by default; CAKE_MOE_TILE_SPLIT read as the extension reads it (atoll: "0" and text
+    turn it off, unset or empty leave the default, a leading integer counts)."""
     d = _decide.decide(16384, 16, 896, 7168, 384, sm90=True)
     assert d.alt_tile
     monkeypatch.delenv("CAKE_MOE_TILE_SPLIT", raising=False)
-    assert not _wrapper.split_width(d, 16384, 16)
-    monkeypatch.setenv("CAKE_MOE_TILE_SPLIT", "1")
     assert _wrapper.split_width(d, 16384, 16)
+    for value, on in (("0", False), ("off", False), (" 0", False), ("", True), ("1", True), ("2x", True)):
+        monkeypatch.setenv("CAKE_MOE_TILE_SPLIT", value)
+        assert _wrapper.split_width(d, 16384, 16) == on, value
+    monkeypatch.delenv("CAKE_MOE_TILE_SPLIT")
     assert _wrapper.split_width(d, 1024, 16)        # 16384 routes: the several-CTA routing
     assert not _wrapper.split_width(d, 1023, 16)    # one CTA routes them: one list
     single = _decide.decide(16384, 16, 896, 7168, 384, sm90=True, tile="wg160x3")

@@ -320,20 +320,26 @@ def test_device_tile_choice(layers, t, counts, pair):
 # 128-row tile) and 150 (one 160-row tile).
 @pytest.mark.parametrize("n,want", [(260, "wg128x4+wg160x3"), (100, "wg128x4"), (150, "wg160x3")])
 def test_width_per_expert(layers, monkeypatch, n, want):
-    """CAKE_MOE_TILE_SPLIT=1 (the width per expert; off by default): the routing kernel lists each
-    expert's full 160-row tiles for wg160x3 and its last tile of <= 128 rows for wg128x4, or one
-    form's tiles alone, by the rule _decide.device_tile_listing mirrors, and each listing gives the
-    bits of wg160x3 forced alone (every wgmma form gives the same bits)."""
+    """The width per expert (on by default): the routing kernel lists each expert's full 160-row
+    tiles for wg160x3 and its last tile of <= 128 rows for wg128x4, or one form's tiles alone, by
+    the rule _decide.device_tile_listing mirrors, and each listing gives the bits of wg160x3
+    forced alone (every wgmma form gives the same bits). CAKE_MOE_TILE_SPLIT=0 keeps one list
+    (device_tile_choice), with the same bits."""
     from cake_moe.mxfp4_moe import _decide
-    monkeypatch.setenv("CAKE_MOE_TILE_SPLIT", "1")
+    from cake_moe.mxfp4_moe._wrapper import split_width
+    monkeypatch.delenv("CAKE_MOE_TILE_SPLIT", raising=False)
     layer = layers("h384_ep_k8")
     geom = layer.geom
-    case = _case_with_local_counts(geom, 2048, n, seed=60 + n)
+    t = 2048
+    case = _case_with_local_counts(geom, t, n, seed=60 + n)
     forced = layer.run(case, tile="wg160x3")
     _check(case, forced, reference(case, layer.bank))
-    plan, out = layer.plan(case)
+    ws = layer.workspace(t)
+    ws.fill_(0xA5)
+    plan, out = layer.plan(case, workspace=ws)
     d = plan.decision
     assert (d.tile, d.alt_tile) == ("wg128x4", "wg160x3"), d
+    assert split_width(d, t, geom.top_k)
     assert _decide.device_tile_listing([n] * geom.local, d.tile, d.alt_tile) == want
     for _ in range(2):  # the second run: the lists and words of the first are rewritten
         poison_(out)
@@ -341,6 +347,15 @@ def test_width_per_expert(layers, monkeypatch, n, want):
         torch.cuda.synchronize()
         assert plan.last_tile() == want
         assert torch.equal(out, forced), f"{n} routes per expert: not the bits of wg160x3 forced"
+        _check_tile_lists(_routing_tables(ws, geom, t), [n] * geom.local, d, split=True)
+    monkeypatch.setenv("CAKE_MOE_TILE_SPLIT", "0")
+    one_plan, one_out = layer.plan(case)
+    assert not split_width(d, t, geom.top_k)
+    poison_(one_out)
+    one_plan.run()
+    torch.cuda.synchronize()
+    assert one_plan.last_tile() == _decide.device_tile_choice([n] * geom.local, d.tile, d.alt_tile)
+    assert torch.equal(one_out, forced), "CAKE_MOE_TILE_SPLIT=0 changed the bits"
 
 
 @pytest.mark.parametrize("name,t,tile,ctas", [("tp8", 1, "n8_narrow", 37), ("ep8", 1, "n8_narrow", 100),
@@ -500,16 +515,69 @@ def test_gemm1_lookahead_reload_changes_no_bit(layers):
 
 def _routing_tables(ws: torch.Tensor, geom: Geometry, t: int) -> dict[str, torch.Tensor]:
     """The routing kernel's outputs in a plan's workspace: its first five segments (offsets,
-    row_token, route_row, tile list, tile_done; mxfp4_moe._wrapper._workspace_segments)."""
+    row_token, route_row, tile list, tile_done) and its last (the second tile list of the width
+    per expert; mxfp4_moe._wrapper._workspace_segments)."""
     from cake_moe.mxfp4_moe._wrapper import _TILE_HEADER_INTS, _workspace_segments
-    at, seg = 0, []
-    for n in _workspace_segments(t, geom.hidden, geom.i_shard, geom.local, geom.top_k)[:5]:
-        seg.append(ws[at:at + n].view(torch.int32).cpu())
-        at += (n + 255) // 256 * 256
-    count = int(seg[3][0])
-    return {"offsets": seg[0], "row_token": seg[1], "route_row": seg[2], "tile_count": count,
-            "tiles": seg[3][_TILE_HEADER_INTS:_TILE_HEADER_INTS + 2 * count].view(-1, 2),
-            "header": seg[3][1:_TILE_HEADER_INTS], "tile_done": seg[4][:count]}
+    sizes = _workspace_segments(t, geom.hidden, geom.i_shard, geom.local, geom.top_k)
+    starts = [sum((n + 255) // 256 * 256 for n in sizes[:i]) for i in range(len(sizes))]
+    seg = [ws[starts[i]:starts[i] + sizes[i]].view(torch.int32).cpu() for i in (0, 1, 2, 3, 4, len(sizes) - 1)]
+
+    def tile_list(words: torch.Tensor) -> tuple[int, torch.Tensor]:
+        count = int(words[0])
+        return count, words[_TILE_HEADER_INTS:_TILE_HEADER_INTS + 2 * count].view(-1, 2)
+
+    count, tiles = tile_list(seg[3])
+    alt_count, alt_tiles = tile_list(seg[5])
+    return {"offsets": seg[0], "row_token": seg[1], "route_row": seg[2], "tile_count": count, "tiles": tiles,
+            "header": seg[3][1:_TILE_HEADER_INTS], "tile_done": seg[4][:count],
+            "alt_tile_count": alt_count, "alt_tiles": alt_tiles, "alt_header": seg[5][1:_TILE_HEADER_INTS]}
+
+
+def _want_tile_lists(counts: list[int], d, split: bool):
+    """The token-tile lists ((expert, first row) per tile) and choice words the routing kernel
+    writes for route counts per local expert under decision d: ((first list, its word), None),
+    or with the width per expert ``split`` ((first list, word), (second list, word)); a pair
+    runs where its word is 0 (moe_route.cuh, publish_offsets and publish_offsets_split)."""
+    from cake_moe.mxfp4_moe import _decide
+    bn_of = _decide.BLOCK_N_OF
+    starts = [sum(counts[:e]) for e in range(len(counts))]
+
+    def listed(rows_of) -> list[tuple[int, int]]:  # rows_of(count): an expert's tiles' first rows
+        return [(e, starts[e] + r) for e, c in enumerate(counts) for r in rows_of(c)]
+
+    def every(bn: int):
+        return lambda c: range(0, c, bn)
+
+    if not d.alt_tile:
+        return (listed(every(d.block_n)), 0), None
+    if not split:
+        chosen = _decide.device_tile_choice(counts, d.tile, d.alt_tile)
+        return (listed(every(bn_of[chosen])), int(chosen == d.alt_tile)), None
+    listing = _decide.device_tile_listing(counts, d.tile, d.alt_tile)
+    if "+" not in listing:
+        whole, first = listed(every(bn_of[listing])), listing == d.tile
+        return (whole if first else [], int(not first)), ([] if first else whole, int(first))
+    wide, narrow = sorted((d.tile, d.alt_tile), key=bn_of.get, reverse=True)
+    bw, bn = bn_of[wide], bn_of[narrow]
+
+    def last_narrow(c: int) -> bool:  # the expert's last tile takes the narrower form
+        return 0 < c % bw <= bn
+
+    lists = {wide: listed(lambda c: range(0, c - c % bw if last_narrow(c) else c, bw)),
+             narrow: listed(lambda c: [c - c % bw] if last_narrow(c) else [])}
+    return (lists[d.tile], 0), (lists[d.alt_tile], 0)
+
+
+def _check_tile_lists(got: dict, counts: list[int], d, split: bool) -> None:
+    (tiles, word), alt = _want_tile_lists(counts, d, split)
+    assert int(got["header"][_TILE_CHOICE_AT - 1]) == word
+    assert got["tile_count"] == len(tiles)
+    assert [tuple(x) for x in got["tiles"].tolist()] == tiles
+    if alt is not None:
+        alt_tiles, alt_word = alt
+        assert int(got["alt_header"][_TILE_CHOICE_AT - 1]) == alt_word
+        assert got["alt_tile_count"] == len(alt_tiles)
+        assert [tuple(x) for x in got["alt_tiles"].tolist()] == alt_tiles
 
 
 @pytest.mark.parametrize("name,regime,t,tile,packed", LOOKAHEAD_CASES + [
@@ -544,17 +612,10 @@ def test_routing_bookkeeping(layers, name, regime, t, tile, packed):
         else:
             assert torch.equal(rows.sort().values, want_rows), f"expert {e}: rows are not its own"
         assert torch.equal(got["row_token"][rows].long(), routes // geom.top_k)
-    bn = plan.decision.block_n
-    if plan.decision.alt_tile:  # the routing kernel chose one of two prefill forms from the counts
-        from cake_moe.mxfp4_moe import _decide
-        chosen = _decide.device_tile_choice(counts.tolist(), plan.decision.tile, plan.decision.alt_tile)
-        assert int(got["header"][_TILE_CHOICE_AT - 1]) == (chosen == plan.decision.alt_tile)
-        bn = _decide.BLOCK_N_OF[chosen]
-    else:
-        assert int(got["header"][_TILE_CHOICE_AT - 1]) == 0
-    want_tiles = [(e, int(offsets[e]) + j * bn) for e in range(geom.local) for j in range(-(-int(counts[e]) // bn))]
-    assert got["tile_count"] == len(want_tiles)
-    assert [tuple(x) for x in got["tiles"].tolist()] == want_tiles
+    # the tile lists: one form's, one of two prefill forms chosen from the counts, or the width
+    # per expert's two lists
+    from cake_moe.mxfp4_moe._wrapper import split_width
+    _check_tile_lists(got, counts.tolist(), plan.decision, split_width(plan.decision, t, geom.top_k))
     flags = got["header"][_SPLIT_FLAGS_AT - 1:]  # zeroed by the routing kernel; a K-halved unit's: two claims + published
     assert bool(((flags == 0) | (flags == 2 + (1 << 16))).all()), flags[flags != 0]
     done = got["tile_done"]  # zeroed by the routing kernel; with the tile sync every GEMM1 CTA then counts in

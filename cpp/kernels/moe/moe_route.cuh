@@ -203,16 +203,19 @@ __device__ __forceinline__ void publish_offsets_split(const RouteParams& p, int3
   zero_gemm1_counters(p, tid, kRouteThreads);
   // Tile j of expert e in a list of `rows`-row tiles starts at its offset plus j * rows; the
   // narrower form's last tile of a split starts after the expert's full tiles of the wider one.
-  auto list = [&](TokenTile* out, const int32_t* ends, int32_t n, int32_t rows, bool after_full) {
+  // The first list's done counters are zeroed as publish_offsets zeroes them (a plan with two
+  // pairs has no tile sync: nothing reads them, but a workspace holds no stale counts).
+  auto list = [&](TokenTile* out, int32_t* done, const int32_t* ends, int32_t n, int32_t rows, bool after_full) {
     for (int32_t t = tid; t < n; t += kRouteThreads) {
       const int32_t e = first_slot_above(ends, L, t);
       const int32_t first_tile = e == 0 ? 0 : ends[e - 1], first_row = e == 0 ? 0 : count[e - 1];
       const int32_t skip = after_full ? (count[e] - first_row) / wide * wide : 0;
       out[t] = TokenTile{e, first_row + skip + (t - first_tile) * rows};
+      if (done != nullptr) done[t] = 0;
     }
   };
-  list(p.tiles, tiles_end, num_tiles, p.block_n, listing == 2 && alt_wider);
-  list(p.alt_tiles, alt_end, num_alt, p.alt_block_n, listing == 2 && !alt_wider);
+  list(p.tiles, p.tile_done, tiles_end, num_tiles, p.block_n, listing == 2 && alt_wider);
+  list(p.alt_tiles, nullptr, alt_end, num_alt, p.alt_block_n, listing == 2 && !alt_wider);
   __syncthreads();
 }
 

@@ -9,6 +9,7 @@ Nothing here launches a kernel by itself.
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -40,11 +41,22 @@ _ROUTE_CHUNK_MIN = 4096    # moe::kRouteChunkMin: from 4x this many routes the r
 def split_width(decision: PlanDecision, num_tokens: int, top_k: int) -> bool:
     """Whether a plan binds the width per expert (the mirror of the extension's rule,
     cpp/host/mxfp4_moe/mxfp4_moe.cpp): two GEMM pairs, the several-CTA routing, and
-    ``CAKE_MOE_TILE_SPLIT=1`` in the environment at plan time. The routing kernel may then list
-    each expert's full tiles for the wider pair and its last, partly filled tile for the
-    narrower one, and run both pairs. Off by default."""
+    no ``CAKE_MOE_TILE_SPLIT=0`` in the environment at plan time. The routing kernel may then
+    list each expert's full tiles for the wider pair and its last, partly filled tile for the
+    narrower one, and run both pairs."""
     return (bool(decision.alt_tile) and num_tokens * top_k >= 4 * _ROUTE_CHUNK_MIN
-            and os.environ.get("CAKE_MOE_TILE_SPLIT") == "1")
+            and _env_int("CAKE_MOE_TILE_SPLIT", 1) != 0)
+
+
+def _env_int(name: str, fallback: int) -> int:
+    """The integer value of environment variable ``name`` as the extension reads it (``env_or``
+    in cpp/host/mxfp4_moe/mxfp4_moe.cpp: ``atoll``, so a leading integer or 0), or ``fallback``
+    where it is unset or empty."""
+    value = os.environ.get(name, "")
+    if not value:
+        return fallback
+    lead = re.match(r"\s*[+-]?\d+", value)
+    return int(lead.group()) if lead else 0
 
 
 def _align256(n: int) -> int:
