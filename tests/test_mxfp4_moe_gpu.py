@@ -278,10 +278,8 @@ def test_device_tile_choice(layers, t, counts, pair):
     layer = layers("h384_ep_k8")
     geom = layer.geom
     low, high = counts
-    cases = {n: _case_with_local_counts(geom, t, n, seed=40 + n) for n in counts}
-    cases[high] = dataclasses.replace(cases[high], beta=cases[low].beta, linear_beta=cases[low].linear_beta)
-    bound = dataclasses.replace(cases[low], **{f: getattr(cases[low], f).clone()     # bound once, rewritten
-                                               for f in ("x", "x_sf", "topk_ids", "topk_weights")})
+    cases = _cases_with_local_counts(geom, t, counts, seed=40)
+    bound = _bindable(cases[low])
     plan, out = layer.plan(bound)
     d = plan.decision
     assert (d.tile, d.alt_tile) == pair, d
@@ -299,20 +297,42 @@ def test_device_tile_choice(layers, t, counts, pair):
         assert auto_plan.last_tile() == choice
         assert torch.equal(auto_out, forced), f"{n} routes per expert: not the bits of {choice} forced"
         want[n] = (choice, forced)
-    # one capture, both routings: the bound routes are rewritten between replays
+    _check_replays_follow(plan, out, bound, [(n, cases[n], *want[n]) for n in (high, low, high)])
+
+
+_ROUTED_INPUTS = ("x", "x_sf", "topk_ids", "topk_weights")
+
+
+def _cases_with_local_counts(geom: Geometry, t: int, counts, seed: int) -> dict[int, Case]:
+    """_case_with_local_counts per count, all with the first one's beta and linear_beta (a plan
+    binds those once; _check_replays_follow rewrites only the routed inputs)."""
+    cases = {n: _case_with_local_counts(geom, t, n, seed=seed + n) for n in counts}
+    first = cases[counts[0]]
+    return {n: dataclasses.replace(c, beta=first.beta, linear_beta=first.linear_beta) for n, c in cases.items()}
+
+
+def _bindable(case: Case) -> Case:
+    """A copy of case with its own routed inputs, for a plan bound once and rewritten later."""
+    return dataclasses.replace(case, **{f: getattr(case, f).clone() for f in _ROUTED_INPUTS})
+
+
+def _check_replays_follow(plan, out: torch.Tensor, bound: Case, runs) -> None:
+    """One capture of plan (bound to ``bound``'s inputs), replayed once per (label, case, tile,
+    bits) of runs with ``case``'s routed inputs written into the bound ones: each replay reports
+    ``tile`` (plan.last_tile()) and gives ``bits``, without a new plan."""
     plan.run()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         plan.run()
-    for n in (high, low, high):
-        for f in ("x", "x_sf", "topk_ids", "topk_weights"):
-            getattr(bound, f).copy_(getattr(cases[n], f))
+    for label, case, tile, bits in runs:
+        for f in _ROUTED_INPUTS:
+            getattr(bound, f).copy_(getattr(case, f))
         poison_(out)
         graph.replay()
         torch.cuda.synchronize()
-        assert plan.last_tile() == want[n][0]
-        assert torch.equal(out, want[n][1]), f"replay with {n} routes per expert: not the bits of {want[n][0]}"
+        assert plan.last_tile() == tile, label
+        assert torch.equal(out, bits), f"replay with {label} routes per expert: not the bits of {tile}"
 
 
 # h384_ep_k8 at T = 2048 (16384 routes: the several-CTA routing) binds wg128x4 and wg160x3. Per
@@ -356,6 +376,25 @@ def test_width_per_expert(layers, monkeypatch, n, want):
     torch.cuda.synchronize()
     assert one_plan.last_tile() == _decide.device_tile_choice([n] * geom.local, d.tile, d.alt_tile)
     assert torch.equal(one_out, forced), "CAKE_MOE_TILE_SPLIT=0 changed the bits"
+
+
+def test_width_per_expert_graph_replay(layers, monkeypatch):
+    """One captured plan follows new routes across the width per expert's listings (split, the
+    first form alone, the second alone): the words and lists the routing kernel writes, not the
+    plan, decide which pairs run."""
+    from cake_moe.mxfp4_moe import _decide
+    monkeypatch.delenv("CAKE_MOE_TILE_SPLIT", raising=False)
+    layer = layers("h384_ep_k8")
+    geom = layer.geom
+    t, counts = 2048, (260, 100, 150)
+    cases = _cases_with_local_counts(geom, t, counts, seed=70)
+    bound = _bindable(cases[counts[0]])
+    plan, out = layer.plan(bound)
+    d = plan.decision
+    listing = {n: _decide.device_tile_listing([n] * geom.local, d.tile, d.alt_tile) for n in counts}
+    assert sorted(listing.values()) == ["wg128x4", "wg128x4+wg160x3", "wg160x3"], listing
+    forced = {n: layer.run(cases[n], tile="wg160x3") for n in counts}
+    _check_replays_follow(plan, out, bound, [(n, cases[n], listing[n], forced[n]) for n in (*counts, counts[0])])
 
 
 @pytest.mark.parametrize("name,t,tile,ctas", [("tp8", 1, "n8_narrow", 37), ("ep8", 1, "n8_narrow", 100),
