@@ -89,12 +89,17 @@ else record bench-moe "FAILED (misc.log)"; fi
 if "$PY" ci/host_overhead.py --profile none >/tmp/host_overhead.log 2>&1; then record host-us "ok (misc.log)"
 else record host-us "FAILED (misc.log)"; fi
 cat /tmp/host_overhead.log >>"$OUT/misc.log"
+# host microseconds per MXFP4 MoE plan() and plan.run(), against a run's device time
+if "$PY" ci/host_overhead.py --moe ep8,tp8 --moe-tokens 1,4096 >/tmp/host_moe.log 2>&1; then record host-moe "ok (misc.log)"
+else record host-moe "FAILED (misc.log)"; fi
+cat /tmp/host_moe.log >>"$OUT/misc.log"
 
 echo; echo "== device =="; head -1 "$OUT/misc.log"
 echo "== benchmark (formats) =="; tail -n +3 /tmp/bench_formats.md 2>/dev/null
 echo "== benchmark (grouped GEMM) =="; tail -4 "$OUT/bench_gg.md" 2>/dev/null
 echo "== benchmark (MXFP4 MoE) =="; tail -n +3 "$OUT/bench_moe.md" 2>/dev/null
 echo "== host us per call (grouped GEMM) =="; tail -4 /tmp/host_overhead.log 2>/dev/null
+echo "== host us per call (MXFP4 MoE) =="; tail -n +2 /tmp/host_moe.log 2>/dev/null
 echo "== demo =="; cat /tmp/cake-demo.log
 echo "== summary =="
 for i in "${!NAMES[@]}"; do printf '%-10s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"; done

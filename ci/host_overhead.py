@@ -3,9 +3,12 @@ waits on it: what a caller's CPU pays per one-shot call, per prepared launch, an
 ``torch._grouped_mm`` call, and where the one-shot path spends it (cProfile).
 
     python ci/host_overhead.py [--tokens 4096] [--calls 200] [--profile fwd|dgrad|wgrad|none]
+    python ci/host_overhead.py --moe ep8,tp8 [--moe-tokens 1,4096]
 
 The problem is the demo's (H = 2048, I = 768, E = 16, w13): where a one-shot call's host time
-exceeds the kernel's device time, a loop of one-shot calls runs at the host's pace.
+exceeds the kernel's device time, a loop of one-shot calls runs at the host's pace. ``--moe``
+times the MXFP4 MoE layer at the contract geometry instead: the host time of one ``plan()`` and
+of one ``plan.run()`` (its launches, GPU busy) against the device time of a run.
 """
 import argparse
 import cProfile
@@ -32,12 +35,65 @@ def host_us(fn, calls: int) -> float:
     return t / calls * 1e6
 
 
+def device_us(fn, calls: int) -> float:
+    """Mean device microseconds per call of fn() over `calls` back-to-back calls (CUDA events)."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls * 1e3
+
+
+def moe(layouts: list[str], tokens: list[int], calls: int) -> None:
+    """The MXFP4 MoE layer: host us of plan() and of plan.run(), device us of a run."""
+    from cake_moe.bench import mxfp4_moe as bench
+    from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    print(f"MXFP4 MoE host us (GPU busy), {calls} calls each")
+    print(f"{'layout':6} {'T':>6} {'plan()':>9} {'run()':>8} {'device':>9}  tile  (plan(): GPU idle)")
+    for layout in layouts:
+        l, offset, i_shard = bench.layout_dims(layout)
+        bank = bench.random_bank(l, i_shard, gen)
+        prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+        del bank
+        beta, lbeta = bench.random_situ(l, gen)
+        runner = CakeMxfp4MoEWrapper(bench.E, bench.TOP_K, bench.H, bench.I, **bench.LAYOUTS[layout])
+        for t in tokens:
+            x, x_sf, ids, w = bench.random_inputs(t, l, offset, gen)
+            out = torch.empty(t, bench.H, dtype=torch.bfloat16, device="cuda")
+            ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
+
+            def plan():
+                return runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws, output=out)
+
+            bound = plan()
+            # plan() runs the layer once (its warm-up): timed with the GPU idle, a few calls
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(5):
+                plan()
+            plan_us = (time.perf_counter() - t0) / 5 * 1e6
+            torch.cuda.synchronize()
+            print(f"{layout:6} {t:6} {plan_us:9.1f} {host_us(bound.run, calls):8.1f} "
+                  f"{device_us(bound.run, calls):9.1f}  {bound.decision.tile}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--profile", default="fwd", choices=("fwd", "dgrad", "wgrad", "none"))
+    ap.add_argument("--moe", default="", help="comma list of MXFP4 MoE layouts (ep8, tp8): time those instead")
+    ap.add_argument("--moe-tokens", default="1,4096", help="comma list of token counts for --moe")
     args = ap.parse_args()
+    if args.moe:
+        # 50 runs of up to seven launches stay inside the launch queue while the GPU spins
+        moe(args.moe.split(","), [int(t) for t in args.moe_tokens.split(",")], min(args.calls, 50))
+        return
     x, w, gy, offs = demo._grouped_problem(args.tokens, "cuda")
     one_shot = {
         "fwd": lambda: cake_moe.grouped_gemm_fwd(x, w, offs),
