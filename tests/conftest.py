@@ -1,5 +1,6 @@
 """Shared test plumbing: the `gpu` marker skips without CUDA (and says so), NaN poisoning, the
-check that calls never make the host wait for the GPU, the seeds of the randomized sweeps."""
+check that calls never make the host wait for the GPU, the seeds of the randomized sweeps, and
+the family-B layers fixture (built once per test module)."""
 from __future__ import annotations
 
 import contextlib
@@ -28,6 +29,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def layers():
+    """Family-B layers by name (mxfp4_moe_cases CONTRACT or GENERAL), built once per module: a
+    contract bank is 3.7 GB of codes plus its prepared copy."""
+    from .mxfp4_moe_cases import named_layer
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = named_layer(name)
+        return cache[name]
+
+    yield get
+    cache.clear()
+    torch.cuda.empty_cache()
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:

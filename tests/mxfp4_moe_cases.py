@@ -1,5 +1,6 @@
 """Test data for family B (MXFP4 x MXFP8 SiTU routed MoE, SPEC §7): geometries, random weight
-banks, activations, routing regimes and the FP64 reference call.
+banks, activations, routing regimes and the FP64 reference call; and the checks the GPU test
+modules share (an output against the reference, the routing kernel's tables in a workspace).
 
 Weights are drawn directly as MXFP4 codes (uniform random nibbles, UE8M0 scale codes 118..124,
 that is 2^-9 .. 2^-3, near the codes of real checkpoints): no FP32 bank is ever materialised, so
@@ -18,6 +19,7 @@ import torch
 from cake_moe.bench.mxfp4_moe import random_bank, random_situ
 from cake_moe.reference import formats as fmt
 from cake_moe.reference import moe as ref
+from cake_moe.reference.grouped_gemm import rel_rms
 
 # Ids that must never be dereferenced. The packed route form keeps the id in 16 bits, so
 # packable_bad_ids fit a signed 16-bit field; EXTREME_BAD_IDS only exist in the unpacked form.
@@ -357,3 +359,53 @@ def lookahead_case(layer: Layer, regime: str, t: int, tile: str | None, packed: 
     """One LOOKAHEAD_CASES row: the case and the layer's output."""
     case = few_routes_case(layer.geom, regime, t, packed)
     return case, layer.run(case, tile=tile)
+
+
+# --- checks shared by the GPU test modules -----------------------------------------------------
+
+# Kernel and reference round the same FP32/FP64 values at the same points (MXFP8 intermediate,
+# BF16 route rows, BF16 output); they differ only by rare rounding flips (~5e-4 relative RMS).
+# A 2% perturbation gives ~2e-2: every comparison also asserts that it fails the budget.
+BUDGET = 5e-3
+
+
+def route_ids(case: Case) -> torch.Tensor:
+    """The expert id of every route slot, from either route form."""
+    return case.topk_ids >> 16 if case.topk_weights is None else case.topk_ids
+
+
+def check_output(case: Case, got: torch.Tensor, want: torch.Tensor) -> None:
+    """Every element written, tokens without a local route exactly +0, the rest within BUDGET
+    of the reference, and the budget live (a 2% RMS perturbation of the output fails it)."""
+    assert not got.isnan().any(), "an output element was not written (still NaN)"
+    idle = (local_routes(case.geom, route_ids(case)) < 0).all(dim=1)
+    assert not got[idle].view(torch.int16).any(), "a token without a local route is not exactly zero"
+    err = rel_rms(got, want)
+    assert err < BUDGET, f"relative RMS {err:.2e} over budget {BUDGET:.0e}"
+    g = torch.Generator(device=got.device).manual_seed(0)
+    noise = torch.randn(got.shape, generator=g, device=got.device) * 0.02 * got.float().square().mean().sqrt()
+    assert rel_rms((got.float() + noise).to(torch.bfloat16), want) > BUDGET, "the budget does not catch 2%"
+
+
+SPLIT_FLAGS_AT = 4  # moe::kSplitFlagsAt: the split flags' first int32 in the tile list's header
+TILE_CHOICE_AT = 2  # moe::kTileChoiceAt: the GEMM pair the routing kernel chose (0: the first)
+
+
+def routing_tables(ws: torch.Tensor, geom: Geometry, t: int) -> dict[str, torch.Tensor]:
+    """The routing kernel's outputs in a plan's workspace: its first five segments (offsets,
+    row_token, route_row, tile list, tile_done) and its last (the second tile list of the width
+    per expert; mxfp4_moe._wrapper._workspace_segments)."""
+    from cake_moe.mxfp4_moe._wrapper import _TILE_HEADER_INTS, _workspace_segments
+    sizes = _workspace_segments(t, geom.hidden, geom.i_shard, geom.local, geom.top_k)
+    starts = [sum((n + 255) // 256 * 256 for n in sizes[:i]) for i in range(len(sizes))]
+    seg = [ws[starts[i]:starts[i] + sizes[i]].view(torch.int32).cpu() for i in (0, 1, 2, 3, 4, len(sizes) - 1)]
+
+    def tile_list(words: torch.Tensor) -> tuple[int, torch.Tensor]:
+        count = int(words[0])
+        return count, words[_TILE_HEADER_INTS:_TILE_HEADER_INTS + 2 * count].view(-1, 2)
+
+    count, tiles = tile_list(seg[3])
+    alt_count, alt_tiles = tile_list(seg[5])
+    return {"offsets": seg[0], "row_token": seg[1], "route_row": seg[2], "tile_count": count, "tiles": tiles,
+            "header": seg[3][1:_TILE_HEADER_INTS], "tile_done": seg[4][:count],
+            "alt_tile_count": alt_count, "alt_tiles": alt_tiles, "alt_header": seg[5][1:_TILE_HEADER_INTS]}
