@@ -42,16 +42,11 @@ def phase(name: str, fn, flops: float, seconds: float, marks: list) -> None:
 def moe_layer(layout: str, t: int):
     """One family-B plan on the benchmark's random weights and inputs, and its routed FLOPs."""
     from cake_moe.bench import mxfp4_moe as m
-    from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
     gen = torch.Generator(device="cuda").manual_seed(0)
-    l, offset, i_shard = m.layout_dims(layout)
-    bank = m.random_bank(l, i_shard, gen)
-    prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
-    del bank
-    beta, lbeta = m.random_situ(l, gen)
-    runner = CakeMxfp4MoEWrapper(m.E, m.TOP_K, m.H, m.I, **m.LAYOUTS[layout])
-    plans, _, _, _, routes = m._bind(t, runner, prepared, (None, None), beta, lbeta, gen, l, offset)
-    return plans[0].run, 2.0 * routes * m.H * 3 * i_shard
+    r = m.rank_layer(layout, gen)
+    plans, _, _, _, routes = m._bind(t, r.runner, r.prepared, (None, None), r.beta, r.linear_beta, gen, r.local,
+                                     r.offset)
+    return plans[0].run, 2.0 * routes * m.H * 3 * r.i_shard
 
 
 def main() -> None:

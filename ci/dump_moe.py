@@ -15,7 +15,6 @@ if sys.argv[1] == "--compare":
     sys.exit(0)
 
 from cake_moe.bench import mxfp4_moe as b
-from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
 
 # (T, forced tile form or None for the decision table's): the table's rows, and the decode and
 # mid mma.sync forms (K split over warps) forced at a few T
@@ -24,13 +23,9 @@ CASES = {"ep8": [(t, None) for t in (1, 4, 16, 64, 1024, 4096)] + FORCED,
          "tp8": [(t, None) for t in (1, 4, 16, 64, 1024, 2048, 4096)] + FORCED}
 res = {}
 for layout, cases in CASES.items():
-    l, offset, i_shard = b.layout_dims(layout)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    bank = b.random_bank(l, i_shard, gen)
-    prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
-    del bank
-    beta, lbeta = b.random_situ(l, gen)
-    runner = CakeMxfp4MoEWrapper(b.E, b.TOP_K, b.H, b.I, **b.LAYOUTS[layout])
+    r = b.rank_layer(layout, gen)
+    l, offset, runner, prepared, beta, lbeta = r.local, r.offset, r.runner, r.prepared, r.beta, r.linear_beta
     for t, tile in cases:
         x, x_sf, ids, w = b.random_inputs(t, l, offset, gen)
         out = torch.full((t, b.H), float("nan"), dtype=torch.bfloat16, device="cuda")

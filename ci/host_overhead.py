@@ -51,19 +51,14 @@ def device_us(fn, calls: int) -> float:
 def moe(layouts: list[str], tokens: list[int], calls: int) -> None:
     """The MXFP4 MoE layer: host us of plan() and of plan.run(), device us of a run."""
     from cake_moe.bench import mxfp4_moe as bench
-    from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"MXFP4 MoE host us (GPU busy), {calls} calls each")
     print(f"{'layout':6} {'T':>6} {'plan()':>9} {'run()':>8} {'device':>9}  tile  (plan(): GPU idle)")
     for layout in layouts:
-        l, offset, i_shard = bench.layout_dims(layout)
-        bank = bench.random_bank(l, i_shard, gen)
-        prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
-        del bank
-        beta, lbeta = bench.random_situ(l, gen)
-        runner = CakeMxfp4MoEWrapper(bench.E, bench.TOP_K, bench.H, bench.I, **bench.LAYOUTS[layout])
+        r = bench.rank_layer(layout, gen)
+        runner, prepared, beta, lbeta = r.runner, r.prepared, r.beta, r.linear_beta
         for t in tokens:
-            x, x_sf, ids, w = bench.random_inputs(t, l, offset, gen)
+            x, x_sf, ids, w = bench.random_inputs(t, r.local, r.offset, gen)
             out = torch.empty(t, bench.H, dtype=torch.bfloat16, device="cuda")
             ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
 

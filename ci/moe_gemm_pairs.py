@@ -31,7 +31,7 @@ import torch
 
 from cake_moe.bench import mxfp4_moe as bench
 from cake_moe.bench import timing
-from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, _decide, prepare_cake_mxfp4_weights
+from cake_moe.mxfp4_moe import _decide
 
 
 def _routed_experts(ids: torch.Tensor, offset: int, l: int) -> int:
@@ -57,12 +57,9 @@ def main() -> None:
     pairs += [("tile", tile) for tile in args.tiles.split(",") if tile]
     copy_bw = timing.copy_bandwidth(1 << 30)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    l, offset, i_shard = bench.layout_dims(args.layout)
-    bank = bench.random_bank(l, i_shard, gen)
-    prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
-    del bank
-    beta, lbeta = bench.random_situ(l, gen)
-    runner = CakeMxfp4MoEWrapper(bench.E, bench.TOP_K, bench.H, bench.I, **bench.LAYOUTS[args.layout])
+    r = bench.rank_layer(args.layout, gen)
+    l, offset, i_shard = r.local, r.offset, r.i_shard
+    runner, prepared, beta, lbeta = r.runner, r.prepared, r.beta, r.linear_beta
     table_tiles = _decide.gemm_tiles
     print(f"copy {copy_bw / 1e12:.2f} TB/s", flush=True)
     for t in args.tokens:

@@ -50,20 +50,13 @@ def family_c(gen: torch.Generator) -> list[dict]:
 
 
 def family_b(gen: torch.Generator) -> list[dict]:
-    from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
     rows = []
     for layout in b.LAYOUTS:
-        l, offset, i_shard = b.layout_dims(layout)
-        bank = b.random_bank(l, i_shard, gen)
-        prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
-        bank16 = (b.dequantize_bf16(bank["w1"], bank["w1_scale"]), b.dequantize_bf16(bank["w2"], bank["w2_scale"]))
-        del bank
-        beta, lbeta = b.random_situ(l, gen)
-        runner = CakeMxfp4MoEWrapper(b.E, b.TOP_K, b.H, b.I, **b.LAYOUTS[layout])
-        plans, naive, *_ = b._bind(1, runner, prepared, bank16, beta, lbeta, gen, l, offset)
+        r = b.rank_layer(layout, gen, with_bf16=True)
+        plans, naive, *_ = b._bind(1, r.runner, r.prepared, r.bank16, r.beta, r.linear_beta, gen, r.local, r.offset)
         for who, fns in (("ours", [p.run for p in plans]), ("naive", naive)):
             rows.append({"geometry": f"family B {layout}", "who": who, "T": 1, **three_ways(b._cycle(fns), 1)})
-        del prepared, bank16, plans, naive
+        del r, plans, naive
         torch.cuda.empty_cache()
     return rows
 

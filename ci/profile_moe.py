@@ -18,7 +18,6 @@ import argparse
 import torch
 
 from cake_moe.bench import mxfp4_moe as b
-from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
 
 
 def cuda_events(plan, runs: int) -> list:
@@ -125,13 +124,9 @@ def main() -> None:
         from cake_moe.mxfp4_moe import _decide
         forced = tuple(args.gemm_tiles.split(","))
         _decide.gemm_tiles = lambda tile, hidden, inter: forced
-    l, offset, i_shard = b.layout_dims(args.layout)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    bank = b.random_bank(l, i_shard, gen)
-    prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
-    del bank
-    beta, lbeta = b.random_situ(l, gen)
-    runner = CakeMxfp4MoEWrapper(b.E, b.TOP_K, b.H, b.I, **b.LAYOUTS[args.layout])
+    r = b.rank_layer(args.layout, gen)
+    l, offset, runner, prepared, beta, lbeta = r.local, r.offset, r.runner, r.prepared, r.beta, r.linear_beta
     if args.local_experts is not None:
         scan_local_experts(args, runner, prepared, beta, lbeta, gen, l, offset)
         return

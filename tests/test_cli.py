@@ -127,3 +127,32 @@ def test_mxfp4_moe_plot(tmp_path):
         r.update(gpu="NVIDIA H200", date="2026-12-01")
     path = tmp_path / "grid.png"
     assert bench_moe.plot(rows, str(path)) and path.stat().st_size > 10_000
+
+
+def test_rank_layer_draws_the_bank_then_the_situ_parameters(monkeypatch):
+    """bench.rank_layer, which every timing tool starts from: random_bank then random_situ from
+    one generator (the same seed draws the same layer in every tool), the bank prepared and,
+    on request, dequantized to BF16 for the naive layer; the wrapper of the layout (here a small
+    geometry on the CPU)."""
+    from cake_moe.mxfp4_moe import prepare_cake_mxfp4_weights
+    small = {"E": 8, "TOP_K": 2, "H": 256, "I": 256,
+             "LAYOUTS": {"ep": {"num_local_experts": 2, "local_expert_offset": 4}, "tp": {"intermediate_shard": 128}}}
+    for name, value in small.items():
+        monkeypatch.setattr(bench_moe, name, value)
+    for layout, (l, offset, i_shard) in {"ep": (2, 4, 256), "tp": (8, 0, 128)}.items():
+        got = bench_moe.rank_layer(layout, torch.Generator().manual_seed(3), with_bf16=True)
+        gen = torch.Generator().manual_seed(3)
+        bank = bench_moe.random_bank(l, i_shard, gen, h=256)
+        beta, linear_beta = bench_moe.random_situ(l, gen)
+        assert (got.local, got.offset, got.i_shard) == (l, offset, i_shard)
+        assert torch.equal(got.beta, beta) and torch.equal(got.linear_beta, linear_beta)
+        want = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+        assert got.prepared.keys() == want.keys()
+        for key, value in want.items():
+            assert torch.equal(got.prepared[key], value) if isinstance(value, torch.Tensor) else got.prepared[key] == value, key
+        assert torch.equal(got.bank16[0], bench_moe.dequantize_bf16(bank["w1"], bank["w1_scale"]))
+        assert torch.equal(got.bank16[1], bench_moe.dequantize_bf16(bank["w2"], bank["w2_scale"]))
+        r = got.runner
+        assert (r.num_experts, r.top_k, r.hidden_size, r.num_local_experts, r.intermediate_shard) == (8, 2, 256, l, i_shard)
+        assert r.device.type == "cpu"
+    assert bench_moe.rank_layer("ep", torch.Generator().manual_seed(3)).bank16 is None

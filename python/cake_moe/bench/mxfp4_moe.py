@@ -123,6 +123,35 @@ def random_situ(l: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tenso
     return beta, 20.0 + 10.0 * torch.rand(l, device=gen.device, generator=gen)
 
 
+@dataclasses.dataclass
+class RankLayer:
+    """One rank of a contract layout on the benchmark's random weights (rank_layer)."""
+    local: int                 # local experts
+    offset: int                # first local expert id
+    i_shard: int               # intermediate shard
+    runner: object             # CakeMxfp4MoEWrapper of the layout, on the generator's device
+    prepared: object           # prepare_cake_mxfp4_weights of the bank
+    beta: torch.Tensor         # per local expert SiTU beta, linear_beta (random_situ)
+    linear_beta: torch.Tensor
+    bank16: tuple | None       # (w13, w2) dequantized to BF16 for naive_layer, or None
+
+
+def rank_layer(layout: str, gen: torch.Generator, *, with_bf16: bool = False) -> RankLayer:
+    """The benchmark's layer of one rank: random_bank, then random_situ, drawn from ``gen`` in
+    that order (so every tool that starts from the same seed times the same layer), prepared,
+    and its wrapper; ``with_bf16`` keeps the bank dequantized to BF16 for the naive layer."""
+    from ..mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
+    l, offset, i_shard = layout_dims(layout)
+    bank = random_bank(l, i_shard, gen, h=H)
+    prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+    bank16 = ((dequantize_bf16(bank["w1"], bank["w1_scale"]), dequantize_bf16(bank["w2"], bank["w2_scale"]))
+              if with_bf16 else None)
+    del bank
+    beta, linear_beta = random_situ(l, gen)
+    runner = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS[layout], device=gen.device)
+    return RankLayer(l, offset, i_shard, runner, prepared, beta, linear_beta, bank16)
+
+
 def _time(fn, t: int, calls: int) -> float:
     if t <= GRAPH_MAX_T:
         return timing.time_graph(fn, calls=calls, reps=20)
@@ -219,18 +248,13 @@ def _row(layout: str, t: int, runner, prepared, bank16, beta, lbeta, gen, copy_b
 def run(tokens=TOKENS, layouts=tuple(LAYOUTS), tiles: tuple[str, ...] = ()) -> list[dict]:
     """The grid; ``tiles``: variants also timed (forced) beside the decision table's own choice
     (see ``_variant``), on the same inputs as the table's row."""
-    from ..mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
     copy_bw = timing.copy_bandwidth(1 << 30)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for layout in layouts:
-        l, _, i_shard = layout_dims(layout)
-        bank = random_bank(l, i_shard, gen)
-        prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
-        bank16 = (dequantize_bf16(bank["w1"], bank["w1_scale"]), dequantize_bf16(bank["w2"], bank["w2_scale"]))
-        del bank
-        beta, lbeta = random_situ(l, gen)
-        runner = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS[layout])
+        rank = rank_layer(layout, gen, with_bf16=True)
+        runner, prepared, bank16, beta, lbeta = rank.runner, rank.prepared, rank.bank16, rank.beta, rank.linear_beta
+        del rank
         for t in tokens:
             inputs = gen.get_state()  # every variant of a row runs on the same routings and activations
             for tile in (None, *(x for x in tiles if not _same_as_table(runner, t, x))):
