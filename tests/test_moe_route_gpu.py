@@ -112,9 +112,13 @@ def _check_replays_follow(plan, out: torch.Tensor, bound: Case, runs) -> None:
 
 # h384_ep_k8 at T = 2048 (16384 routes: the several-CTA routing) binds wg128x4 and wg160x3. Per
 # local expert 260 routes = 160 + 100 (split: 1.3 + 1.0 against 2 x 1.3 and 3 x 1.0), 100 (one
-# 128-row tile) and 150 (one 160-row tile).
-@pytest.mark.parametrize("n,want", [(260, "wg128x4+wg160x3"), (100, "wg128x4"), (150, "wg160x3")])
-def test_width_per_expert(layers, monkeypatch, n, want):
+# 128-row tile) and 150 (one 160-row tile). ep8 at T = 8192 binds the two the other way round
+# (wg160x3 first): the narrower form's list is then the second one.
+@pytest.mark.parametrize("name,t,n,want", [("h384_ep_k8", 2048, 260, "wg128x4+wg160x3"),
+                                           ("h384_ep_k8", 2048, 100, "wg128x4"),
+                                           ("h384_ep_k8", 2048, 150, "wg160x3"),
+                                           ("ep8", 8192, 260, "wg160x3+wg128x4")])
+def test_width_per_expert(layers, monkeypatch, name, t, n, want):
     """The width per expert (on by default): the routing kernel lists each expert's full 160-row
     tiles for wg160x3 and its last tile of <= 128 rows for wg128x4, or one form's tiles alone, by
     the rule _decide.device_tile_listing mirrors, and each listing gives the bits of wg160x3
@@ -123,9 +127,8 @@ def test_width_per_expert(layers, monkeypatch, n, want):
     from cake_moe.mxfp4_moe import _decide
     from cake_moe.mxfp4_moe._wrapper import split_width
     monkeypatch.delenv("CAKE_MOE_TILE_SPLIT", raising=False)
-    layer = layers("h384_ep_k8")
+    layer = layers(name)
     geom = layer.geom
-    t = 2048
     case = _case_with_local_counts(geom, t, n, seed=60 + n)
     forced = layer.run(case, tile="wg160x3")
     check_output(case, forced, reference(case, layer.bank))
@@ -133,7 +136,8 @@ def test_width_per_expert(layers, monkeypatch, n, want):
     ws.fill_(0xA5)
     plan, out = layer.plan(case, workspace=ws)
     d = plan.decision
-    assert (d.tile, d.alt_tile) == ("wg128x4", "wg160x3"), d
+    assert {d.tile, d.alt_tile} == {"wg128x4", "wg160x3"}, d
+    assert "+" not in want or want == f"{d.tile}+{d.alt_tile}", d  # plan.last_tile() names the table's first
     assert split_width(d, t, geom.top_k)
     assert _decide.device_tile_listing([n] * geom.local, d.tile, d.alt_tile) == want
     for _ in range(2):  # the second run: the lists and words of the first are rewritten
