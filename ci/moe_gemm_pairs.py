@@ -17,9 +17,10 @@ use the benchmark's inputs and weights (`cake_moe.bench.mxfp4_moe`), eight routi
 (`--rotations`), timed as the benchmark times its rows (one CUDA graph up to T = 1024, eager
 launches beyond; `--graph`: one graph at every T, whose rounds spread less; past T = 1024 a
 graph of 8 calls replayed 5 times per round), and report time, the fraction of the copy
-bandwidth measured in the same run, and the relative difference to the table's plan (different
+bandwidth measured in the same run, the relative difference to the table's plan (different
 K splits sum in another order: a few 1e-3 at most, much more means a broken pair; the sm_90a
-wgmma forms give the same bits).
+wgmma forms give the same bits), and the tile forms the routings ran (``plan.last_tile()``:
+one of a decision's two forms, or both, the width per expert).
 """
 from __future__ import annotations
 
@@ -66,22 +67,22 @@ def main() -> None:
         inputs = [bench.random_inputs(t, l, offset, gen) for _ in range(args.rotations)]
         experts = statistics.mean(_routed_experts(ids, offset, l) for _, _, ids, _ in inputs)
         nbytes = experts * bench.expert_bytes(i_shard)
-        calls, outs = {}, {}
+        calls, outs, bound = {}, {}, {}
         for pair in [("table", "")] + pairs:
             _decide.gemm_tiles = table_tiles if pair[0] in ("table", "tile") else (lambda *_a, p=pair: p)
             env = dict(kv.split("=", 1) for kv in pair[1].split(",")) if pair[0] == "table" and pair[1] else {}
             saved = {name: os.environ.get(name) for name in env}
             os.environ.update(env)
-            plans, outs[pair] = [], []
+            bound[pair], outs[pair] = [], []
             for x, x_sf, ids, w in inputs:
                 out = torch.full((t, bench.H), float("nan"), dtype=torch.bfloat16, device="cuda")
                 ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
                 # a forced pair binds no second form: it is planned at the table's tile, forced
                 tile = pair[1] if pair[0] == "tile" else None if pair[0] == "table" else runner.decide(t).tile
-                plans.append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws,
-                                         output=out, tile=tile).run)
+                bound[pair].append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta,
+                                               workspace=ws, output=out, tile=tile))
                 outs[pair].append(out)
-            calls[pair] = bench._cycle(plans)
+            calls[pair] = bench._cycle([plan.run for plan in bound[pair]])
             for name, value in saved.items():
                 if value is None:
                     del os.environ[name]
@@ -111,7 +112,8 @@ def main() -> None:
             name = (f"table {table}" + (f" {pair[1]}" if pair[1] else "") if pair[0] == "table" else
                     f"tile {pair[1]}" if pair[0] == "tile" else "/".join(pair))
             print(f"{args.layout} T={t:3} {name:28} {ms * 1e3:8.1f} us  {nbytes / (ms * 1e-3) / copy_bw:.4f} of copy"
-                  f"  rounds {' '.join(f'{x * 1e3:.1f}' for x in ts)}  diff {diff:.2e}", flush=True)
+                  f"  rounds {' '.join(f'{x * 1e3:.1f}' for x in ts)}  diff {diff:.2e}"
+                  f"  ran {','.join(sorted({plan.last_tile() for plan in bound[pair]}))}", flush=True)
 
 
 if __name__ == "__main__":
