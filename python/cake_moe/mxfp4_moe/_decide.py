@@ -212,13 +212,16 @@ def tile_cost_milli(tile: str) -> int:
     return round(1000 * SM90_TILE_COST[tile])
 
 
+def _listing_cost(counts, form: str) -> int:
+    """The routing kernel's cost of every tile in one form: sum of ceil(count / BN) x cost."""
+    bn = BLOCK_N_OF[form]
+    return sum(-(-int(c) // bn) for c in counts) * tile_cost_milli(form)
+
+
 def device_tile_choice(counts, tile: str, alt_tile: str) -> str:
     """The form the routing kernel picks from a call's route count per local expert: ``alt_tile``
     where its tiles cost less in total (sum of ceil(count / BN) x cost per tile), else ``tile``."""
-    def cost(form: str) -> int:
-        bn = BLOCK_N_OF[form]
-        return sum(-(-int(c) // bn) for c in counts) * tile_cost_milli(form)
-    return alt_tile if cost(alt_tile) < cost(tile) else tile
+    return alt_tile if _listing_cost(counts, alt_tile) < _listing_cost(counts, tile) else tile
 
 
 SPLIT_GAIN_PCT = 2  # moe::kSplitGainPct: the split's second kernel pair costs a boundary and a tail
@@ -238,11 +241,10 @@ def device_tile_listing(counts, tile: str, alt_tile: str) -> str:
         wide_tiles += full + (1 if rest > bn else 0)
         narrow_tiles += 1 if 0 < rest <= bn else 0
     split = wide_tiles * tile_cost_milli(wide) + narrow_tiles * tile_cost_milli(narrow)
-    single = min(sum(-(-int(c) // BLOCK_N_OF[f]) for c in counts) * tile_cost_milli(f) for f in (tile, alt_tile))
+    single = min(_listing_cost(counts, tile), _listing_cost(counts, alt_tile))
     if split * 100 < single * (100 - SPLIT_GAIN_PCT):
         return f"{tile}+{alt_tile}"
     return device_tile_choice(counts, tile, alt_tile)
-
 
 
 def _sm90_form(load: float, inter: int) -> tuple[str, int, str, str]:
