@@ -35,22 +35,10 @@ def host_us(fn, calls: int) -> float:
     return t / calls * 1e6
 
 
-def device_us(fn, calls: int) -> float:
-    """Mean device microseconds per call of fn() over `calls` back-to-back calls (CUDA events)."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls * 1e3
-
-
 def moe(layouts: list[str], tokens: list[int], calls: int) -> None:
     """The MXFP4 MoE layer: host us of plan() and of plan.run(), device us of a run."""
     from cake_moe.bench import mxfp4_moe as bench
+    from cake_moe.bench import timing
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"MXFP4 MoE host us (GPU busy), {calls} calls each")
     print(f"{'layout':6} {'T':>6} {'plan()':>9} {'run()':>8} {'device':>9}  tile  (plan(): GPU idle)")
@@ -74,7 +62,7 @@ def moe(layouts: list[str], tokens: list[int], calls: int) -> None:
             plan_us = (time.perf_counter() - t0) / 5 * 1e6
             torch.cuda.synchronize()
             print(f"{layout:6} {t:6} {plan_us:9.1f} {host_us(bound.run, calls):8.1f} "
-                  f"{device_us(bound.run, calls):9.1f}  {bound.decision.tile}", flush=True)
+                  f"{timing.time_cuda(bound.run, warmup=1, iters=calls, reps=3) * 1e3:9.1f}  {bound.decision.tile}", flush=True)
 
 
 def main() -> None:
