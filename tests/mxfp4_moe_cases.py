@@ -323,7 +323,7 @@ class Layer:
         return plan, out
 
     def run(self, case: Case, **kw) -> torch.Tensor:
-        """One plan + run into a NaN-poisoned output (poisoned after plan(), which may warm up)."""
+        """One plan + run into a NaN-poisoned output."""
         plan, out = self.plan(case, **kw)
         out.fill_(float("nan"))
         plan.run()

@@ -138,7 +138,7 @@ def test_width_per_expert(layers, monkeypatch, name, t, n, want):
     d = plan.decision
     assert {d.tile, d.alt_tile} == {"wg128x4", "wg160x3"}, d
     assert "+" not in want or want == f"{d.tile}+{d.alt_tile}", d  # plan.last_tile() names the table's first
-    assert split_width(d, t, geom.top_k)
+    assert split_width(d, t, geom.top_k) and plan._plan.split_width, "the mirror and the host must agree"
     assert _decide.device_tile_listing([n] * geom.local, d.tile, d.alt_tile) == want
     for _ in range(2):  # the second run: the lists and words of the first are rewritten
         poison_(out)
@@ -149,7 +149,7 @@ def test_width_per_expert(layers, monkeypatch, name, t, n, want):
         _check_tile_lists(routing_tables(ws, geom, t), [n] * geom.local, d, split=True)
     monkeypatch.setenv("CAKE_MOE_TILE_SPLIT", "0")
     one_plan, one_out = layer.plan(case)
-    assert not split_width(d, t, geom.top_k)
+    assert not split_width(d, t, geom.top_k) and not one_plan._plan.split_width
     poison_(one_out)
     one_plan.run()
     torch.cuda.synchronize()
@@ -258,7 +258,9 @@ def test_routing_bookkeeping(layers, name, regime, t, tile, packed):
     # the tile lists: one form's, one of two prefill forms chosen from the counts, or the width
     # per expert's two lists
     from cake_moe.mxfp4_moe._wrapper import split_width
-    _check_tile_lists(got, counts.tolist(), plan.decision, split_width(plan.decision, t, geom.top_k))
+    split = split_width(plan.decision, t, geom.top_k)
+    assert plan._plan.split_width == split, "the Python mirror of the host's width-per-expert rule disagrees"
+    _check_tile_lists(got, counts.tolist(), plan.decision, split)
     flags = got["header"][SPLIT_FLAGS_AT - 1:]  # zeroed by the routing kernel; a K-halved unit's: two claims + published
     assert bool(((flags == 0) | (flags == 2 + (1 << 16))).all()), flags[flags != 0]
     done = got["tile_done"]  # zeroed by the routing kernel; with the tile sync every GEMM1 CTA then counts in

@@ -725,6 +725,7 @@ def test_plan_refused_during_capture(monkeypatch):
 
 class _FakeBound:
     forms = "moe_route,fmt_mxfp8_dequantize,mxfp4_moe_gemm1_n8,mxfp4_moe_gemm2_n8,moe_finalize"
+    split_width = False
 
     def __init__(self):
         self.streams = []
@@ -776,8 +777,8 @@ def test_plan_binding_call(fake_ext, packed, kind):
                           gemm1_tile="n8_shortk", gemm2_tile="n8_shortk",   # H = 256, I = 128: both K short
                           tile_sync=False)                                  # 5 * 2 / 8 = 1.25 routes per expert
     assert isinstance(plan, Mxfp4MoEPlan)
-    assert plan._plan.streams == [1234], "plan() runs one warm-up on the current stream"
-    assert plan.run() is a["output"] and plan._plan.streams == [1234, 1234]
+    assert plan._plan.streams == [], "plan() enqueues nothing"
+    assert plan.run() is a["output"] and plan._plan.streams == [1234]
     assert plan.num_tokens == 5 and plan.decision.block_n == 8 and "gemm1_n8" in plan.forms
     assert any(t is a["workspace"] for t in plan._keep) and any(t is a["w2"] for t in plan._keep)
 

@@ -452,6 +452,43 @@ def test_graph_replay_follows_new_values(layers, name, t):
     check_output(new, out, reference(new, layer.bank))
 
 
+# (layer, T): one pair of forms; two pairs and the several-CTA routing (16384 routes)
+_FIRST_CAPTURE_CASES = [("h512_e40_k5", 17), ("h384_ep_k8", 2048)]
+
+
+def test_plan_runs_nothing_and_a_capture_may_come_first(layers):
+    """plan() binds and loads every kernel into the context but enqueues nothing (its output
+    stays poisoned), so a fresh process may capture the plan's very first run() under lazy
+    module loading, and the replay gives an eager run's bits."""
+    code = (
+        "import sys, hashlib, torch; sys.path.insert(0, sys.argv[1]);"
+        "from mxfp4_moe_cases import make_case, named_layer;"
+        "from conftest import poison_\n"
+        f"for name, t in {_FIRST_CAPTURE_CASES!r}:\n"
+        "    layer = named_layer(name); case = make_case(layer.geom, t, 'zipf', seed=31)\n"
+        "    out = poison_(torch.empty(case.x.shape, dtype=torch.bfloat16, device='cuda'))\n"
+        "    plan, _ = layer.plan(case, output=out); torch.cuda.synchronize()\n"
+        "    untouched = bool(out.isnan().all())\n"
+        "    g = torch.cuda.CUDAGraph()\n"
+        "    with torch.cuda.graph(g):\n"
+        "        plan.run()\n"
+        "    g.replay(); torch.cuda.synchronize()\n"
+        "    print(name, t, untouched, len(plan.decision.forms),"
+        " hashlib.sha256(out.view(torch.uint8).cpu().numpy().tobytes()).hexdigest())")
+    env = dict(os.environ, CUDA_MODULE_LOADING="LAZY")
+    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.strip().splitlines()[-len(_FIRST_CAPTURE_CASES):]]
+    assert [(r[0], int(r[1])) for r in rows] == _FIRST_CAPTURE_CASES
+    assert [r[2] for r in rows] == ["True"] * len(rows), "plan() wrote the output (it ran the layer)"
+    assert rows[-1][3] == "7", "the last case must bind two pairs of forms"
+    for (name, t), row in zip(_FIRST_CAPTURE_CASES, rows):
+        layer = layers(name)
+        want = _digest(layer.run(make_case(layer.geom, t, "zipf", seed=31)))
+        assert row[4] == want, f"{name} T={t}: a first run captured in a graph gave other bits"
+
+
 @pytest.mark.parametrize("backend,mode", [("aot_eager", None), ("inductor", "reduce-overhead")])
 def test_compiled_run_gives_the_eager_bits(layers, backend, mode):
     """plan.run() inside torch.compile(fullgraph=True) is the op cake_moe::mxfp4_moe_run: the

@@ -15,7 +15,8 @@ void bind_mxfp4_moe(nb::module_& m) {
   using mxfp4_moe::Plan;
   nb::class_<Plan>(m, "Mxfp4MoePlan")
       .def("run", [](const Plan& self, std::uintptr_t stream) { self.run(stream); }, nb::arg("stream"))
-      .def_prop_ro("forms", [](const Plan& self) { return self.forms(); });
+      .def_prop_ro("forms", [](const Plan& self) { return self.forms(); })
+      .def_prop_ro("split_width", [](const Plan& self) { return self.split_width(); });
 
   m.def("mxfp4_moe_workspace_bytes", &mxfp4_moe::workspace_bytes, nb::arg("num_tokens"), nb::arg("hidden"),
         nb::arg("inter"), nb::arg("num_local"), nb::arg("top_k"));

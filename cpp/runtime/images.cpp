@@ -2,6 +2,7 @@
 
 #include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "runtime/driver.hpp"
@@ -13,7 +14,7 @@ namespace {
 
 std::mutex g_mu;
 std::map<std::pair<std::string, std::string>, CUlibrary> g_libraries;   // (form, arch)
-std::unordered_map<std::string, CUkernel> g_kernels;                      // "form/arch/name"
+std::unordered_map<std::string, CUkernel> g_kernels;                      // "form/arch/name@device"
 std::unordered_map<int, std::string> g_device_arch;
 
 std::string arch_of(int device) {
@@ -69,7 +70,7 @@ CUlibrary load_verified(const std::string& form, const std::string& arch, const 
 CUkernel get_kernel(const std::string& form, const char* name, int device) {
   std::lock_guard<std::mutex> lock(g_mu);
   std::string arch = arch_of(device);
-  std::string key = form + "/" + arch + "/" + name;
+  std::string key = form + "/" + arch + "/" + name + "@" + std::to_string(device);
   auto it = g_kernels.find(key);
   if (it != g_kernels.end()) return it->second;
   auto built = built_arches();
@@ -87,6 +88,13 @@ CUkernel get_kernel(const std::string& form, const char* name, int device) {
   }
   CUkernel k = nullptr;
   check(driver().LibraryGetKernel(&k, lib, name), std::string("cuLibraryGetKernel(") + name + ")");
+  // Load the kernel into the device's context now, not at its first launch: under lazy loading
+  // (the default) that launch may be the one a CUDA graph captures, and a plan needs no warm-up run.
+  {
+    ScopedDevice scope(device);
+    CUfunction fn = nullptr;
+    check(driver().KernelGetFunction(&fn, k), std::string("cuKernelGetFunction(") + name + ")");
+  }
   g_kernels.emplace(key, k);
   return k;
 }

@@ -25,7 +25,8 @@ const EmbeddedImage* find_image(const std::string& form, const std::string& arch
 // RuntimeError naming the form on a mismatch, before the driver sees a byte.
 CUlibrary load_verified(const std::string& form, const std::string& arch, const void* data, std::size_t size);
 
-// The kernel `name` of `form` for `device`'s arch (loads the image on first use). Throws
+// The kernel `name` of `form` for `device`'s arch (loads the image on first use, and the kernel
+// into the device's context on its first lookup there, so no launch loads anything). Throws
 // NotImplemented when the wheel has no image for that arch or form.
 CUkernel get_kernel(const std::string& form, const char* name, int device);
 

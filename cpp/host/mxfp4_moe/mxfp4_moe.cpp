@@ -332,6 +332,7 @@ class Mxfp4MoePlan final : public Plan {
   }
 
   const std::string& forms() const override { return forms_; }
+  bool split_width() const override { return split_width_; }
 
  private:
   void bind_route(runtime::BoundKernel<moe::RouteParams>& b, const char* kernel, unsigned grid,

@@ -44,6 +44,9 @@ class Plan {
   virtual ~Plan() = default;
   virtual void run(std::uintptr_t stream) const = 0;
   virtual const std::string& forms() const = 0;
+  // The width per expert: each GEMM pair reads its own tile list (two pairs, several-CTA routing,
+  // CAKE_MOE_TILE_SPLIT not 0). Python reads it to find the second pair's choice word.
+  virtual bool split_width() const = 0;
 };
 
 std::unique_ptr<Plan> make_plan(const Problem& p);

@@ -74,31 +74,49 @@ __device__ __forceinline__ void zero_gemm1_counters(const RouteParams& p, int32_
     if (i != kTileChoiceAt) p.tile_count[i] = 0;
 }
 
+// N tile counts summed over the local experts: `tiles_of(count, out)` adds one expert's N counts
+// to out. Summed per warp, then one 32-bit shared add per warp and count: a 64-bit shared
+// atomicAdd is a compare-and-swap loop on sm_90, and 896 threads contending on it took ~50 us.
+// count: the per-expert counts (shared). Collective over the CTA; ends with a CTA barrier.
+template <int N, typename TilesOf>
+__device__ __forceinline__ void sum_expert_tiles(const int32_t* count, int32_t num_local, TilesOf tiles_of,
+                                                 uint32_t (&total)[N]) {
+  static_assert(kRouteThreads % 32 == 0, "whole warps");
+  __shared__ uint32_t sum[N];  // each at most R / 8 + L
+  if (threadIdx.x < N) sum[threadIdx.x] = 0;
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) total[i] = 0;
+  for (int32_t e = threadIdx.x; e < num_local; e += kRouteThreads) tiles_of(count[e], total);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    total[i] = __reduce_add_sync(0xFFFFFFFFu, total[i]);
+    if ((threadIdx.x & 31u) == 0) atomicAdd(&sum[i], total[i]);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) total[i] = sum[i];
+}
+
+// Each single form's tiles for `c` routes: {at block_n, at alt_block_n}.
+__device__ __forceinline__ void add_single_form_tiles(const RouteParams& p, int32_t c, uint32_t* out) {
+  out[0] += uint32_t((c + p.block_n - 1) / p.block_n);
+  out[1] += uint32_t((c + p.alt_block_n - 1) / p.alt_block_n);
+}
+
+// 1 where the alt form's tiles cost less than the first form's (tiles x cost per tile), else 0.
+__device__ __forceinline__ int32_t alt_is_cheaper(const RouteParams& p, const uint32_t* tiles) {
+  return uint64_t(tiles[1]) * uint32_t(p.alt_block_cost) < uint64_t(tiles[0]) * uint32_t(p.block_cost) ? 1 : 0;
+}
+
 // The token-tile rows of this call: block_n, or alt_block_n where its tiles cost less (RouteParams).
 // count: the per-expert counts (shared). Collective over the CTA; ends with a CTA barrier.
 __device__ __forceinline__ int32_t choose_block_n(const RouteParams& p, const int32_t* count) {
   if (p.alt_block_n <= 0) return p.block_n;
-  // The tile counts are summed per warp, then one 32-bit shared add per warp: a 64-bit shared
-  // atomicAdd is a compare-and-swap loop on sm_90, and 896 threads contending on it took ~50 us.
-  __shared__ uint32_t total[2];  // the two forms' tile counts, at most R / 8 + L each
-  if (threadIdx.x < 2) total[threadIdx.x] = 0;
-  __syncthreads();
-  uint32_t tiles = 0, alt_tiles = 0;
-  for (int32_t e = threadIdx.x; e < p.num_local; e += kRouteThreads) {
-    tiles += uint32_t((count[e] + p.block_n - 1) / p.block_n);
-    alt_tiles += uint32_t((count[e] + p.alt_block_n - 1) / p.alt_block_n);
-  }
-  static_assert(kRouteThreads % 32 == 0, "whole warps");
-  tiles = __reduce_add_sync(0xFFFFFFFFu, tiles);
-  alt_tiles = __reduce_add_sync(0xFFFFFFFFu, alt_tiles);
-  if ((threadIdx.x & 31u) == 0) {
-    atomicAdd(&total[0], tiles);
-    atomicAdd(&total[1], alt_tiles);
-  }
-  __syncthreads();
-  const uint64_t cost = uint64_t(total[0]) * uint32_t(p.block_cost);  // tiles x cost per tile
-  const uint64_t alt_cost = uint64_t(total[1]) * uint32_t(p.alt_block_cost);
-  return alt_cost < cost ? p.alt_block_n : p.block_n;
+  uint32_t tiles[2];
+  sum_expert_tiles(count, p.num_local, [&](int32_t c, uint32_t(&out)[2]) { add_single_form_tiles(p, c, out); },
+                   tiles);
+  return alt_is_cheaper(p, tiles) ? p.alt_block_n : p.block_n;
 }
 
 // From the per-expert counts (shared): the offsets, the token-tile list and its done counters.
@@ -144,33 +162,26 @@ __device__ __forceinline__ SplitTiles split_tiles(int32_t count, int32_t wide, i
 // choose_block_n), 2 the split, where it saves more than kSplitGainPct of the cheaper of the two.
 // count: the per-expert counts (shared). Collective over the CTA; ends with a CTA barrier.
 __device__ __forceinline__ int32_t choose_listing(const RouteParams& p, const int32_t* count) {
-  __shared__ uint32_t total[4];  // tiles at block_n, at alt_block_n, the split's wide and narrow ones
-  if (threadIdx.x < 4) total[threadIdx.x] = 0;
-  __syncthreads();
   const bool alt_wider = p.alt_block_n > p.block_n;
   const int32_t wide = alt_wider ? p.alt_block_n : p.block_n, narrow = alt_wider ? p.block_n : p.alt_block_n;
-  uint32_t tiles[4] = {0u, 0u, 0u, 0u};
-  for (int32_t e = threadIdx.x; e < p.num_local; e += kRouteThreads) {
-    const SplitTiles st = split_tiles(count[e], wide, narrow);
-    tiles[0] += uint32_t((count[e] + p.block_n - 1) / p.block_n);
-    tiles[1] += uint32_t((count[e] + p.alt_block_n - 1) / p.alt_block_n);
-    tiles[2] += uint32_t(st.wide);
-    tiles[3] += uint32_t(st.narrow);
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {  // per warp, then one 32-bit shared add (choose_block_n: why)
-    tiles[i] = __reduce_add_sync(0xFFFFFFFFu, tiles[i]);
-    if ((threadIdx.x & 31u) == 0) atomicAdd(&total[i], tiles[i]);
-  }
-  __syncthreads();
-  const uint64_t cost = uint64_t(total[0]) * uint32_t(p.block_cost);
-  const uint64_t alt_cost = uint64_t(total[1]) * uint32_t(p.alt_block_cost);
+  uint32_t tiles[4];  // tiles at block_n, at alt_block_n, the split's wide and narrow ones
+  sum_expert_tiles(
+      count, p.num_local,
+      [&](int32_t c, uint32_t(&out)[4]) {
+        add_single_form_tiles(p, c, out);
+        const SplitTiles st = split_tiles(c, wide, narrow);
+        out[2] += uint32_t(st.wide);
+        out[3] += uint32_t(st.narrow);
+      },
+      tiles);
+  const uint64_t cost = uint64_t(tiles[0]) * uint32_t(p.block_cost);
+  const uint64_t alt_cost = uint64_t(tiles[1]) * uint32_t(p.alt_block_cost);
   const uint32_t wide_cost = uint32_t(alt_wider ? p.alt_block_cost : p.block_cost);
   const uint32_t narrow_cost = uint32_t(alt_wider ? p.block_cost : p.alt_block_cost);
-  const uint64_t split_cost = uint64_t(total[2]) * wide_cost + uint64_t(total[3]) * narrow_cost;
+  const uint64_t split_cost = uint64_t(tiles[2]) * wide_cost + uint64_t(tiles[3]) * narrow_cost;
   const uint64_t single = alt_cost < cost ? alt_cost : cost;
   if (split_cost * 100u < single * uint64_t(100 - kSplitGainPct)) return 2;
-  return alt_cost < cost ? 1 : 0;
+  return alt_is_cheaper(p, tiles);
 }
 
 // publish_offsets for the width per expert: the offsets, and the two pairs' tile lists with

@@ -258,9 +258,9 @@ class CakeMxfp4MoEWrapper:
              workspace: torch.Tensor, output: torch.Tensor, tile: str | None = None,
              tile_sync: bool | None = None, w1_sf_max: torch.Tensor | None = None,
              w2_sf_max: torch.Tensor | None = None) -> Mxfp4MoEPlan:
-        """Validate and bind caller-owned buffers for ``T = x.shape[0]`` tokens, load the kernels
-        and run once (a warm-up that writes ``output``; a CPU wrapper's plan runs nothing here).
-        Call it outside graph capture.
+        """Validate and bind caller-owned buffers for ``T = x.shape[0]`` tokens and load the
+        kernels into the device's context. Enqueues nothing: the first :meth:`Mxfp4MoEPlan.run`
+        may be the one a CUDA graph captures. Call it outside graph capture.
 
         x [T, H] float8_e4m3fn with x_sf [T, H/32] uint8 (UE8M0); topk_ids [T, top_k] int32
         global expert ids; topk_weights [T, top_k] bf16 or fp32, or None when topk_ids holds
@@ -337,14 +337,13 @@ class CakeMxfp4MoEWrapper:
                                        self.top_k)
         choice_at = sum(_align256(n) for n in segments[:3]) + 4 * _TILE_CHOICE_AT   # in the tile list's header
         alt_choice_at = sum(_align256(n) for n in segments[:-1]) + 4 * _TILE_CHOICE_AT  # the second list's
-        split = split_width(decision, num_tokens, self.top_k)
+        split = bound.split_width   # the host's own decision (split_width mirrors it; a GPU test checks)
         plan = Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
                             num_experts=self.num_experts, output=output, inputs=inputs, keep=keep,
                             code_max=(() if w1_sf_max is None else
                                       (("w1_sf_max", w1_sf, w1_sf_max), ("w2_sf_max", w2_sf, w2_sf_max))),
                             tile_choice=workspace[choice_at:choice_at + 4].view(torch.int32),
                             alt_tile_choice=workspace[alt_choice_at:alt_choice_at + 4].view(torch.int32) if split else None)
-        plan.run()   # warm-up: loads the kernel images, checks the launch path
         return plan
 
     def __repr__(self) -> str:
