@@ -340,6 +340,14 @@ def test_gemm1_lookahead_regimes(layers, name, regime, t, tile, packed):
         check_output(case, got, reference(case, layer.bank))
 
 
+def _run_python(code: str, **env: str) -> str:
+    """Runs `code` in a fresh interpreter (tests/ as its argv[1]) with `env` added; returns its stdout."""
+    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))],
+                         capture_output=True, text=True, env=dict(os.environ, **env))
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
 def test_gemm1_lookahead_reload_changes_no_bit(layers):
     """With CAKE_MOE_LOOKAHEAD_SKEW=1 every early weight request names a wrong expert (or a tile
     the list does not have): the kernel's reload and drain paths must give the same bits."""
@@ -349,12 +357,9 @@ def test_gemm1_lookahead_reload_changes_no_bit(layers):
         "from mxfp4_moe_cases import named_layer, lookahead_case, LOOKAHEAD_CASES, CONTRACT;"
         "[print(hashlib.sha256(lookahead_case(named_layer(n), *c)[1].view(torch.uint8).cpu().numpy()"
         ".tobytes()).hexdigest()) for n, *c in LOOKAHEAD_CASES if n not in CONTRACT]")
-    env = dict(os.environ, CAKE_MOE_LOOKAHEAD_SKEW="1")
-    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))],
-                         capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
+    printed = _run_python(code, CAKE_MOE_LOOKAHEAD_SKEW="1")
     want = [_digest(lookahead_case(layers(n), *c)[1]) for n, *c in cases]
-    assert out.stdout.split() == want, "the lookahead's reload path changed the bits"
+    assert printed.split() == want, "the lookahead's reload path changed the bits"
 
 
 _GENERAL_REGIMES = [(name, regime, FORMS[i % len(FORMS)]) for name in sorted(GENERAL)
@@ -419,11 +424,9 @@ def test_bitwise_repeatable_across_processes(layers):
         "layer = named_layer('h512_e40_k5');"
         "y = layer.run(make_case(layer.geom, 1025, 'zipf', seed=11));"
         "print(hashlib.sha256(y.view(torch.uint8).cpu().numpy().tobytes()).hexdigest())")
-    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))],
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
+    printed = _run_python(code)
     want = _digest(layer.run(make_case(layer.geom, 1025, "zipf", seed=11)))
-    assert out.stdout.strip().splitlines()[-1] == want, "another process computed other bits"
+    assert printed.strip().splitlines()[-1] == want, "another process computed other bits"
 
 
 @pytest.mark.parametrize("name,t", [("h512_e40_k5", 17), ("h384_ep_k8", 1025), ("tp8", 16),
@@ -475,11 +478,8 @@ def test_plan_runs_nothing_and_a_capture_may_come_first(layers):
         "    g.replay(); torch.cuda.synchronize()\n"
         "    print(name, t, untouched, len(plan.decision.forms),"
         " hashlib.sha256(out.view(torch.uint8).cpu().numpy().tobytes()).hexdigest())")
-    env = dict(os.environ, CUDA_MODULE_LOADING="LAZY")
-    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))],
-                         capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = [line.split() for line in out.stdout.strip().splitlines()[-len(_FIRST_CAPTURE_CASES):]]
+    printed = _run_python(code, CUDA_MODULE_LOADING="LAZY")
+    rows = [line.split() for line in printed.strip().splitlines()[-len(_FIRST_CAPTURE_CASES):]]
     assert [(r[0], int(r[1])) for r in rows] == _FIRST_CAPTURE_CASES
     assert [r[2] for r in rows] == ["True"] * len(rows), "plan() wrote the output (it ran the layer)"
     assert rows[-1][3] == "7", "the last case must bind two pairs of forms"
