@@ -89,6 +89,21 @@ GENERAL = {
     "split_h2048_e8_k2": Geometry(2048, 256, 8, 2),
 }
 
+# The contract geometry as CakeMxfp4MoEWrapper keywords (the host-side tests).
+CONTRACT_ARGS = dict(num_experts=896, top_k=16, hidden_size=7168, intermediate_size=3072)
+EP8_ARGS = dict(num_local_experts=112, local_expert_offset=336)
+TP8_ARGS = dict(intermediate_shard=384)
+
+
+def byte_bank(num_local: int, hidden: int, inter: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """(w1, w1_scale, w2, w2_scale) of uniformly random bytes on the CPU, scale codes included:
+    for layout round trips and refusals, not for numerics."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((num_local, 2 * inter, hidden // 2), (num_local, 2 * inter, hidden // 32),
+              (num_local, hidden, inter // 2), (num_local, hidden, inter // 32))
+    return tuple(torch.randint(0, 256, s, generator=g, dtype=torch.uint8) for s in shapes)
+
+
 REGIMES = ("balanced", "remote", "hot", "zipf", "dup", "oob")
 
 

@@ -1,0 +1,300 @@
+"""CPU tests of the MXFP4 MoE decision table (python/cake_moe/mxfp4_moe/_decide.py): the path
+and token-tile forms per token count, the rules the routing kernel applies on the device, and
+the width per expert."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, PlanDecision
+from cake_moe.mxfp4_moe import _decide, _wrapper
+
+from .mxfp4_moe_cases import CONTRACT_ARGS as CONTRACT, EP8_ARGS as EP8, TP8_ARGS as TP8
+
+def test_decide_contract_rows():
+    w = CakeMxfp4MoEWrapper(**CONTRACT, **EP8)
+    assert w.capability == (9, 0)   # host only: an H200 is assumed, like the SM count
+    d = w.decide(1)
+    assert (d.supported, d.path, d.block_n, d.tile) == (True, "decode", 8, "n8_narrow")
+    assert d.forms == ("fmt_mxfp8_dequantize", "moe_route", "mxfp4_moe_gemm1_n8_narrow", "mxfp4_moe_gemm2_n8_narrow",
+                       "moe_finalize")
+    assert w.decide(3).tile == "n8_narrow4" and w.decide(3).forms[2] == "mxfp4_moe_gemm1_n8_narrow4"
+    assert w.decide(5).tile == "n8" and w.decide(5).forms[2] == "mxfp4_moe_gemm1_n8"
+    d = w.decide(12288)
+    assert (d.supported, d.path, d.block_n, d.tile, d.alt_tile) == (True, "prefill", 128, "wg128x4", "wg160x3")
+    assert d.forms[2:6] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm2_wg128x4",
+                            "mxfp4_moe_gemm2_wg160x3")
+    d = w.decide(16384)
+    assert (d.supported, d.path, d.block_n, d.tile, d.alt_tile) == (True, "prefill", 160, "wg160x3", "wg128x4")
+    assert d.forms[2:6] == ("mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm2_wg160x3",
+                            "mxfp4_moe_gemm2_wg128x4")
+    assert "BN=128 (wg128x4) where the device finds" in d.reason
+
+
+_TP8 = (CONTRACT["top_k"], CONTRACT["num_experts"], CONTRACT["hidden_size"], TP8["intermediate_shard"])
+
+
+def test_decide_resident_rows_for_a_short_gemm2():
+    """A four-warpgroup GEMM2 with K = the intermediate shard <= 512 keeps the token rows
+    resident (tp8's 384); GEMM1, longer shards and the two-warpgroup wg128 keep their form."""
+    w = CakeMxfp4MoEWrapper(**CONTRACT, **TP8)
+    assert w.decide(12288).forms[2:6] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm1_wg160x3",
+                                          "mxfp4_moe_gemm2_wg128x4_rb", "mxfp4_moe_gemm2_wg160x3_rb")
+    assert w.decide(16384).forms[2:6] == ("mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm1_wg128x4",
+                                          "mxfp4_moe_gemm2_wg160x3_rb", "mxfp4_moe_gemm2_wg128x4_rb")
+    assert _decide.gemm_tiles("wg160x3", 7168, 3072) == ("wg160x3", "wg160x3")
+    assert _decide.gemm_tiles("wg128x4", 7168, 512) == ("wg128x4", "wg128x4_rb")
+    assert _decide.gemm_tiles("wg128x4", 512, 640) == ("wg128x4", "wg128x4")
+    assert _decide.gemm_tiles("wg64x4", 7168, 384) == ("wg64x4", "wg64x4_rb")
+    assert _decide.gemm_tiles("wg32x4", 7168, 384) == ("wg32x4", "wg32x4_rb")
+    assert _decide.gemm_tiles("wg128", 7168, 384) == ("wg128", "wg128")
+
+
+@pytest.mark.parametrize("sm90", [False, True])
+@pytest.mark.parametrize("t,path,bn", [(5, "decode", 8), (336, "decode", 8), (337, "mid", 32), (1344, "mid", 32),
+                                       (1345, "prefill", 64), (2688, "prefill", 64), (2689, "prefill", 128)])
+def test_decide_thresholds(t, path, bn, sm90):
+    """E=896, k=16, the full 3072 shard: T*k/E = T/56, so the limits 6, 24 and 48 fall at T = 336,
+    1344 and 2688; above 6 an sm_90 device takes the wgmma forms (BN 32 up to 24, BN 64 up to 48,
+    then BN 128), other arches stay on n32 / n64."""
+    d = _decide.decide(t, *_TP8[:3], 3072, sm90=sm90)
+    if bn == 128 and not sm90:
+        bn = 64
+    tile = f"n{bn}"
+    if sm90 and bn >= 32:
+        tile = {128: "wg128x4", 64: "wg64x4", 32: "wg32x4"}[bn]
+    assert (d.path, d.block_n, d.forms[2]) == (path, bn, f"mxfp4_moe_gemm1_{tile}")
+
+
+@pytest.mark.parametrize("t,path,tile", [(336, "decode", "n8"), (560, "decode", "n8"), (561, "mid", "wg32x4"),
+                                         (1792, "mid", "wg32x4"), (1793, "prefill", "wg64x4"),
+                                         (3584, "prefill", "wg64x4"), (3585, "prefill", "wg96x4"),
+                                         (4800, "prefill", "wg96x4"), (5376, "prefill", "wg128x4")])
+def test_decide_short_shard_thresholds_on_sm90(t, path, tile):
+    """A shard <= RESIDENT_K (tp8: 384) moves the sm_90 limits to 10, 32 and 64 routes per expert
+    (T = 560, 1792, 3584 at T*k/E = T/56), and past 64 the 96-token tiles serve while an
+    expert's routes fit one of them (up to ~85: T = 4800; 96 at T = 5376 takes wg128x4); other
+    arches keep 6, 24 (n32 / n64)."""
+    d = _decide.decide(t, *_TP8, sm90=True)
+    assert (d.path, d.tile, d.block_n) == (path, tile, _decide.BLOCK_N_OF[tile])
+    portable = _decide.decide(t, *_TP8)
+    assert portable.tile == ("n8" if t <= 336 else "n32" if t <= 1344 else "n64")
+
+
+@pytest.mark.parametrize("sm90", [False, True])
+@pytest.mark.parametrize("shape", [(16, 896, 7168, 3072), (16, 896, 7168, 384), (2, 8, 256, 128), (8, 64, 384, 512),
+                                   (8, 64, 384, 640), (32, 1024, 128, 128)])
+def test_decide_token_tiles_grow_with_t(shape, sm90):
+    """Whatever the shard, the token-tile size never shrinks as T grows (the crossovers are
+    ordered), and every T is served. The one exception is the prefill choice between 128- and
+    160-token tiles, which follows the expected tile costs (prefill_tile) both ways."""
+    sizes = [_decide.decide(t, *shape, sm90=sm90) for t in range(1, 6000, 7)]
+    assert all(d.supported for d in sizes)
+    block_ns = [min(d.block_n, 128) for d in sizes]
+    assert block_ns == sorted(block_ns)
+    for t, d in zip(range(1, 6000, 7), sizes):
+        load = _decide.routes_per_expert(t, *shape[:2])
+        short = shape[3] <= _decide.RESIDENT_K
+        assert (d.block_n == 160) == (sm90 and d.block_n >= 128 and _decide.prefill_tile(load, short) == "wg160x3")
+
+
+@pytest.mark.parametrize("shape", [(16, 896, 7168, 3072), (16, 896, 7168, 384), (8, 64, 384, 256)])
+def test_decide_alt_tile_for_every_sm90_wgmma_path(shape):
+    """On sm_90 every wgmma decision names a second form of another token-tile size for the
+    device to choose from: the next larger tile below wg64x4's range, the other wide form of
+    least expected cost past it. Not the mma.sync paths, a forced tile, a portable device, nor
+    32 routes or fewer (the routing kernel's one-warp path lists one form's tiles)."""
+    short = shape[3] <= _decide.RESIDENT_K
+    for t in range(1, 30000, 97):
+        d = _decide.decide(t, *shape, sm90=True)
+        load = _decide.routes_per_expert(t, *shape[:2])
+        if d.tile in _decide.SM90_TILES and t * shape[0] > _decide.MAX_FEW_ROUTES:
+            assert d.alt_tile == _decide.alt_tile(load, short, d.tile) and len(d.forms) == 7, (t, d)
+            assert _decide.BLOCK_N_OF[d.alt_tile] != d.block_n
+            if d.block_n < 96:
+                assert _decide.BLOCK_N_OF[d.alt_tile] > d.block_n
+            else:
+                assert d.alt_tile in ("wg96x4", "wg128x4", "wg160x3")
+        else:
+            assert d.alt_tile == "" and len(d.forms) == 5, (t, d)
+        assert _decide.decide(t, *shape, sm90=False).alt_tile == ""
+        assert _decide.decide(t, *shape, sm90=True, tile="wg128x4").alt_tile == ""
+    assert _decide.alt_tile(24.0, False, "wg32x4") == "wg64x4"
+    assert _decide.alt_tile(40.0, False, "wg64x4") == "wg128x4"
+    assert _decide.alt_tile(40.0, True, "wg64x4") == "wg96x4"
+    assert _decide.alt_tile(110.0, False, "wg128x4") == "wg160x3"
+    assert _decide.alt_tile(73.0, True, "wg96x4") == "wg128x4"
+
+
+def test_device_tile_choice_rule():
+    """The routing kernel's rule, mirrored: the form whose tiles cost less in total (ceil(count /
+    BN) x cost per tile, summed over the local experts), ties to the table's form. The two ep8
+    rows where the plan-time estimate missed (the benchmark's rank sees ~1.43x the uniform load)
+    go the way they measured faster (bench/results/2026-12-03_h200_mxfp4_moe_prefill_tile_sweep.md)."""
+    choose = _decide.device_tile_choice
+    assert choose([157] * 112, "wg128x4", "wg160x3") == "wg160x3"   # ep8 T = 6144: one 160-row tile each
+    assert choose([210] * 112, "wg160x3", "wg128x4") == "wg128x4"   # ep8 T = 8192: two tiles either way
+    assert choose([100] * 8, "wg160x3", "wg128x4") == "wg128x4"
+    assert choose([0] * 8, "wg160x3", "wg128x4") == "wg160x3"     # no tiles: a tie
+    assert choose([13 * 128], "wg128x4", "wg160x3") == "wg128x4"  # 13 x 1.0 against 11 x 1.3 = 14.3
+    assert choose([10 * 160], "wg128x4", "wg160x3") == "wg128x4"  # 12.5 -> 13 against 10 x 1.3 = 13: a tie
+    assert choose([96, 97], "wg96x4", "wg128x4") == "wg128x4"     # 3 x 0.85 = 2.55 against 2 x 1.0
+    assert choose([96, 96], "wg96x4", "wg128x4") == "wg96x4"      # 2 x 0.85 against 2 x 1.0
+    assert choose([52] * 112, "wg64x4", "wg128x4") == "wg64x4"    # 0.63 against 1.0
+    assert choose([69] * 112, "wg64x4", "wg128x4") == "wg128x4"   # 2 x 0.63 against 1.0
+    assert choose([33] * 112, "wg32x4", "wg64x4") == "wg64x4"     # 2 x 0.5 against 0.63
+    assert [_decide.tile_cost_milli(f) for f in ("wg32x4", "wg64x4", "wg96x4", "wg128x4", "wg160x3")] == \
+        [500, 630, 850, 1000, 1300]
+
+
+def test_device_tile_listing_rule():
+    """The width per expert's rule, mirrored (moe_route.cuh, choose_listing): full tiles of the
+    wider form and a last tile of at most the narrower form's rows in the narrower form's list,
+    where that costs at least 2% less than the cheaper single form; else device_tile_choice."""
+    listing = _decide.device_tile_listing
+    # 418 = 2 x 160 + 98: 2 x 1.3 + 1.0 = 3.6 against 3 x 1.3 = 3.9 and 4 x 1.0
+    assert listing([418] * 112, "wg160x3", "wg128x4") == "wg160x3+wg128x4"
+    assert listing([418] * 112, "wg128x4", "wg160x3") == "wg128x4+wg160x3"  # either order of the pair
+    # 300 = 160 + 140: the rest needs a 160-row tile, so the split lists what wg160x3 alone does
+    assert listing([300] * 8, "wg160x3", "wg128x4") == "wg160x3"
+    assert listing([256] * 8, "wg160x3", "wg128x4") == "wg128x4"   # 2 x 1.0 against 2.3 (split) and 2.6
+    assert listing([100] * 8, "wg160x3", "wg128x4") == "wg128x4"   # one tile: the split is wg128x4 alone
+    assert listing([0] * 8, "wg160x3", "wg128x4") == "wg160x3"     # no tiles: a tie, the table's form
+    # 9 x 420 (2 x 160 + 100) and 384 (2 x 160 + 64): split 10 x 3.6 = 36 against 39 and 39
+    assert listing([420] * 9 + [384], "wg160x3", "wg128x4") == "wg160x3+wg128x4"
+    # within the 2% margin: 260 and 384 split 2.3 + 3.6 = 5.9 against wg128x4's 3.0 + 3.0 = 6.0
+    assert listing([260, 384], "wg160x3", "wg128x4") == "wg128x4"
+
+
+def test_split_width_needs_two_pairs_and_the_chunked_routing(monkeypatch):
+    """On by default; CAKE_MOE_TILE_SPLIT read as the extension reads it (atoll: "0" and text
+    turn it off, unset or empty leave the default, a leading integer counts)."""
+    d = _decide.decide(16384, 16, 896, 7168, 384, sm90=True)
+    assert d.alt_tile
+    monkeypatch.delenv("CAKE_MOE_TILE_SPLIT", raising=False)
+    assert _wrapper.split_width(d, 16384, 16)
+    for value, on in (("0", False), ("off", False), (" 0", False), ("", True), ("1", True), ("2x", True)):
+        monkeypatch.setenv("CAKE_MOE_TILE_SPLIT", value)
+        assert _wrapper.split_width(d, 16384, 16) == on, value
+    monkeypatch.delenv("CAKE_MOE_TILE_SPLIT")
+    assert _wrapper.split_width(d, 1024, 16)        # 16384 routes: the several-CTA routing
+    assert not _wrapper.split_width(d, 1023, 16)    # one CTA routes them: one list
+    single = _decide.decide(16384, 16, 896, 7168, 384, sm90=True, tile="wg160x3")
+    assert not single.alt_tile and not _wrapper.split_width(single, 16384, 16)
+
+
+# tp8 (T * k / E = T / 56 routes per expert): the faster prefill form per T, kernel time per run
+# on the H200 (bench/results/2026-12-01_h200_mxfp4_moe_wg160x3.md)
+_WIDE_MEASURED = {3072: "wg64x4", 4096: "wg96x4", 5120: "wg128x4", 6144: "wg128x4", 8192: "wg160x3", 10240: "wg128x4", 12288: "wg128x4",
+                  16384: "wg160x3", 19456: "wg128x4", 24576: "wg160x3"}
+
+
+@pytest.mark.parametrize("t,tile", sorted(_WIDE_MEASURED.items()))
+def test_decide_wide_prefill_tiles_where_they_measured_faster(t, tile):
+    """160-token tiles where they cut an expert's tiles by enough to pay for their ~1.2x cost per
+    tile (tp8 T = 16384: two tiles of 292 routes instead of three), 96-token tiles while one
+    holds an expert's routes (T = 4096: 73), 128 elsewhere (at T = 5120, 91 routes, the two
+    measured within 1%)."""
+    assert _decide.decide(t, *_TP8, sm90=True).tile == tile
+    assert _decide.decide(t, *_TP8, sm90=False).tile == "n64"   # the portable forms are unchanged
+
+
+def test_expected_tiles():
+    assert _decide.expected_tiles(0, 128) == 0.0
+    assert _decide.expected_tiles(40.0, 128) == pytest.approx(1.0, abs=1e-6)   # never 0 or 2 routes past 128
+    assert _decide.expected_tiles(292.6, 128) == pytest.approx(2.98, abs=0.01)
+    assert _decide.expected_tiles(292.6, 160) == pytest.approx(2.05, abs=0.01)
+    assert _decide.expected_tiles(1e6, 160) == pytest.approx(1e6 / 160 + 0.5, abs=0.01)
+
+
+@pytest.mark.parametrize("load", [0.3, 7.0, 73.1, 292.6, 1170.3, 4681.1])
+@pytest.mark.parametrize("block_n", [96, 128, 160])
+def test_expected_tiles_matches_the_poisson_sum(load, block_n):
+    """The recurrence over the counts agrees with each Poisson term computed on its own (the
+    counts past 8 standard deviations, which it leaves out, weigh under 1e-6)."""
+    direct = sum(math.exp(n * math.log(load) - load - math.lgamma(n + 1)) * -(-n // block_n)
+                 for n in range(int(load + 10 * math.sqrt(load) + 20)))
+    assert _decide.expected_tiles(load, block_n) == pytest.approx(direct, rel=1e-6)
+
+
+def test_decide_short_k_form_for_a_tp_shard():
+    """tp8: GEMM2 reduces over the 384-wide shard, so decode takes its short-K tiling; after the
+    narrow GEMM1 (T = 1) its two-K-warp variant, for K from 256 to 512."""
+    w = CakeMxfp4MoEWrapper(**CONTRACT, **TP8)
+    assert w.decide(1).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow", "mxfp4_moe_gemm2_n8_shortk2")
+    assert w.decide(4).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow4", "mxfp4_moe_gemm2_n8_shortk")
+    assert w.decide(8).forms[2:4] == ("mxfp4_moe_gemm1_n8", "mxfp4_moe_gemm2_n8_shortk")
+    assert CakeMxfp4MoEWrapper(**CONTRACT).decide(1).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow",
+                                                                     "mxfp4_moe_gemm2_n8_narrow")   # ep8: K = 3072
+    k2 = {inter: _decide.gemm_tiles("n8_narrow", 7168, inter)[1] for inter in (128, 256, 384, 512, 640, 1024)}
+    assert k2 == {128: "n8_shortk", 256: "n8_shortk2", 384: "n8_shortk2", 512: "n8_shortk2", 640: "n8_shortk",
+                  1024: "n8_shortk"}
+    assert _decide.gemm_tiles("n8_narrow", 256, 384) == ("n8_shortk", "n8_shortk2")   # GEMM1 keeps its form
+
+
+@pytest.mark.parametrize("sm90", [False, True])
+def test_decide_narrow_forms_by_route_count(sm90):
+    """The decode tile by T * top_k: n8_narrow up to 16 routes, n8_narrow4 up to 64, then n8."""
+    tiles = {t: _decide.decide(t, 4, 896, 7168, 3072, sm90=sm90).tile for t in (1, 4, 5, 16, 17)}
+    assert tiles == {1: "n8_narrow", 4: "n8_narrow", 5: "n8_narrow4", 16: "n8_narrow4", 17: "n8"}
+
+
+def test_every_token_count_is_supported():
+    w = CakeMxfp4MoEWrapper(**CONTRACT)
+    assert all(w.decide(t).supported for t in range(1, 20001))
+    assert [w.decide(t).block_n for t in (1, 1000, 20000)] == [8, 32, 128]
+    assert [_decide.decide(t, *_TP8).block_n for t in (1, 1000, 20000)] == [8, 32, 64]
+
+
+@pytest.mark.parametrize("tile,bn", [("n8", 8), ("n8_narrow", 8), ("n32", 32), ("n64", 64), ("wg128", 128),
+                                     ("wg128x4", 128), ("wg64x4", 64), ("wg32x4", 32), ("wg160x3", 160),
+                                     ("wg96x4", 96)])
+def test_decide_forced_tile(tile, bn):
+    d = _decide.decide(20000, *_TP8, sm90=True, tile=tile)
+    assert (d.supported, d.path, d.block_n, d.tile) == (True, "forced", bn, tile)
+    gemm2 = "n8_shortk" if tile.startswith("n8") else tile    # K = 384 <= SHORT_K
+    gemm2 = "n8_shortk2" if tile == "n8_narrow" else gemm2     # ... and in SHORT_K2
+    gemm2 = f"{tile}_rb" if tile in _decide.RESIDENT_TILES else gemm2   # K = 384 <= RESIDENT_K
+    assert d.forms[2:4] == (f"mxfp4_moe_gemm1_{tile}", f"mxfp4_moe_gemm2_{gemm2}")
+
+
+def test_decide_refuses_an_sm90_tile_elsewhere_and_unknown_tiles():
+    d = _decide.decide(64, *_TP8, sm90=False, tile="wg128")
+    assert not d.supported and "sm_90" in d.reason and d.forms == ()
+    with pytest.raises(ValueError, match="tile must be one of"):
+        _decide.decide(64, *_TP8, tile="n16")
+
+
+@pytest.mark.parametrize("sm90", [False, True])
+def test_decide_tile_sync_rows(sm90):
+    """E=896, k=16: the per-tile GEMM1 -> GEMM2 sync up to T*k/E = 0.3 (T = 16), then off."""
+    synced = [t for t in range(1, 400) if _decide.decide(t, *_TP8, sm90=sm90).tile_sync]
+    assert synced == list(range(1, 17))
+    assert "per token tile" in _decide.decide(1, *_TP8).reason
+    assert not _decide.decide(17, *_TP8).tile_sync and "per token tile" not in _decide.decide(17, *_TP8).reason
+
+
+def test_decide_forced_tile_sync():
+    assert _decide.decide(20000, *_TP8, tile="n64", tile_sync=True).tile_sync
+    assert not _decide.decide(1, *_TP8, tile_sync=False).tile_sync
+    assert _decide.decide(1, *_TP8, tile_sync=False).tile == "n8_narrow"
+    d = _decide.decide(20000, *_TP8, sm90=True, tile_sync=True)   # the table's wg128x4 is persistent
+    assert not d.supported and "tile_sync" in d.reason and d.forms == ()
+    assert not _decide.decide(1, *_TP8, sm90=True, tile="wg32x4").tile_sync   # default: off for wgmma forms
+    with pytest.raises(ValueError, match="tile_sync must be"):
+        _decide.decide(1, *_TP8, tile_sync=1)
+
+
+@pytest.mark.parametrize("t", [0, -1, 2.0, True])
+def test_decide_unsupported(t):
+    d = CakeMxfp4MoEWrapper(**CONTRACT).decide(t)
+    assert not d.supported and "num_tokens" in d.reason and d.forms == ()
+
+
+def test_plan_decision_is_frozen():
+    d = CakeMxfp4MoEWrapper(**CONTRACT).decide(1)
+    assert isinstance(d, PlanDecision)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.block_n = 64
