@@ -265,14 +265,18 @@ struct Sm90Mxfp4MoeGemm {
     }
   }
 
+  // work >= 0 and m_blocks > 0: unsigned division and remainder (fewer instructions than signed).
+  __device__ static int tile_index_of(const GemmParams& p, int work) { return int(uint32_t(work) / uint32_t(p.m_blocks)); }
+
   __device__ static typename Base::Tile tile_of(const GemmParams& p, int work) {
-    const moe::TokenTile tt = p.tiles[work / p.m_blocks];
+    const int index = tile_index_of(p, work);
+    const moe::TokenTile tt = p.tiles[index];
     typename Base::Tile t;
     t.expert = tt.expert;
     t.row0 = tt.row0;
     const int end = p.offsets[tt.expert + 1];
     t.rows = end - tt.row0 < kBN ? end - tt.row0 : kBN;
-    t.m0 = (work % p.m_blocks) * Cfg::kBM;
+    t.m0 = (work - index * p.m_blocks) * Cfg::kBM;
     return t;
   }
 
@@ -453,11 +457,11 @@ struct Sm90Mxfp4MoeGemm {
     int resident = -1;  // the token tile whose rows are resident (kResidentB)
     while (true) {
       if constexpr (kResidentB) {
-        if (work / p.m_blocks != resident) {  // CTA-uniform
+        if (tile_index_of(p, work) != resident) {  // CTA-uniform
           __syncthreads();  // every warp retired its wgmmas on the previous tile's rows
           load_resident_b(p, t, sm);
           ptx::cp_async_wait<0>();  // (the ring's prefetched stages too: once per tile)
-          resident = work / p.m_blocks;  // the mainloop's first barrier publishes the rows
+          resident = tile_index_of(p, work);  // the mainloop's first barrier publishes the rows
         }
       }
       Acc acc;
