@@ -98,7 +98,7 @@ echo; echo "== device =="; head -1 "$OUT/misc.log"
 echo "== benchmark (formats) =="; tail -n +3 /tmp/bench_formats.md 2>/dev/null
 echo "== benchmark (grouped GEMM) =="; tail -4 "$OUT/bench_gg.md" 2>/dev/null
 echo "== benchmark (MXFP4 MoE) =="; tail -n +3 "$OUT/bench_moe.md" 2>/dev/null
-echo "== host us per call (grouped GEMM) =="; tail -4 /tmp/host_overhead.log 2>/dev/null
+echo "== host us per call (grouped GEMM) =="; cat /tmp/host_overhead.log 2>/dev/null
 echo "== host us per call (MXFP4 MoE) =="; tail -n +2 /tmp/host_moe.log 2>/dev/null
 echo "== demo =="; cat /tmp/cake-demo.log
 echo "== summary =="

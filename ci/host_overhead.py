@@ -1,6 +1,7 @@
 """Host time per call of the grouped-GEMM entry points, with the GPU kept busy so the host never
 waits on it: what a caller's CPU pays per one-shot call, per prepared launch, and per
-``torch._grouped_mm`` call, and where the one-shot path spends it (cProfile).
+``torch._grouped_mm`` call, per autograd step (forward + backward) of eager ``grouped_mm``, of
+its torch.library op and of ``torch._grouped_mm``, and where the one-shot path spends it (cProfile).
 
     python ci/host_overhead.py [--tokens 4096] [--calls 200] [--profile fwd|dgrad|wgrad|none]
     python ci/host_overhead.py --moe ep8,tp8 [--moe-tokens 1,4096]
@@ -65,6 +66,21 @@ def moe(layouts: list[str], tokens: list[int], calls: int) -> None:
                   f"{timing.time_cuda(bound.run, warmup=1, iters=calls, reps=3) * 1e3:9.1f}  {bound.decision.tile}", flush=True)
 
 
+def _autograd_steps(x, w, gy, offs):
+    """One training step's grouped GEMMs each: y = x w^T, y.backward(gy), grads dropped: eager
+    cake_moe.grouped_mm, the cake_moe::grouped_mm op (what compiled code runs), torch._grouped_mm."""
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+
+    def step(mm):
+        def run():
+            mm(xr, wr).backward(gy)
+            xr.grad = wr.grad = None
+        return run
+    return (step(lambda a, b: cake_moe.grouped_mm(a, b, offs)),
+            step(lambda a, b: torch.ops.cake_moe.grouped_mm(a, b, offs, "det")),
+            step(lambda a, b: torch._grouped_mm(a, b.transpose(-2, -1), offs=offs)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=4096)
@@ -98,6 +114,15 @@ def main() -> None:
     for op in ("fwd", "dgrad", "wgrad"):
         row = [host_us(d[op], args.calls) for d in (one_shot, prepared, peer)]
         print(f"{op:6} " + " ".join(f"{v:9.1f}" for v in row))
+    print(f"\nhost us per forward + backward, T={args.tokens} (GPU busy throughout)")
+    print(f"{'eager grouped_mm':>17} {'the op':>9} {'torch':>9}")
+    steps = _autograd_steps(x, w, gy, offs)
+    for step in steps:  # torch's autograd waits for the GPU in its first backward calls
+        step()
+        step()
+    # 50 steps of three to five launches stay inside the launch queue while the GPU spins
+    print(f"{host_us(steps[0], min(args.calls, 50)):17.1f} " +
+          " ".join(f"{host_us(step, min(args.calls, 50)):9.1f}" for step in steps[1:]))
     if args.profile != "none":
         fn = one_shot[args.profile]
         fn()

@@ -116,6 +116,22 @@ def test_autograd_on_cpu_matches_reference():
     assert ref.rel_rms(w.grad, ref.wgrad(g[:rows], x.detach(), offs)) < 6e-3
 
 
+def test_eager_grouped_mm_is_the_function_with_the_ops_results():
+    """Eager grouped_mm runs the autograd Function (not the torch.library op and its dispatch)
+    and gives the op's results and gradients."""
+    x, w, g, offs = _cpu_problem([3, 0, 5], n=16, k=32)
+    x, g = x[:8], g[:8]
+    grads = []
+    for call in (cake_moe.grouped_mm, lambda *a: torch.ops.cake_moe.grouped_mm(*a, "det")):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = call(xr, wr, offs)
+        y.backward(g)
+        grads.append((y.detach(), xr.grad, wr.grad, type(y.grad_fn).__name__))
+    (y0, dx0, dw0, fn0), (y1, dx1, dw1, _) = grads
+    assert fn0 == "GroupedMMBackward"
+    assert torch.equal(y0, y1) and torch.equal(dx0, dx1) and torch.equal(dw0, dw1)
+
+
 def test_row_strided_operands():
     """x, g and w need contiguous rows only (SPEC §6): column slices and slices of the experts'
     rows are read in place, by one-shot calls and prepared launches alike, with the results of

@@ -86,7 +86,10 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: st
     """Autograd grouped GEMM: ``y = grouped_gemm_fwd(x, w, offs)``; the backward computes x.grad
     with dgrad and w.grad with wgrad in w's dtype, running the variant of this forward."""
     _tensors(x=x, w=w, offs=offs)
-    return torch.ops.cake_moe.grouped_mm(x, w, offs, _config.grouped_gemm_variant(variant))
+    v = _config.grouped_gemm_variant(variant)
+    if _compiling():
+        return torch.ops.cake_moe.grouped_mm(x, w, offs, v)
+    return _ops.GroupedMM.apply(x, w, offs, v)
 
 
 def grouped_mm_bf16(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor,

@@ -280,6 +280,32 @@ def wgrad_impl(g, x, offs, num_groups, out_dtype, variant, out=None):
                                       workspace=_PER_STREAM).launch()
 
 
+def _grouped_mm_grads(ctx, grad, dgrad, wgrad):
+    """grouped_mm's backward: x.grad by dgrad, w.grad by wgrad in w's dtype, with the forward's
+    variant; ``dgrad`` / ``wgrad`` are the eager implementations or their torch.library ops."""
+    x, w, offs = ctx.saved_tensors
+    grad = grad.contiguous()
+    dx = dgrad(grad, w, offs) if ctx.needs_input_grad[0] else None
+    dw = wgrad(grad, x, offs, w.shape[0], w.dtype, ctx.variant) if ctx.needs_input_grad[1] else None
+    return dx, dw, None, None
+
+
+class GroupedMM(torch.autograd.Function):
+    """grouped_mm in eager code: the kernels of the ``cake_moe::grouped_mm`` op called directly.
+    A torch.library op with autograd costs several times a Function's host time per call (tens
+    of microseconds, as much as a small layer's kernel), so only compiled code goes through it."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs, variant):
+        ctx.save_for_backward(x, w, offs)
+        ctx.variant = variant
+        return fwd_impl(x, w, offs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _grouped_mm_grads(ctx, grad, dgrad_impl, wgrad_impl)
+
+
 def _register() -> None:
     lib = torch.library
 
@@ -329,16 +355,10 @@ def _register() -> None:
         x, w, offs, variant = inputs
         ctx.save_for_backward(x, w, offs)
         ctx.variant = variant
-        ctx.num_groups = w.shape[0]
-        ctx.w_dtype = w.dtype
 
     def backward(ctx, grad):
-        x, w, offs = ctx.saved_tensors
-        grad = grad.contiguous()
-        dx = torch.ops.cake_moe.grouped_gemm_dgrad(grad, w, offs) if ctx.needs_input_grad[0] else None
-        dw = (torch.ops.cake_moe.grouped_gemm_wgrad(grad, x, offs, ctx.num_groups, ctx.w_dtype, ctx.variant)
-              if ctx.needs_input_grad[1] else None)
-        return dx, dw, None, None
+        ops = torch.ops.cake_moe
+        return _grouped_mm_grads(ctx, grad, ops.grouped_gemm_dgrad, ops.grouped_gemm_wgrad)
 
     grouped_mm.register_autograd(backward, setup_context=setup_context)
 
