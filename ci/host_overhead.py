@@ -121,8 +121,8 @@ def main() -> None:
         step()
         step()
     # 50 steps of three to five launches stay inside the launch queue while the GPU spins
-    print(f"{host_us(steps[0], min(args.calls, 50)):17.1f} " +
-          " ".join(f"{host_us(step, min(args.calls, 50)):9.1f}" for step in steps[1:]))
+    eager, op, peer_step = (host_us(step, min(args.calls, 50)) for step in steps)
+    print(f"{eager:17.1f} {op:9.1f} {peer_step:9.1f}")
     if args.profile != "none":
         fn = one_shot[args.profile]
         fn()
