@@ -156,3 +156,14 @@ def test_rank_layer_draws_the_bank_then_the_situ_parameters(monkeypatch):
         assert (r.num_experts, r.top_k, r.hidden_size, r.num_local_experts, r.intermediate_shard) == (8, 2, 256, l, i_shard)
         assert r.device.type == "cpu"
     assert bench_moe.rank_layer("ep", torch.Generator().manual_seed(3)).bank16 is None
+
+
+def test_grouped_gemm_rows_are_the_grid_or_its_layers_at_other_token_counts():
+    from cake_moe.bench import grouped_gemm as bench_gg
+    grid = list(bench_gg._rows())
+    assert len(grid) == len(bench_gg.LAYERS) * 2 * len(bench_gg.TOKENS) + 2   # + the zipf and empty rows
+    assert {r[-1] for r in grid} == {"random", "zipf", "empty"}
+    off = list(bench_gg._rows((256, 1024)))
+    assert len(off) == len(bench_gg.LAYERS) * 2 * 2
+    assert {r[6] for r in off} == {256, 1024} and {r[-1] for r in off} == {"random"}
+    assert [r[:6] for r in off[::2]] == [r[:6] for r in grid if r[-1] == "random"][::len(bench_gg.TOKENS)]

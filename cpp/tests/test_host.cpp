@@ -92,6 +92,7 @@ static void test_fast_divmod() {
 // default path, ..._grouped_gemm_128x192_ab.md; fwd: the earlier sweep, ..._grouped_gemm.json).
 static void test_grouped_gemm_tiles() {
   using grouped_gemm::choose_sm90_tile;
+  using grouped_gemm::Sm90Tile;
   const int sms = 132;
   struct Row { int64_t rows; int32_t groups, n_out; bool dgrad; int bn; };
   const Row rows[] = {
@@ -110,6 +111,11 @@ static void test_grouped_gemm_tiles() {
   for (const Row& r : rows) EXPECT(choose_sm90_tile(r.rows, r.groups, r.n_out, r.dgrad, sms).bn == r.bn);
   EXPECT(choose_sm90_tile(2048, 64, 4096, true, sms).bm == 64);  // 32 rows per group
   EXPECT(choose_sm90_tile(2048, 64, 4096, false, sms).bm == 64);
+  // 64 rows per group: 128-row tiles (2026-12-04 small-T sweeps, five runs each: fwd (2048, 768, 16)
+  // w13 T = 1024 128x192 ahead of 64x128 by 20-23%, dgrad (7168, 2048, 8) w13 T = 512 128x256 by 23-29%)
+  EXPECT(choose_sm90_tile(1024, 16, 1536, false, sms).bn == 192);
+  const Sm90Tile dgrad_64_rows = choose_sm90_tile(512, 8, 7168, true, sms);
+  EXPECT(dgrad_64_rows.bm == 128 && dgrad_64_rows.bn == 256);
 }
 
 int main(int argc, char** argv) {

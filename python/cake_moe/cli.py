@@ -61,7 +61,8 @@ def cmd_bench(args) -> int:
         bench_formats.main(args.out)
     elif args.what == "grouped-gemm":
         from .bench import grouped_gemm as bench_gg
-        bench_gg.main(args.out, ops=tuple(args.ops.split(",")), sweep=args.sweep)
+        bench_gg.main(args.out, ops=tuple(args.ops.split(",")), sweep=args.sweep,
+                      tokens=tuple(args.tokens) if args.tokens else None, seed=args.seed)
     elif args.what == "mxfp4-moe":
         from .bench import mxfp4_moe as bench_moe
         bench_moe.main(args.out, tokens=tuple(args.tokens or bench_moe.TOKENS), layouts=args.layouts,
@@ -90,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", default=None, help="output prefix for .json/.md")
     b.add_argument("--sweep", action="store_true", help="grouped-gemm: also time every sm_90a tile")
     b.add_argument("--tokens", type=int, nargs="+", default=None,
-                   help="mxfp4-moe: token counts (default 1 4 16 64 256 1024 4096 16384)")
+                   help="token counts: mxfp4-moe (default 1 4 16 64 256 1024 4096 16384); grouped-gemm: "
+                        "the grid's layers at these T instead of the PERF.md grid")
+    b.add_argument("--seed", type=int, default=0,
+                   help="grouped-gemm: draw other group sizes (0: the published grid's)")
     b.add_argument("--layouts", default="ep8,tp8", type=_layouts, help="mxfp4-moe: comma list of ep8,tp8")
     b.add_argument("--tiles", default="", help="mxfp4-moe: also time these tile forms (comma list, e.g. n64,wg128; "
                    "sync / nosync or form+sync: the per-tile GEMM1 -> GEMM2 sync forced on / off)")

@@ -29,7 +29,9 @@ inline double sm90_tile_cost(int64_t rows, int32_t num_groups, int32_t n_out, in
 }
 
 // Measured on the H200 (docs/grouped_gemm_experiments.md). 64-row tiles pay off only when groups
-// average a few dozen rows, where a 128-row tile would be mostly padding. Between 128 and 256
+// average under 48 rows, where a 128-row tile would be mostly padding: at 48-96 rows per group
+// the 128-row tiles were 3-11% faster (tile sweeps of the grid's layers at T = 256..4096 over
+// three group draws, bench/results/2026-12-04_h200_grouped_gemm_small_t.md). Between 128 and 256
 // columns the fwd goes by the rows per group (128x256 once each group has thousands of rows),
 // the dgrad by the wave cost above. 128x192 then replaces that choice only on groups of fewer
 // than 1024 rows and at a clear margin (cost below 0.85 of it): at 0.78 it won by 9-16% in every
@@ -37,7 +39,7 @@ inline double sm90_tile_cost(int64_t rows, int32_t num_groups, int32_t n_out, in
 // lost 1-7% although the tile sweep had it ahead (bench/results/2026-12-01_h200_grouped_gemm_128x192_ab.md).
 inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out, bool dgrad, int sms) {
   const int64_t per_group = num_groups > 0 ? rows / num_groups : rows;
-  if (per_group < 96) return kSm90Tiles[2];
+  if (per_group < 48) return kSm90Tiles[2];
   const auto cost = [&](const Sm90Tile& t) { return sm90_tile_cost(rows, num_groups, n_out, t.bn, sms); };
   Sm90Tile best = kSm90Tiles[0];
   if (dgrad ? cost(kSm90Tiles[1]) < cost(best) : per_group >= 2048 && n_out >= 512) best = kSm90Tiles[1];

@@ -34,14 +34,17 @@ def _sizes(total: int, e: int, kind: str, seed: int) -> list[int]:
     return s.tolist()
 
 
-def _rows():
+def _rows(tokens=None):
+    """The PERF.md grid; with ``tokens``, its layers' random-group rows at those token counts
+    instead (an off-grid check: the grid starts at T = 4096)."""
     for h, i, e in LAYERS:
         for which in ("w13", "w2"):
             n, k = (2 * i, h) if which == "w13" else (h, i)
-            for t in TOKENS:
+            for t in tokens or TOKENS:
                 yield (h, i, e, which, n, k, t, "random")
-    yield (2048, 1536, 8, "w13", 3072, 2048, 16384, "zipf")
-    yield (4096, 2048, 9, "w2", 4096, 2048, 16384, "empty")
+    if not tokens:
+        yield (2048, 1536, 8, "w13", 3072, 2048, 16384, "zipf")
+        yield (4096, 2048, 9, "w2", 4096, 2048, 16384, "empty")
 
 
 def _case(n, k, e, t, kind, seed):
@@ -86,10 +89,11 @@ def _sweep_fns(op, make) -> dict:
     return out
 
 
-def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False) -> list[dict]:
+def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False, tokens=None, seed: int = 0) -> list[dict]:
+    """``seed`` offsets every row's group-size draw (0: the published grid's group sizes)."""
     out = []
-    for idx, (h, i, e, which, n, k, t, kind) in enumerate(_rows()):
-        sizes, offs, x, w, g = _case(n, k, e, t, kind, idx)
+    for idx, (h, i, e, which, n, k, t, kind) in enumerate(_rows(tokens)):
+        sizes, offs, x, w, g = _case(n, k, e, t, kind, idx + 1000 * seed)
         flops = 2.0 * t * n * k
         dense_a = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         dense_b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
@@ -115,7 +119,7 @@ def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False) -> list[dict]:
                 "ours_TFLOPs": flops / ours_ms / 1e9, "torch_TFLOPs": flops / peer_ms / 1e9,
                 "dense_TFLOPs": flops / dense_ms / 1e9, "speedup_vs_torch": peer_ms / ours_ms,
                 "fraction_of_dense": dense_ms / ours_ms, "rows_per_expert": t / e, "flops": flops,
-                "gpu": timing.gpu_name(), "date": datetime.date.today().isoformat(),
+                "gpu": timing.gpu_name(), "date": datetime.date.today().isoformat(), "seed": seed, "sizes": sizes,
                 "tiles_ms": tiles, "best_tile_speedup": (peer_ms / min(tiles.values())) if tiles else None,
             })
             r = out[-1]
@@ -200,7 +204,8 @@ def plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(out_prefix: str | None = None, ops=("fwd", "dgrad", "wgrad"), sweep: bool = False) -> list[dict]:
-    rows = run(ops, sweep)
+def main(out_prefix: str | None = None, ops=("fwd", "dgrad", "wgrad"), sweep: bool = False,
+         tokens=None, seed: int = 0) -> list[dict]:
+    rows = run(ops, sweep, tokens, seed)
     timing.publish(rows, markdown(rows), summary(rows), out_prefix, plot)
     return rows
