@@ -3,7 +3,8 @@ the form it ran, the fraction of the last wave that is busy and the fraction of 
 are real rows (a group's last M tile is padded), next to the measured fraction of dense cuBLAS.
 
 usage: python ci/gg_efficiency.py bench/results/<run>.json [--sms 132]
-The group sizes are the benchmark's own (same generator and seed per row); runs on the CPU.
+The group sizes are the ones the run recorded (older grid runs: the grid's, redrawn with the same
+generator and seed per row); runs on the CPU.
 """
 import argparse
 import json
@@ -20,13 +21,17 @@ def main() -> None:
     cases = list(enumerate(b._rows()))
     print(f"{'op':5} {'N':>5} {'K':>5} {'E':>2} {'T':>6} {'tile':>7} {'tiles':>6} {'waves':>6} "
           f"{'last wave':>9} {'real rows':>9} {'product':>7} {'of dense':>8}")
-    for r in json.load(open(args.results)):
+    data = json.load(open(args.results))
+    for r in data["rows"] if isinstance(data, dict) else data:
         if r["op"] not in ("fwd", "dgrad"):
             continue
-        e = int(r["layer"][2])
-        idx, (_, _, _, _, n, k, t, kind) = next(
-            c for c in cases if c[1][4:8] == (r["N"], r["K"], r["T"], r["groups"]) and c[1][2] == e)
-        sizes = b._sizes(t, e, kind, idx)
+        e, n, k, t = int(r["layer"][2]), r["N"], r["K"], r["T"]
+        if "sizes" in r:  # recorded by the benchmark since 2026-12-04 (any --tokens / --seed)
+            sizes = r["sizes"]
+        else:  # older grid runs: redraw the grid's sizes
+            idx, (_, _, _, _, n, k, t, kind) = next(
+                c for c in cases if c[1][4:8] == (r["N"], r["K"], r["T"], r["groups"]) and c[1][2] == e)
+            sizes = b._sizes(t, e, kind, idx)
         bm, bn = map(int, r["form"].rsplit("_", 1)[1].split("x"))
         n_out = n if r["op"] == "fwd" else k
         m_tiles = sum(math.ceil(s / bm) for s in sizes)

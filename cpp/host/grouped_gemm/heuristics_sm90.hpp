@@ -30,8 +30,9 @@ inline double sm90_tile_cost(int64_t rows, int32_t num_groups, int32_t n_out, in
 
 // Measured on the H200 (docs/grouped_gemm_experiments.md). 64-row tiles pay off only when groups
 // average under 48 rows, where a 128-row tile would be mostly padding: at 48-96 rows per group
-// the 128-row tiles were 3-11% faster (tile sweeps of the grid's layers at T = 256..4096 over
-// three group draws, bench/results/2026-12-04_h200_grouped_gemm_small_t.md). Between 128 and 256
+// the 128-row tiles were 3-27% faster on 21 of 24 rows, even on two, 3.6% slower on one (tile
+// sweeps of the grid's layers at T = 256..4096, five runs over three group draws,
+// bench/results/2026-12-04_h200_grouped_gemm_small_t.md). Between 128 and 256
 // columns the fwd goes by the rows per group (128x256 once each group has thousands of rows),
 // the dgrad by the wave cost above. 128x192 then replaces that choice only on groups of fewer
 // than 1024 rows and at a clear margin (cost below 0.85 of it): at 0.78 it won by 9-16% in every

@@ -149,8 +149,8 @@ def summary(rows: list[dict]) -> str:
                    if at_dense else "")
         lines.append(f"{op}: geomean x{geo:.3f} over torch._grouped_mm ({len(rs)} rows){oracle}, worst x"
                      f"{worst['speedup_vs_torch']:.2f} ({worst['layer']} {worst['weight']} T={worst['T']} "
-                     f"{worst['groups']}); >=4096 rows/expert: {min(big, default=float('nan')):.2f}-"
-                     f"{max(big, default=float('nan')):.2f} of dense cuBLAS")
+                     f"{worst['groups']}); >=4096 rows/expert: " +
+                     (f"{min(big):.2f}-{max(big):.2f} of dense cuBLAS" if big else "no such rows"))
         per_form = sweep_geomeans(rs)
         if per_form:
             lines.append(f"{op} sweep, geomean over torch per form (rows where it ran): " +
