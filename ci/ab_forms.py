@@ -3,8 +3,10 @@
 Each row's callables (torch's peer and every named form) are timed round-robin
 (`timing.time_interleaved`), so clock and power drift during the run falls on all of them alike.
 
-usage: python ci/ab_forms.py OP FORM[,FORM...] [--rounds R] [--json PATH]
+usage: python ci/ab_forms.py OP FORM[,FORM...] [--rounds R] [--json PATH] [--tokens T ...] [--seed S]
   OP: fwd, dgrad or wgrad (det); FORM: as `prepare_grouped_gemm_*(form=...)` takes it.
+  --tokens / --seed: the grid's layers at other token counts / other group draws, as
+  `cake-moe bench grouped-gemm` takes them (a tile rule for small T is checked this way).
 """
 import argparse
 import json
@@ -20,11 +22,13 @@ def main() -> None:
     ap.add_argument("forms", help="comma list; an empty entry is the default choice")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tokens", type=int, nargs="+", default=None)
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     forms = args.forms.split(",")
     rows, logs = [], {f or "default": [] for f in forms}
-    for idx, (h, i, e, which, n, k, t, kind) in enumerate(b._rows()):
-        _, offs, x, w, g = b._case(n, k, e, t, kind, idx)
+    for idx, (h, i, e, which, n, k, t, kind) in enumerate(b._rows(args.tokens)):
+        _, offs, x, w, g = b._case(n, k, e, t, kind, b.case_seed(idx, args.seed))
         make, peer = b.op_callables(args.op, x, w, g, offs)
         fns = {"torch": peer, **{f or "default": make(f).launch for f in forms}}
         med = timing.time_interleaved(fns, rounds=args.rounds)

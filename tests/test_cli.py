@@ -167,3 +167,12 @@ def test_grouped_gemm_rows_are_the_grid_or_its_layers_at_other_token_counts():
     assert len(off) == len(bench_gg.LAYERS) * 2 * 2
     assert {r[6] for r in off} == {256, 1024} and {r[-1] for r in off} == {"random"}
     assert [r[:6] for r in off[::2]] == [r[:6] for r in grid if r[-1] == "random"][::len(bench_gg.TOKENS)]
+
+
+def test_grouped_gemm_group_draws_keep_the_grids_and_differ_by_seed():
+    """Draw 0 is the published grid's (each row seeded by its index); other draws differ."""
+    from cake_moe.bench import grouped_gemm as bench_gg
+    assert [bench_gg.case_seed(i) for i in range(3)] == [0, 1, 2]
+    grid = bench_gg._sizes(4096, 16, "random", bench_gg.case_seed(0))
+    other = bench_gg._sizes(4096, 16, "random", bench_gg.case_seed(0, seed=1))
+    assert sum(grid) == sum(other) == 4096 and grid != other

@@ -47,6 +47,11 @@ def _rows(tokens=None):
         yield (4096, 2048, 9, "w2", 4096, 2048, 16384, "empty")
 
 
+def case_seed(row: int, seed: int = 0) -> int:
+    """The group-size seed of a row (its index in ``_rows``) in draw ``seed`` (0: the grid's)."""
+    return row + 1000 * seed
+
+
 def _case(n, k, e, t, kind, seed):
     sizes = _sizes(t, e, kind, seed)
     offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
@@ -93,7 +98,7 @@ def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False, tokens=None, seed: i
     """``seed`` offsets every row's group-size draw (0: the published grid's group sizes)."""
     out = []
     for idx, (h, i, e, which, n, k, t, kind) in enumerate(_rows(tokens)):
-        sizes, offs, x, w, g = _case(n, k, e, t, kind, idx + 1000 * seed)
+        sizes, offs, x, w, g = _case(n, k, e, t, kind, case_seed(idx, seed))
         flops = 2.0 * t * n * k
         dense_a = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         dense_b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
