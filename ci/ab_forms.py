@@ -27,8 +27,7 @@ def main() -> None:
     args = ap.parse_args()
     forms = args.forms.split(",")
     rows, logs = [], {f or "default": [] for f in forms}
-    for idx, (h, i, e, which, n, k, t, kind) in enumerate(b._rows(args.tokens)):
-        _, offs, x, w, g = b._case(n, k, e, t, kind, b.case_seed(idx, args.seed))
+    for (h, i, e, which, n, k, t, kind), (_, offs, x, w, g) in b.cases(args.tokens, args.seed):
         make, peer = b.op_callables(args.op, x, w, g, offs)
         fns = {"torch": peer, **{f or "default": make(f).launch for f in forms}}
         med = timing.time_interleaved(fns, rounds=args.rounds)

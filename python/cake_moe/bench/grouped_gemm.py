@@ -52,6 +52,14 @@ def case_seed(row: int, seed: int = 0) -> int:
     return row + 1000 * seed
 
 
+def cases(tokens=None, seed: int = 0):
+    """Each row of ``_rows(tokens)`` with its inputs ``(sizes, offs, x, w, g)`` in draw ``seed``:
+    what the benchmark and ``ci/ab_forms.py`` time."""
+    for idx, row in enumerate(_rows(tokens)):
+        h, i, e, which, n, k, t, kind = row
+        yield row, _case(n, k, e, t, kind, case_seed(idx, seed))
+
+
 def _case(n, k, e, t, kind, seed):
     sizes = _sizes(t, e, kind, seed)
     offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
@@ -97,8 +105,7 @@ def _sweep_fns(op, make) -> dict:
 def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False, tokens=None, seed: int = 0) -> list[dict]:
     """``seed`` offsets every row's group-size draw (0: the published grid's group sizes)."""
     out = []
-    for idx, (h, i, e, which, n, k, t, kind) in enumerate(_rows(tokens)):
-        sizes, offs, x, w, g = _case(n, k, e, t, kind, case_seed(idx, seed))
+    for (h, i, e, which, n, k, t, kind), (sizes, offs, x, w, g) in cases(tokens, seed):
         flops = 2.0 * t * n * k
         dense_a = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         dense_b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
