@@ -116,6 +116,12 @@ static void test_grouped_gemm_tiles() {
   EXPECT(choose_sm90_tile(1024, 16, 1536, false, sms).bn == 192);
   const Sm90Tile dgrad_64_rows = choose_sm90_tile(512, 8, 7168, true, sms);
   EXPECT(dgrad_64_rows.bm == 128 && dgrad_64_rows.bn == 256);
+  // Under 300 rows per group 128x192 at a cost of 0.87 of 128x128 (2026-12-04 A/B, draws 4 and 5):
+  // fwd (4096, 2048, 9) w2 T = 768 and dgrad (2048, 768, 16) w13 T = 2048 take 128x192; with 300 or
+  // more rows per group the 0.85 margin keeps 128x128 at the same cost ratio.
+  EXPECT(choose_sm90_tile(768, 9, 4096, false, sms).bn == 192);
+  EXPECT(choose_sm90_tile(2048, 16, 2048, true, sms).bn == 192);
+  EXPECT(choose_sm90_tile(3168, 8, 1536, false, sms).bn == 128);  // 396 rows per group, 0.87
 }
 
 int main(int argc, char** argv) {
