@@ -122,6 +122,12 @@ static void test_grouped_gemm_tiles() {
   EXPECT(choose_sm90_tile(768, 9, 4096, false, sms).bn == 192);
   EXPECT(choose_sm90_tile(2048, 16, 2048, true, sms).bn == 192);
   EXPECT(choose_sm90_tile(3168, 8, 1536, false, sms).bn == 128);  // 396 rows per group, 0.87
+  // Under 48 rows per group: 128x192 where it needs one wave and 64x128 two (2026-12-04 A/B, draws
+  // 4-6: dgrad (4096, 2048, 9) w2 T = 384 x1.07-1.32, fwd (2048, 768, 16) w13 T = 256 x1.03);
+  // 64x128 where 128x192 saves only one wave of three (fwd (4096, 2048, 9) w2 T = 256).
+  EXPECT(choose_sm90_tile(384, 9, 2048, true, sms).bn == 192);
+  EXPECT(choose_sm90_tile(256, 16, 1536, false, sms).bn == 192);
+  EXPECT(choose_sm90_tile(256, 9, 4096, false, sms).bm == 64);
 }
 
 int main(int argc, char** argv) {

@@ -2,6 +2,7 @@
 // host-side facts are available (the group sizes live on the device): the row capacity, the group
 // count and the output width.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -28,6 +29,16 @@ inline double sm90_tile_cost(int64_t rows, int32_t num_groups, int32_t n_out, in
   return waves * (bn / 128.0) * per_flop;
 }
 
+// Groups averaging under 48 rows: each nonempty group has at least one M tile, so the tiles are
+// counted as max(groups, rows / bm + half a tile per group). A wave of 64x128 tiles costs ~0.8 of
+// a 128x128 wave (fitted to the 2026-12-04 small-T sweeps: they took 0.69-0.86 of it where
+// 128x192 was the alternative), a 128x192 wave 1.5 x 0.87 of it as above.
+inline double sm90_small_group_cost(int64_t rows, int32_t num_groups, int32_t n_out, int bm, int bn, int sms) {
+  const double m_tiles = std::max(double(num_groups), double(rows) / bm + 0.5 * num_groups);
+  const double waves = std::ceil(m_tiles * double((n_out + bn - 1) / bn) / double(sms > 0 ? sms : 1));
+  return waves * (bm == 64 ? 0.8 : (bn / 128.0) * 0.87);
+}
+
 // Measured on the H200 (docs/grouped_gemm_experiments.md). 64-row tiles pay off only when groups
 // average under 48 rows, where a 128-row tile would be mostly padding: at 48-96 rows per group
 // the 128-row tiles were 3-27% faster on 21 of 24 rows, even on two, 3.6% slower on one (tile
@@ -43,9 +54,17 @@ inline double sm90_tile_cost(int64_t rows, int32_t num_groups, int32_t n_out, in
 // default path with 128x192 ran 4.5% faster (geomean; 40 faster, 6 slower by up to 10.5%, where
 // the actual 128-row tiles fill their waves: the host cannot see that), same-call A/B,
 // bench/results/2026-12-04_h200_grouped_gemm_192_margin_ab.md. No grid row changes.
+// Under 48 rows per group, 128x192 replaces 64x128 where it needs fewer whole waves at a lower
+// cost (sm90_small_group_cost): e.g. one wave against two. In a same-call A/B on three fresh
+// draws at T = 256..512 the 18 rows this changes ran 3-31% faster (geomean x1.086), none slower
+// (bench/results/2026-12-04_h200_grouped_gemm_small_groups_ab.md).
 inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out, bool dgrad, int sms) {
   const int64_t per_group = num_groups > 0 ? rows / num_groups : rows;
-  if (per_group < 48) return kSm90Tiles[2];
+  if (per_group < 48) {
+    const bool wider = sm90_small_group_cost(rows, num_groups, n_out, 128, 192, sms) <
+                       sm90_small_group_cost(rows, num_groups, n_out, 64, 128, sms);
+    return wider ? kSm90Tiles[3] : kSm90Tiles[2];
+  }
   const auto cost = [&](const Sm90Tile& t) { return sm90_tile_cost(rows, num_groups, n_out, t.bn, sms); };
   Sm90Tile best = kSm90Tiles[0];
   if (dgrad ? cost(kSm90Tiles[1]) < cost(best) : per_group >= 2048 && n_out >= 512) best = kSm90Tiles[1];
