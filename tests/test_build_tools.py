@@ -115,7 +115,10 @@ def test_sm90_tile_lists_agree():
     table = re.search(r"kSm90Tiles\[\]\s*=\s*\{(.*?)\};", header, re.S).group(1)
     host = {tuple(int(v) for v in m) for m in re.findall(r"\{(\d+),\s*(\d+),\s*(\d+)\}", table)}
     assert host == built
-    assert sorted(SM90_TILES) == sorted(f"{bm}x{bn}" for bm, bn, _ in built)
+    split = {(bm, bn, st) for bm, bn, st in forms.SM90_GG_SPLIT_TILES}
+    table = re.search(r"kSm90SplitTiles\[\]\s*=\s*\{(.*?)\};", header, re.S).group(1)
+    assert {tuple(int(v) for v in m) for m in re.findall(r"\{(\d+),\s*(\d+),\s*(\d+),\s*true\}", table)} == split
+    assert sorted(SM90_TILES) == sorted([f"{bm}x{bn}" for bm, bn, _ in built] + [f"{bm}x{bn}_st" for bm, bn, _ in split])
 
 
 def test_mxfp4_moe_tile_lists_agree():

@@ -20,10 +20,11 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     // Tensor-map encoding needs a current context: autograd's backward runs on its own threads.
     runtime::ScopedDevice scope(p.device);
     const bool dgrad = p.op == Op::kDgrad;
-    const sm90::GroupedGemmGeometry geo{tile.bm, tile.bn, tile.stages};
-    bound_.form = std::string("gg_sm90_") + op_name(p.op) + "_" + std::to_string(tile.bm) + "x" + std::to_string(tile.bn);
+    const sm90::GroupedGemmGeometry geo{tile.bm, tile.bn, tile.stages, tile.split_tail};
+    bound_.form = sm90_form_name(p.op, tile);
     const std::string kernel = "cake_gg_sm90_" + std::string(op_name(p.op)) + "_" + std::to_string(tile.bm) + "x" +
-                               std::to_string(tile.bn) + "x64_s" + std::to_string(tile.stages);
+                               std::to_string(tile.bn) + "x64_s" + std::to_string(tile.stages) +
+                               (tile.split_tail ? "_st" : "");
     const int64_t n_out = dgrad ? p.k : p.n;
     const int64_t k_red = dgrad ? p.n : p.k;
     std::memset(bound_.params.get(), 0, sizeof(sm90::GroupedGemmParams));
@@ -43,9 +44,10 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     bound_.kernel = runtime::get_kernel(bound_.form, kernel.c_str(), p.device);
     runtime::set_max_dynamic_smem(bound_.kernel, p.device, geo.smem_bytes());
     // Persistent: one CTA per SM at most; the tile count is only known on the device, so the
-    // grid is min(SMs, an upper bound on tiles) and surplus CTAs exit at once.
+    // grid is min(SMs, an upper bound on work units) and surplus CTAs exit at once (with the
+    // split tail a unit may be half a tile).
     const int64_t n_tiles = (n_out + tile.bn - 1) / tile.bn;
-    const int64_t upper = ((p.rows + tile.bm - 1) / tile.bm + p.num_groups) * n_tiles;
+    const int64_t upper = ((p.rows + tile.bm - 1) / tile.bm + p.num_groups) * n_tiles * (tile.split_tail ? 2 : 1);
     bound_.cfg.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(runtime::device_sm_count(p.device), upper)));
     bound_.cfg.block[0] = sm90::GroupedGemmGeometry::kThreads;
     bound_.cfg.smem_bytes = geo.smem_bytes();
@@ -55,6 +57,11 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
 };
 
 }  // namespace
+
+std::string sm90_form_name(Op op, const Sm90Tile& tile) {
+  return std::string("gg_sm90_") + op_name(op) + "_" + std::to_string(tile.bm) + "x" + std::to_string(tile.bn) +
+         (tile.split_tail ? "_st" : "");
+}
 
 std::unique_ptr<Launch> make_sm90_launch(const Problem& p, Sm90Tile tile) {
   if (p.op == Op::kWgrad) throw NotImplemented("the sm_90a fwd/dgrad launcher does not run wgrad");

@@ -3,6 +3,7 @@
 // encoded once at construction; launch() is a single cuLaunchKernelEx.
 #pragma once
 #include <memory>
+#include <string>
 
 #include "grouped_gemm/params.cuh"
 #include "host/grouped_gemm/heuristics_sm90.hpp"
@@ -11,5 +12,8 @@
 namespace cake_moe::grouped_gemm {
 
 std::unique_ptr<Launch> make_sm90_launch(const Problem& p, Sm90Tile tile);
+
+// The form name of a tile: gg_sm90_<op>_<BM>x<BN>, with `_st` for the split tail.
+std::string sm90_form_name(Op op, const Sm90Tile& tile);
 
 }  // namespace cake_moe::grouped_gemm

@@ -28,6 +28,13 @@
 //                    producer decodes each tile and hands it to the consumers
 //                    with the tile's first stage (unit_slots.cuh), so they
 //                    start a tile without a decode of their own.
+//   split tail       (kSplitTail) when the last wave holds at most half the
+//                    grid's CTAs, its tiles run as two halves along N, each
+//                    on its own CTA (the consumer warpgroups on m64 x kWgTileN/2),
+//                    so the kernel ends after half a tile instead of a whole
+//                    one. The tile count is known only here, so every thread
+//                    decides from it; a half computes its output columns with
+//                    the same k16 steps in the same order: the same bits.
 //
 // Every output element is produced by one CTA with a fixed reduction order:
 // results are bitwise reproducible run to run.
@@ -54,9 +61,11 @@ namespace sm90 {
 
 enum class GroupedGemmOp : int { kFwd = 0, kDgrad = 1 };
 
+// kSplitTail: a short last wave runs as N halves (above).
 // kRasterN: n-tiles per raster band of the scheduler (L2 reuse).
 // kTableSize: scheduler smem slots (groups per slot grow beyond it).
-template <GroupedGemmOp kOp, int kBM, int kBN, int kStages, int kRasterN = 8, int kTableSize = 1024>
+template <GroupedGemmOp kOp, int kBM, int kBN, int kStages, bool kSplitTail = false, int kRasterN = 8,
+          int kTableSize = 1024>
 struct GroupedGemmKernel {
   // ---- tiling -----------------------------------------------------------------
   // 64 bf16 = 128 bytes: exactly one row of the 128-byte swizzle atom, so one TMA
@@ -69,12 +78,13 @@ struct GroupedGemmKernel {
   static constexpr int kWgN = kNumConsumerWG / kWgM;  // ... and along N
   static constexpr int kWgTileN = kBN / kWgN;         // wgmma N of one warpgroup
   static constexpr bool kBNMajor = kOp == GroupedGemmOp::kDgrad;
-  static constexpr int kAccRegs = kWgTileN / 2;
   // the form's parameters, for hosts and harnesses
   static constexpr GroupedGemmOp kOperation = kOp;
   static constexpr int kBlockM = kBM;
   static constexpr int kBlockN = kBN;
   static constexpr int kNumStages = kStages;
+  static constexpr bool kSplitsTail = kSplitTail;
+  static constexpr int kHalfN = kWgTileN / 2;  // a warpgroup's N on a half tile
 
   static_assert(kBM == 64 || kBM == 128, "BM: one m64 wgmma per consumer warpgroup (128) or a shared m64 (64)");
   static_assert(kWgM * kWgN == kNumConsumerWG, "consumer warpgroups must tile the CTA tile exactly");
@@ -84,6 +94,8 @@ struct GroupedGemmKernel {
   static_assert(kWgTileN % 64 == 0, "a warpgroup's N range must be whole 64-column chunks (N-major LBO, stores)");
   static_assert(kStages >= 2, "need at least double buffering");
   static_assert(kRasterN >= 1, "raster width");
+  static_assert(!kSplitTail || (kBM == 128 && kHalfN % 64 == 0),
+                "a half tile is whole 64-column chunks of both 64-row slices (stores, N-major boxes)");
 
   // ---- shared memory ------------------------------------------------------------
   static constexpr uint32_t kABytes = kBM * kBK * 2;  // one A stage
@@ -113,7 +125,8 @@ struct GroupedGemmKernel {
 
   // ---- TMA boxes (host encodes the tensor maps with these) -------------------------
   static constexpr int kBoxAInner = kBK, kBoxARows = kBM;
-  static constexpr int kBoxBInner = 64, kBoxBRows = kBNMajor ? kBK : kBN;
+  // fwd with kSplitTail: B as two boxes of kBN / 2 rows, so a half tile loads one
+  static constexpr int kBoxBInner = 64, kBoxBRows = kBNMajor ? kBK : (kSplitTail ? kBN / 2 : kBN);
   static constexpr int kBoxDInner = 64, kBoxDRows = 64;
   static_assert(kBoxARows <= 256 && kBoxBRows <= 256, "TMA box dims are limited to 256");
 
@@ -123,8 +136,6 @@ struct GroupedGemmKernel {
   static_assert(128 * kProducerRegs + 128 * kNumConsumerWG * kConsumerRegs <=
                     kNumThreads * ptx::launch_regs_per_thread(kNumThreads),
                 "setmaxnreg budgets must fit the CTA's launch allocation");
-
-  using Mma = ptx::WgmmaBf16SS<kWgTileN, kBNMajor ? 1 : 0>;
 
   // Per-thread state and steps of a consumer warpgroup.
   struct Consumer {
@@ -145,10 +156,12 @@ struct GroupedGemmKernel {
       return tile_reader.read(slots);
     }
 
-    // Accumulate one tile into `acc`.
-    __device__ __forceinline__ void mainloop(float (&acc)[kAccRegs]) {
+    // Accumulate one tile (kN = kWgTileN) or half tile (kHalfN) into `acc`.
+    template <int kN>
+    __device__ __forceinline__ void mainloop(float (&acc)[kN / 2]) {
+      using Mma = ptx::WgmmaBf16SS<kN, kBNMajor ? 1 : 0>;
 #pragma unroll
-      for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
+      for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
       ptx::reg_fence(acc);
       uint32_t prev_stage = 0;
       for (int32_t kb = 0; kb < k_blocks; ++kb) {
@@ -182,11 +195,12 @@ struct GroupedGemmKernel {
       if (k_blocks > 0 && lane == 0) ptx::mbar_arrive(&empty_bar[prev_stage]);
     }
 
-    // BF16 conversion and store of this warpgroup's 64 x kWgTileN part of `tile`.
-    __device__ __forceinline__ void epilogue(float (&acc)[kAccRegs], const GroupTile& tile,
+    // BF16 conversion and store of this warpgroup's 64 x kN part of `tile`.
+    template <int kN>
+    __device__ __forceinline__ void epilogue(float (&acc)[kN / 2], const GroupTile& tile,
                                              const GroupedGemmParams& p) {
       const int32_t r0 = tile.m0 + wm * 64;
-      const int32_t c0 = tile.n0 + wn * kWgTileN;
+      const int32_t c0 = tile.n0 + wn * kN;
       const int32_t rows_valid = min(max(tile.row_end - r0, 0), 64);
       if (rows_valid <= 0 || c0 >= p.n_out) return;  // uniform over the warpgroup
       // the previous TMA store must have finished reading the staging tile
@@ -196,7 +210,7 @@ struct GroupedGemmKernel {
       // one stmatrix.x4 per two 8-column blocks of the warp's 16 rows (common/c_fragment.cuh)
       const uint32_t sd_addr = ptx::smem_addr(sd);
 #pragma unroll
-      for (int i = 0; i < kWgTileN / 8; i += 2)
+      for (int i = 0; i < kN / 8; i += 2)
         stmatrix_c_blocks<kDChunkBytes>(sd_addr, (tid_wg / 32) * 16, i, acc, lane);
       ptx::fence_proxy_async_smem();  // make the tile visible to the TMA store
       ptx::named_barrier_sync(1 + cw, 128);
@@ -204,7 +218,7 @@ struct GroupedGemmKernel {
       if (rows_valid == 64) {
         if (tid_wg == 0) {
 #pragma unroll
-          for (int j = 0; j < kWgTileN / 64; ++j)
+          for (int j = 0; j < kN / 64; ++j)
             if (c0 + j * 64 < p.n_out)
               ptx::tma_store_2d(&p.tmap_d, sd + j * kDChunkBytes, c0 + j * 64, r0);  // bound: store
           ptx::tma_store_commit();
@@ -212,7 +226,7 @@ struct GroupedGemmKernel {
       } else {
         // group-boundary tile: only the group's rows, only columns < Nout
         // (Nout % 8 == 0, so a 16-B unit is wholly inside or outside).
-        constexpr int kUnitsPerRow = kWgTileN / 8;
+        constexpr int kUnitsPerRow = kN / 8;
         __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
         for (int idx = tid_wg; idx < rows_valid * kUnitsPerRow; idx += 128) {
           const int row = idx / kUnitsPerRow;
@@ -225,6 +239,37 @@ struct GroupedGemmKernel {
           }
         }
       }
+    }
+
+    // One tile (or half tile) from its first stage to its stores; each width has its own
+    // accumulators (their live ranges do not meet).
+    template <int kN>
+    __device__ __forceinline__ void run_tile(const GroupTile& tile, const GroupedGemmParams& p) {
+      float acc[kN / 2];
+      mainloop<kN>(acc);
+      epilogue<kN>(acc, tile, p);
+    }
+  };
+
+  // The work units of a launch: the scheduler's tiles, except that a last wave of at most half
+  // the grid runs as two N halves per tile (units split_from + 2 i and + 2 i + 1 are the halves
+  // of tile split_from + i). Every thread computes it alike from the tile count and the grid.
+  struct Units {
+    int32_t count;
+    int32_t split_from;
+    __device__ __forceinline__ Units(int32_t tiles, int32_t grid) {
+      const int32_t last = tiles % grid;
+      const bool split = kSplitTail && last > 0 && 2 * last <= grid;
+      split_from = split ? tiles - last : tiles;
+      count = split ? tiles + last : tiles;
+    }
+    __device__ __forceinline__ bool half(int32_t u) const { return u >= split_from; }
+    // the tile of unit u, n0 moved to the half's first column
+    __device__ __forceinline__ GroupTile tile(const Scheduler& sched, int32_t u) const {
+      if (!half(u)) return sched.tile(u);
+      GroupTile t = sched.tile(split_from + (u - split_from) / 2);
+      t.n0 += ((u - split_from) & 1) * (kBN / 2);
+      return t;
     }
   };
 
@@ -260,6 +305,7 @@ struct GroupedGemmKernel {
     sched.init(table, p.offs, p.num_groups, p.sum_m_capacity, p.offs_has_leading_zero, p.n_out);
 
     const int32_t k_blocks = (p.k_red + kBK - 1) / kBK;
+    const Units units(sched.total_tiles, int32_t(gridDim.x));
 
     if (warpgroup == 0) {
       // ============================ producer ============================
@@ -267,14 +313,15 @@ struct GroupedGemmKernel {
       if (tid_wg == 0) {
         uint32_t stage = 0, phase = 0;
         typename Slots::Writer tiles;
-        for (int32_t t = blockIdx.x; t < sched.total_tiles; t += gridDim.x) {
-          const GroupTile tile = sched.tile(t);
+        for (int32_t t = blockIdx.x; t < units.count; t += gridDim.x) {
+          const GroupTile tile = units.tile(sched, t);
+          const int32_t b_rows = units.half(t) ? kBN / 2 : kBN;  // a half tile's B: its columns only
           // dgrad: skip 64-column B chunks that lie wholly past Nout. Their smem
           // keeps stale data, which only feeds output columns that are never
           // stored (column c of the product depends on column c of B alone).
-          int32_t b_chunks = kBN / 64;
+          int32_t b_chunks = b_rows / 64;
           if (kBNMajor) b_chunks = min(b_chunks, (p.n_out - tile.n0 + 63) / 64);
-          const uint32_t tx_bytes = kABytes + (kBNMajor ? b_chunks * kBChunkBytes : kBBytes);
+          const uint32_t tx_bytes = kABytes + (kBNMajor ? b_chunks * kBChunkBytes : uint32_t(b_rows) * kBK * 2);
           for (int32_t kb = 0; kb < k_blocks; ++kb) {
             ptx::mbar_wait_parity(&empty_bar[stage], phase ^ 1u);
             if (kb == 0) tiles.publish(tile_slots, tile);  // k_blocks >= 1: the host refuses K = 0
@@ -289,7 +336,10 @@ struct GroupedGemmKernel {
                 ptx::tma_load_3d(&p.tmap_b, &full_bar[stage], sb + j * kBChunkBytes, tile.n0 + j * 64, kb * kBK,
                                  tile.group);
             } else {
-              ptx::tma_load_3d(&p.tmap_b, &full_bar[stage], sb, kb * kBK, tile.n0, tile.group);
+              // boxes of kBoxBRows rows: one per tile, or (kSplitTail) one per half
+              for (int32_t j = 0; j < b_rows / kBoxBRows; ++j)
+                ptx::tma_load_3d(&p.tmap_b, &full_bar[stage], sb + j * kBoxBRows * 128, kb * kBK,
+                                 tile.n0 + j * kBoxBRows, tile.group);
             }
             if (++stage == kStages) {
               stage = 0;
@@ -320,13 +370,13 @@ struct GroupedGemmKernel {
       c.slots = tile_slots;
       c.tile_reader = {};
 
-      const int32_t total = sched.total_tiles;
       const int32_t stride = gridDim.x;
-      float acc[kAccRegs];
-      for (int32_t t = blockIdx.x; t < total; t += stride) {
+      for (int32_t t = blockIdx.x; t < units.count; t += stride) {
         const GroupTile tile = c.next_tile();
-        c.mainloop(acc);
-        c.epilogue(acc, tile, p);
+        if (kSplitTail && units.half(t))
+          c.template run_tile<kHalfN>(tile, p);
+        else
+          c.template run_tile<kWgTileN>(tile, p);
       }
       // outstanding TMA stores must complete before the CTA (and its smem) goes away
       if (tid_wg == 0) ptx::tma_store_wait_all<0>();
