@@ -373,10 +373,13 @@ struct GroupedGemmKernel {
       const int32_t stride = gridDim.x;
       for (int32_t t = blockIdx.x; t < units.count; t += stride) {
         const GroupTile tile = c.next_tile();
-        if (kSplitTail && units.half(t))
-          c.template run_tile<kHalfN>(tile, p);
-        else
-          c.template run_tile<kWgTileN>(tile, p);
+        if constexpr (kSplitTail) {
+          if (units.half(t)) {
+            c.template run_tile<kHalfN>(tile, p);
+            continue;
+          }
+        }
+        c.template run_tile<kWgTileN>(tile, p);
       }
       // outstanding TMA stores must complete before the CTA (and its smem) goes away
       if (tid_wg == 0) ptx::tma_store_wait_all<0>();
