@@ -33,6 +33,9 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     q.tmap_b = runtime::encode_bf16_experts(p.b, p.num_groups, p.n, p.k, uint32_t(geo.box_b_rows(dgrad)),
                                            p.b_row_stride, p.b_expert_stride);  // w [E, N, K]
     q.tmap_d = runtime::encode_bf16_rows(p.out, n_out, p.rows, 64);
+    if (tile.split_tail && !dgrad)
+      q.tmap_b_half = runtime::encode_bf16_experts(p.b, p.num_groups, p.n, p.k, uint32_t(geo.box_b_half_rows()),
+                                                   p.b_row_stride, p.b_expert_stride);
     q.out = p.out;
     q.offs = p.offs;
     q.num_groups = p.num_groups;

@@ -19,6 +19,8 @@
 //           Nout*2 bytes, box {64, 64}; used for TMA stores of tiles whose 64
 //           rows all lie inside their group (other tiles use predicated
 //           16-byte stores through `out`).
+//   tmap_b_half: fwd split-tail forms only: tmap_b with box {64, BN/2, 1}
+//           (a half tile's weight rows); unused (zero) otherwise.
 // Kernel<...>::kBoxA_rows / kBoxB_inner / kBoxB_rows in
 // sm90_bf16_grouped_gemm.cuh give the boxes per form.
 //
@@ -51,6 +53,7 @@ struct GroupedGemmParams {
   CUtensorMap tmap_a;  // activations A (X or G), see above
   CUtensorMap tmap_b;  // weights w [E, N, K] as a 3D map
   CUtensorMap tmap_d;  // output (Y or dX), TMA-store map
+  CUtensorMap tmap_b_half;  // fwd split tail: half tiles' weight rows (see above)
   void* out;           // output base, bf16 [sum_m_capacity, Nout] row-major
   const int32_t* offs;  // group offsets on the device
   int32_t num_groups;   // E
@@ -63,7 +66,7 @@ struct GroupedGemmParams {
 
 static_assert(alignof(CUtensorMap) >= 64, "CUtensorMap must be at least 64-byte aligned (128 in CUDA 13 headers)");
 static_assert(offsetof(GroupedGemmParams, tmap_a) % 64 == 0 && offsetof(GroupedGemmParams, tmap_b) % 64 == 0 &&
-                  offsetof(GroupedGemmParams, tmap_d) % 64 == 0,
+                  offsetof(GroupedGemmParams, tmap_d) % 64 == 0 && offsetof(GroupedGemmParams, tmap_b_half) % 64 == 0,
               "tensor maps must stay 64-byte aligned inside the parameter block");
 static_assert(sizeof(GroupedGemmParams) <= 4096, "kernel parameters are limited to 4 KB");
 

@@ -125,8 +125,10 @@ struct GroupedGemmKernel {
 
   // ---- TMA boxes (host encodes the tensor maps with these) -------------------------
   static constexpr int kBoxAInner = kBK, kBoxARows = kBM;
-  // fwd with kSplitTail: B as two boxes of kBN / 2 rows, so a half tile loads one
-  static constexpr int kBoxBInner = 64, kBoxBRows = kBNMajor ? kBK : (kSplitTail ? kBN / 2 : kBN);
+  static constexpr int kBoxBInner = 64, kBoxBRows = kBNMajor ? kBK : kBN;
+  // fwd with kSplitTail: a half tile's B through tmap_b_half, boxes of kBN / 2 rows (loading a
+  // whole tile's B as two such boxes instead cost the fwd 1-3% at large T on the H200)
+  static constexpr int kBoxBHalfRows = kBN / 2;
   static constexpr int kBoxDInner = 64, kBoxDRows = 64;
   static_assert(kBoxARows <= 256 && kBoxBRows <= 256, "TMA box dims are limited to 256");
 
@@ -299,6 +301,7 @@ struct GroupedGemmKernel {
       ptx::tma_prefetch_desc(&p.tmap_a);
       ptx::tma_prefetch_desc(&p.tmap_b);
       ptx::tma_prefetch_desc(&p.tmap_d);
+      if (kSplitTail && !kBNMajor) ptx::tma_prefetch_desc(&p.tmap_b_half);
     }
     Scheduler sched;
     // collective; its __syncthreads also publish the barrier init
@@ -336,10 +339,8 @@ struct GroupedGemmKernel {
                 ptx::tma_load_3d(&p.tmap_b, &full_bar[stage], sb + j * kBChunkBytes, tile.n0 + j * 64, kb * kBK,
                                  tile.group);
             } else {
-              // boxes of kBoxBRows rows: one per tile, or (kSplitTail) one per half
-              for (int32_t j = 0; j < b_rows / kBoxBRows; ++j)
-                ptx::tma_load_3d(&p.tmap_b, &full_bar[stage], sb + j * kBoxBRows * 128, kb * kBK,
-                                 tile.n0 + j * kBoxBRows, tile.group);
+              const CUtensorMap* map = kSplitTail && units.half(t) ? &p.tmap_b_half : &p.tmap_b;
+              ptx::tma_load_3d(map, &full_bar[stage], sb, kb * kBK, tile.n0, tile.group);
             }
             if (++stage == kStages) {
               stage = 0;

@@ -13,7 +13,7 @@ struct GroupedGemmGeometry {
   int bm;
   int bn;
   int stages;
-  bool split_tail = false;  // a short last wave as N halves (the fwd then loads B in half boxes)
+  bool split_tail = false;  // a short last wave as N halves (the fwd's half tiles: box_b_half_rows)
   int table = 1024;  // scheduler smem slots
 
   static constexpr int kBK = 64;  // one 128-byte swizzle row of bf16
@@ -29,7 +29,8 @@ struct GroupedGemmGeometry {
            + 1024u;                                         // run-time 1024-B alignment of the base
   }
   CAKE_HD constexpr int box_a_rows() const { return bm; }
-  CAKE_HD constexpr int box_b_rows(bool dgrad) const { return dgrad ? kBK : split_tail ? bn / 2 : bn; }
+  CAKE_HD constexpr int box_b_rows(bool dgrad) const { return dgrad ? kBK : bn; }
+  CAKE_HD constexpr int box_b_half_rows() const { return bn / 2; }
 };
 
 }  // namespace cake_moe::sm90
