@@ -4,16 +4,36 @@ Each row's callables (torch's peer and every named form) are timed round-robin
 (`timing.time_interleaved`), so clock and power drift during the run falls on all of them alike.
 
 usage: python ci/ab_forms.py OP FORM[,FORM...] [--rounds R] [--json PATH] [--tokens T ...] [--seed S]
-  OP: fwd, dgrad or wgrad (det); FORM: as `prepare_grouped_gemm_*(form=...)` takes it.
+  OP: fwd, dgrad or wgrad (det); FORM: as `prepare_grouped_gemm_*(form=...)` takes it, optionally
+  prefixed with NAME=VALUE: to prepare it with that environment variable set (a switch read when
+  a launch is prepared, e.g. CAKE_MOE_GG_SPLIT_TAIL=0:gg_sm90_fwd_128x256).
   --tokens / --seed: the grid's layers at other token counts / other group draws, as
   `cake-moe bench grouped-gemm` takes them (a tile rule for small T is checked this way).
 """
 import argparse
 import json
 import math
+import os
 
 from cake_moe.bench import grouped_gemm as b
 from cake_moe.bench import timing
+
+
+def prepared(make, entry: str):
+    """The launch of one FORM entry: `make(form)`, under the entry's NAME=VALUE: prefix if any."""
+    env, sep, form = entry.rpartition(":") if "=" in entry.split(":")[0] else ("", "", entry)
+    if not sep:
+        return make(form)
+    name, _, value = env.partition("=")
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return make(form)
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
 
 
 def main() -> None:
@@ -29,7 +49,7 @@ def main() -> None:
     rows, logs = [], {f or "default": [] for f in forms}
     for (h, i, e, which, n, k, t, kind), (_, offs, x, w, g) in b.cases(args.tokens, args.seed):
         make, peer = b.op_callables(args.op, x, w, g, offs)
-        fns = {"torch": peer, **{f or "default": make(f).launch for f in forms}}
+        fns = {"torch": peer, **{f or "default": prepared(make, f).launch for f in forms}}
         med = timing.time_interleaved(fns, rounds=args.rounds)
         names = list(fns)
         row = {"op": args.op, "N": n, "K": k, "E": e, "T": t, "groups": kind, "ms": med}

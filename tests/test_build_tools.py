@@ -110,15 +110,13 @@ def test_sm90_tile_lists_agree():
         sys.path.pop(0)
     from cake_moe.bench.grouped_gemm import SM90_TILES
 
-    built = {(bm, bn, st) for bm, bn, st in forms.SM90_GG_TILES}
+    built = set(forms.SM90_GG_TILES)
     header = (root / "cpp" / "host" / "grouped_gemm" / "heuristics_sm90.hpp").read_text()
     table = re.search(r"kSm90Tiles\[\]\s*=\s*\{(.*?)\};", header, re.S).group(1)
-    host = {tuple(int(v) for v in m) for m in re.findall(r"\{(\d+),\s*(\d+),\s*(\d+)\}", table)}
+    host = {(int(bm), int(bn), int(st), split == "true")
+            for bm, bn, st, split in re.findall(r"\{(\d+),\s*(\d+),\s*(\d+)(?:,\s*(true|false))?\}", table)}
     assert host == built
-    split = {(bm, bn, st) for bm, bn, st in forms.SM90_GG_SPLIT_TILES}
-    table = re.search(r"kSm90SplitTiles\[\]\s*=\s*\{(.*?)\};", header, re.S).group(1)
-    assert {tuple(int(v) for v in m) for m in re.findall(r"\{(\d+),\s*(\d+),\s*(\d+),\s*true\}", table)} == split
-    assert sorted(SM90_TILES) == sorted([f"{bm}x{bn}" for bm, bn, _ in built] + [f"{bm}x{bn}_st" for bm, bn, _ in split])
+    assert sorted(SM90_TILES) == sorted(f"{bm}x{bn}" for bm, bn, _, _ in built)
 
 
 def test_mxfp4_moe_tile_lists_agree():

@@ -498,66 +498,59 @@ def test_every_sm90_tile_form(op, tile):
         cake_moe.prepare_grouped_gemm_fwd(x, w, offs, form="gg_sm90_fwd_32x32")
 
 
-def _split_tail_sizes(layout: str, n_out: int, bn: int) -> list[int]:
-    """Group sizes whose tiles at BM = 128 put the split tail to work on this GPU: all in one
-    wave of at most half the SMs ("one_wave"), or whole waves and then 1..n_tiles tiles
+def _split_tail_sizes(layout: str, n_out: int) -> list[int]:
+    """Group sizes whose 128x256 tiles put the split tail to work on this GPU: all in one wave
+    of at most half the SMs ("one_wave"), or whole waves and then 1..n_tiles tiles
     ("short_last_wave"); five groups with ragged last tiles (one of one row)."""
     if layout == "one_wave":
         return PATTERNS["mixed"]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    n_tiles = -(-n_out // bn)
+    n_tiles = -(-n_out // 256)
     m_tiles = -(-(sms + 1) // n_tiles)  # tiles in [sms + 1, sms + n_tiles]: a short last wave
     per = [m_tiles // 5 + (1 if i < m_tiles % 5 else 0) for i in range(5)]
     return [128 * (m - 1) + 1 + 31 * i for i, m in enumerate(per)]  # last tiles of 1..125 rows
 
 
+def _split_and_whole(monkeypatch, prepare, *args, **kwargs):
+    """(split, whole): launches of the same problem with the split tail on (the default) and
+    off (CAKE_MOE_GG_SPLIT_TAIL=0, read when a launch is prepared)."""
+    split = prepare(*args, **kwargs)
+    monkeypatch.setenv("CAKE_MOE_GG_SPLIT_TAIL", "0")
+    whole = prepare(*args, **kwargs)
+    monkeypatch.delenv("CAKE_MOE_GG_SPLIT_TAIL")
+    return split, whole
+
+
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])
-@pytest.mark.parametrize("tile", ["128x128", "128x256"])
 @pytest.mark.parametrize("layout,n_out", [("one_wave", 512), ("short_last_wave", 512), ("one_wave", 200),
                                           ("short_last_wave", 200)])
-def test_split_tail_gives_the_unsplit_bits(op, tile, layout, n_out):
-    """The split-tail form of a tile (a last wave of at most half the grid run as N halves) gives
-    the bits of the same tile unsplit, inside the budget, with rows past the last group untouched;
-    the sizes make the split happen on this GPU (n_out 200: a half past Nout, or partly past)."""
-    bn = int(tile.split("x")[1])
-    sizes = _split_tail_sizes(layout, n_out, bn)
+def test_split_tail_gives_the_whole_tiles_bits(monkeypatch, op, layout, n_out):
+    """The 128x256 form with its split tail (a last wave of at most half the grid run as N
+    halves) gives the bits of whole tiles, inside the budget, with rows past the last group
+    untouched; the sizes make the split happen on this GPU (n_out 200: a half partly past Nout)."""
+    sizes = _split_tail_sizes(layout, n_out)
     n, k = (n_out, 264) if op == "fwd" else (264, n_out)
     x, w, g, offs = _problem(sizes, n, k, seed=7)
     a, prepare, want = ((x, cake_moe.prepare_grouped_gemm_fwd, ref.fwd(x, w, offs)) if op == "fwd" else
                         (g, cake_moe.prepare_grouped_gemm_dgrad, ref.dgrad(g, w, offs)))
-    outs = {}
-    for form in (f"gg_sm90_{op}_{tile}", f"gg_sm90_{op}_{tile}_st"):
-        out = poison_(torch.empty(a.shape[0], n_out, dtype=torch.bfloat16, device="cuda"))
-        launch = prepare(a, w, offs, out=out, form=form)
-        assert launch.form == form
-        outs[form] = launch.launch()
-    split = outs[f"gg_sm90_{op}_{tile}_st"]
-    _check_rows(split, want)
-    assert torch.equal(split.view(torch.int16), outs[f"gg_sm90_{op}_{tile}"].view(torch.int16)), \
-        "the split tail changed the bits"
+    split, whole = _split_and_whole(monkeypatch, prepare, a, w, offs, form=f"gg_sm90_{op}_128x256")
+    poison_(split.out), poison_(whole.out)  # rows past the last group must stay poisoned
+    got = split.launch()
+    _check_rows(got, want)
+    assert torch.equal(got.view(torch.int16), whole.launch().view(torch.int16)), "the split tail changed the bits"
 
 
-def test_split_tail_halves_a_short_wave():
+def test_split_tail_halves_a_short_wave(monkeypatch):
     """The split actually runs: 20 tiles of 128x256 over a long K (one short wave) as 40 halves
-    end in about half the time of the unsplit form (expected ~0.55; a split that never happens
-    gives 1.0)."""
+    end in about half the time of whole tiles (expected ~0.55; no split gives 1.0). Timed
+    round-robin, so clock drift falls on both alike."""
+    from cake_moe.bench import timing
     x, w, _, offs = _problem(PATTERNS["mixed"], 512, 8192, seed=8)
-    ms = {}
-    for form in ("gg_sm90_fwd_128x256", "gg_sm90_fwd_128x256_st"):
-        launch = cake_moe.prepare_grouped_gemm_fwd(x, w, offs, form=form)
-        for _ in range(3):
-            launch.launch()
-        times = []
-        for _ in range(10):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            launch.launch()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        ms[form] = sorted(times)[len(times) // 2]
-    ratio = ms["gg_sm90_fwd_128x256_st"] / ms["gg_sm90_fwd_128x256"]
-    assert ratio < 0.8, f"split / unsplit time {ratio:.2f}: the last wave was not split"
+    split, whole = _split_and_whole(monkeypatch, cake_moe.prepare_grouped_gemm_fwd, x, w, offs,
+                                    form="gg_sm90_fwd_128x256")
+    ms = timing.time_interleaved({"split": split.launch, "whole": whole.launch}, rounds=6)
+    ratio = ms["split"] / ms["whole"]
+    assert ratio < 0.8, f"split / whole tiles time {ratio:.2f} ({ms}): the last wave was not split"
 
 
 @pytest.mark.parametrize("variant", ["det", "fast"])

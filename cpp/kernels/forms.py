@@ -64,21 +64,19 @@ def _format_forms() -> list[Form]:
     return forms
 
 
-# sm_90a grouped GEMM tiles: (BM, BN, stages). 128x128 wins at moderate T, 128x256 at large T,
-# 64x128 serves groups of a few dozen rows, 128x192 reads 1/6 fewer operand bytes per FLOP than
-# 128x128 with 2/3 the tiles of it (cpp/host/grouped_gemm/heuristics_sm90.hpp picks).
-SM90_GG_TILES = ((128, 128, 5), (128, 256, 3), (64, 128, 8), (128, 192, 4))
-# The same tiles with the split tail (a short last wave as N halves), by name (`_st`) only;
-# heuristics_sm90.hpp kSm90SplitTiles.
-SM90_GG_SPLIT_TILES = ((128, 128, 5), (128, 256, 3))
+# sm_90a grouped GEMM tiles: (BM, BN, stages, split tail). 128x128 wins at moderate T, 128x256 at
+# large T, 64x128 serves groups of a few dozen rows, 128x192 reads 1/6 fewer operand bytes per FLOP
+# than 128x128 with 2/3 the tiles of it (cpp/host/grouped_gemm/heuristics_sm90.hpp picks). The
+# 128x256 kernels run a short last wave as 128x128 halves (sm90_bf16_grouped_gemm.cuh); 128x128's
+# halves (128x64) measured no faster than whole tiles.
+SM90_GG_TILES = ((128, 128, 5, False), (128, 256, 3, True), (64, 128, 8, False), (128, 192, 4, False))
 
 
 def _grouped_gemm_sm90_forms() -> list[Form]:
     forms = []
-    tiles = [(t, False) for t in SM90_GG_TILES] + [(t, True) for t in SM90_GG_SPLIT_TILES]
     for op, enum in (("fwd", "kFwd"), ("dgrad", "kDgrad")):
-        for (bm, bn, st), split in tiles:
-            suffix, flag = ("_st", "true") if split else ("", "false")
+        for bm, bn, st, split in SM90_GG_TILES:
+            flag = "true" if split else "false"
             alias = f"cake_moe::sm90::GroupedGemmKernel<cake_moe::sm90::GroupedGemmOp::{enum}, {bm}, {bn}, {st}, {flag}>"
             geo = f"cake_moe::sm90::GroupedGemmGeometry{{{bm}, {bn}, {st}, {flag}}}"
             prelude = "\n".join([
@@ -91,10 +89,10 @@ def _grouped_gemm_sm90_forms() -> list[Form]:
                 f"static_assert(Form::kBoxBHalfRows == {geo}.box_b_half_rows());",
             ])
             forms.append(Form(
-                f"gg_sm90_{op}_{bm}x{bn}{suffix}", "grouped_gemm", "grouped_gemm/sm90_bf16_grouped_gemm.cuh",
+                f"gg_sm90_{op}_{bm}x{bn}", "grouped_gemm", "grouped_gemm/sm90_bf16_grouped_gemm.cuh",
                 "cake_moe::sm90::GroupedGemmParams",
-                (Kernel(f"cake_gg_sm90_{op}_{bm}x{bn}x64_s{st}{suffix}", "Form::run", threads=384, min_blocks=1),),
-                {"op": op, "bm": bm, "bn": bn, "bk": 64, "stages": st, **({"split_tail": True} if split else {})},
+                (Kernel(f"cake_gg_sm90_{op}_{bm}x{bn}x64_s{st}", "Form::run", threads=384, min_blocks=1),),
+                {"op": op, "bm": bm, "bn": bn, "bk": 64, "stages": st, "split_tail": split},
                 arches=("90a",), native=("90a",), prelude=prelude, validated=("90a",)))
     return forms
 

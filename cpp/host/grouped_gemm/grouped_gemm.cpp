@@ -51,21 +51,15 @@ int64_t workspace_bytes(const Problem& p) {
 
 namespace {
 // An explicitly requested form (benchmarks and tuning): gg_portable_<op>, gg_sm90_<op>_<BM>x<BN>,
-// gg_sm90_<op>_<BM>x<BN>_st, gg_sm90_wgrad_<variant>, gg_sm90_wgrad_<variant>_c2.
+// gg_sm90_wgrad_<variant>, gg_sm90_wgrad_<variant>_c2.
 std::unique_ptr<Launch> prepare_form(const Problem& p) {
   const std::string op = op_name(p.op);
   if (p.form == "gg_portable_" + op) return make_portable_launch(p);
   if (runtime::device_arch(p.device) == "90a") {
     for (const bool pair : {false, true})
       if (p.op == Op::kWgrad && p.form == sm90_wgrad_form(p.variant, pair)) return make_sm90_wgrad_launch(p, pair);
-    const auto named = [&](const auto& tiles) -> const Sm90Tile* {
-      for (const Sm90Tile& t : tiles)
-        if (p.form == sm90_form_name(p.op, t)) return &t;
-      return nullptr;
-    };
-    if (p.op != Op::kWgrad)
-      for (const Sm90Tile* t : {named(kSm90Tiles), named(kSm90SplitTiles)})
-        if (t != nullptr) return make_sm90_launch(p, *t);
+    for (const Sm90Tile& t : kSm90Tiles)
+      if (p.op != Op::kWgrad && p.form == sm90_form_name(p.op, t)) return make_sm90_launch(p, t);
   }
   throw ValueError("form '" + p.form + "' does not serve grouped GEMM " + op + " on sm_" +
                    runtime::device_arch(p.device) + " (see `cake-moe info`)");

@@ -12,13 +12,11 @@ namespace cake_moe::grouped_gemm {
 
 struct Sm90Tile {
   int bm, bn, stages;
-  bool split_tail = false;  // a short last wave as N halves (sm90_bf16_grouped_gemm.cuh); name suffix _st
+  bool split_tail = false;  // a short last wave as N halves (sm90_bf16_grouped_gemm.cuh)
 };
 
 // The forms compiled for sm_90a (cpp/kernels/forms.py, SM90_GG_TILES).
-inline constexpr Sm90Tile kSm90Tiles[] = {{128, 128, 5}, {128, 256, 3}, {64, 128, 8}, {128, 192, 4}};
-// The same tiles with the split tail, by name only (cpp/kernels/forms.py, SM90_GG_SPLIT_TILES).
-inline constexpr Sm90Tile kSm90SplitTiles[] = {{128, 128, 5, true}, {128, 256, 3, true}};
+inline constexpr Sm90Tile kSm90Tiles[] = {{128, 128, 5}, {128, 256, 3, true}, {64, 128, 8}, {128, 192, 4}};
 
 // Time of one wave of a tile form against a wave of 128x128 tiles, as (tile width) x (time per
 // FLOP). The wider tiles read fewer operand bytes per FLOP (128x192 0.87, 128x256 0.93 of

@@ -1,6 +1,7 @@
 #include "host/grouped_gemm/sm90_bf16_grouped_gemm.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -14,6 +15,13 @@
 namespace cake_moe::grouped_gemm {
 namespace {
 
+// CAKE_MOE_GG_SPLIT_TAIL=0 keeps a short last wave in whole tiles (same bits; for comparisons),
+// read when a launch is prepared.
+bool split_tail_enabled() {
+  const char* e = std::getenv("CAKE_MOE_GG_SPLIT_TAIL");
+  return !(e && e[0] == '0');
+}
+
 class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
  public:
   Sm90Launch(const Problem& p, Sm90Tile tile) {
@@ -23,8 +31,7 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     const sm90::GroupedGemmGeometry geo{tile.bm, tile.bn, tile.stages, tile.split_tail};
     bound_.form = sm90_form_name(p.op, tile);
     const std::string kernel = "cake_gg_sm90_" + std::string(op_name(p.op)) + "_" + std::to_string(tile.bm) + "x" +
-                               std::to_string(tile.bn) + "x64_s" + std::to_string(tile.stages) +
-                               (tile.split_tail ? "_st" : "");
+                               std::to_string(tile.bn) + "x64_s" + std::to_string(tile.stages);
     const int64_t n_out = dgrad ? p.k : p.n;
     const int64_t k_red = dgrad ? p.n : p.k;
     std::memset(bound_.params.get(), 0, sizeof(sm90::GroupedGemmParams));
@@ -43,6 +50,7 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     q.n_out = int32_t(n_out);
     q.k_red = int32_t(k_red);
     q.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
+    q.split_tail = tile.split_tail && split_tail_enabled() ? 1 : 0;
 
     bound_.kernel = runtime::get_kernel(bound_.form, kernel.c_str(), p.device);
     runtime::set_max_dynamic_smem(bound_.kernel, p.device, geo.smem_bytes());
@@ -62,8 +70,7 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
 }  // namespace
 
 std::string sm90_form_name(Op op, const Sm90Tile& tile) {
-  return std::string("gg_sm90_") + op_name(op) + "_" + std::to_string(tile.bm) + "x" + std::to_string(tile.bn) +
-         (tile.split_tail ? "_st" : "");
+  return std::string("gg_sm90_") + op_name(op) + "_" + std::to_string(tile.bm) + "x" + std::to_string(tile.bn);
 }
 
 std::unique_ptr<Launch> make_sm90_launch(const Problem& p, Sm90Tile tile) {

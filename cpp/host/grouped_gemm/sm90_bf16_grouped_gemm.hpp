@@ -13,7 +13,7 @@ namespace cake_moe::grouped_gemm {
 
 std::unique_ptr<Launch> make_sm90_launch(const Problem& p, Sm90Tile tile);
 
-// The form name of a tile: gg_sm90_<op>_<BM>x<BN>, with `_st` for the split tail.
+// The form name of a tile: gg_sm90_<op>_<BM>x<BN>.
 std::string sm90_form_name(Op op, const Sm90Tile& tile);
 
 }  // namespace cake_moe::grouped_gemm

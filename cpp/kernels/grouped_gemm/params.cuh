@@ -61,7 +61,8 @@ struct GroupedGemmParams {
   int32_t n_out;           // Nout: output width (N for fwd, K for dgrad)
   int32_t k_red;           // Kred: reduction length (K for fwd, N for dgrad)
   int32_t offs_has_leading_zero;  // 0: offs[E] cumulative ends; 1: offs[E+1] m_indptr
-  int32_t reserved_[3];
+  int32_t split_tail;             // split-tail forms: 1 runs a short last wave as N halves
+  int32_t reserved_[2];
 };
 
 static_assert(alignof(CUtensorMap) >= 64, "CUtensorMap must be at least 64-byte aligned (128 in CUDA 13 headers)");

@@ -259,9 +259,9 @@ struct GroupedGemmKernel {
   struct Units {
     int32_t count;
     int32_t split_from;
-    __device__ __forceinline__ Units(int32_t tiles, int32_t grid) {
+    __device__ __forceinline__ Units(int32_t tiles, int32_t grid, bool enabled) {
       const int32_t last = tiles % grid;
-      const bool split = kSplitTail && last > 0 && 2 * last <= grid;
+      const bool split = kSplitTail && enabled && last > 0 && 2 * last <= grid;
       split_from = split ? tiles - last : tiles;
       count = split ? tiles + last : tiles;
     }
@@ -308,7 +308,7 @@ struct GroupedGemmKernel {
     sched.init(table, p.offs, p.num_groups, p.sum_m_capacity, p.offs_has_leading_zero, p.n_out);
 
     const int32_t k_blocks = (p.k_red + kBK - 1) / kBK;
-    const Units units(sched.total_tiles, int32_t(gridDim.x));
+    const Units units(sched.total_tiles, int32_t(gridDim.x), p.split_tail != 0);
 
     if (warpgroup == 0) {
       // ============================ producer ============================

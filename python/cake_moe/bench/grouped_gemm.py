@@ -69,7 +69,7 @@ def _case(n, k, e, t, kind, seed):
     return sizes, offs, x, w, g
 
 
-SM90_TILES = ("128x128", "128x256", "64x128", "128x192", "128x128_st", "128x256_st")
+SM90_TILES = ("128x128", "128x256", "64x128", "128x192")
 
 
 def op_callables(op: str, x, w, g, offs):
