@@ -86,7 +86,7 @@ def _grouped_gemm_sm90_forms() -> list[Form]:
                 '              "sm90_geometry.hpp disagrees with the kernel template");',
                 "static_assert(Form::kNumThreads == cake_moe::sm90::GroupedGemmGeometry::kThreads);",
                 f"static_assert(Form::kBoxBRows == {geo}.box_b_rows({'true' if op == 'dgrad' else 'false'}));",
-                f"static_assert(Form::kBoxBHalfRows == {geo}.box_b_half_rows());",
+                f"static_assert(Form::kBoxBHalfRows == {geo}.box_b_half_rows() && Form::kSplitsTail == {geo}.split_tail);",
             ])
             forms.append(Form(
                 f"gg_sm90_{op}_{bm}x{bn}", "grouped_gemm", "grouped_gemm/sm90_bf16_grouped_gemm.cuh",
