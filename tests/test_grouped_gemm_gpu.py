@@ -534,7 +534,8 @@ def test_split_tail_gives_the_whole_tiles_bits(monkeypatch, op, layout, n_out):
     a, prepare, want = ((x, cake_moe.prepare_grouped_gemm_fwd, ref.fwd(x, w, offs)) if op == "fwd" else
                         (g, cake_moe.prepare_grouped_gemm_dgrad, ref.dgrad(g, w, offs)))
     split, whole = _split_and_whole(monkeypatch, prepare, a, w, offs, form=f"gg_sm90_{op}_128x256")
-    poison_(split.out), poison_(whole.out)  # rows past the last group must stay poisoned
+    for launch in (split, whole):
+        poison_(launch.out)  # rows past the last group must stay poisoned
     got = split.launch()
     _check_rows(got, want)
     assert torch.equal(got.view(torch.int16), whole.launch().view(torch.int16)), "the split tail changed the bits"

@@ -30,8 +30,7 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     const bool dgrad = p.op == Op::kDgrad;
     const sm90::GroupedGemmGeometry geo{tile.bm, tile.bn, tile.stages, tile.split_tail};
     bound_.form = sm90_form_name(p.op, tile);
-    const std::string kernel = "cake_gg_sm90_" + std::string(op_name(p.op)) + "_" + std::to_string(tile.bm) + "x" +
-                               std::to_string(tile.bn) + "x64_s" + std::to_string(tile.stages);
+    const std::string kernel = "cake_" + bound_.form + "x64_s" + std::to_string(tile.stages);  // forms.py's entry
     const int64_t n_out = dgrad ? p.k : p.n;
     const int64_t k_red = dgrad ? p.n : p.k;
     std::memset(bound_.params.get(), 0, sizeof(sm90::GroupedGemmParams));

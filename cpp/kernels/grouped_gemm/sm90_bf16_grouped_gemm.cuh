@@ -265,7 +265,7 @@ struct GroupedGemmKernel {
       split_from = split ? tiles - last : tiles;
       count = split ? tiles + last : tiles;
     }
-    __device__ __forceinline__ bool half(int32_t u) const { return u >= split_from; }
+    __device__ __forceinline__ bool half(int32_t u) const { return kSplitTail && u >= split_from; }
     // the tile of unit u, n0 moved to the half's first column
     __device__ __forceinline__ GroupTile tile(const Scheduler& sched, int32_t u) const {
       if (!half(u)) return sched.tile(u);
@@ -339,7 +339,7 @@ struct GroupedGemmKernel {
                 ptx::tma_load_3d(&p.tmap_b, &full_bar[stage], sb + j * kBChunkBytes, tile.n0 + j * 64, kb * kBK,
                                  tile.group);
             } else {
-              const CUtensorMap* map = kSplitTail && units.half(t) ? &p.tmap_b_half : &p.tmap_b;
+              const CUtensorMap* map = units.half(t) ? &p.tmap_b_half : &p.tmap_b;
               ptx::tma_load_3d(map, &full_bar[stage], sb, kb * kBK, tile.n0, tile.group);
             }
             if (++stage == kStages) {
