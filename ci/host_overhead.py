@@ -1,7 +1,9 @@
 """Host time per call of the grouped-GEMM entry points, with the GPU kept busy so the host never
-waits on it: what a caller's CPU pays per one-shot call, per prepared launch, and per
-``torch._grouped_mm`` call, per autograd step (forward + backward) of eager ``grouped_mm``, of
-its torch.library op and of ``torch._grouped_mm``, and where the one-shot path spends it (cProfile).
+waits on it: what a caller's CPU pays per one-shot call (with the launch it keeps, and with
+CAKE_MOE_ONE_SHOT_CACHE=0: validated and bound every call), per prepared launch, and per
+``torch._grouped_mm`` call, per autograd step (forward + backward) of eager ``grouped_mm`` (kept
+launches, and with the cache off), of its torch.library op and of ``torch._grouped_mm``, and
+where the one-shot path spends it (cProfile).
 
     python ci/host_overhead.py [--tokens 4096] [--calls 200] [--profile fwd|dgrad|wgrad|none]
     python ci/host_overhead.py --moe ep8,tp8 [--moe-tokens 1,4096]
@@ -12,7 +14,9 @@ times the MXFP4 MoE layer at the contract geometry instead: the host time of one
 of one ``plan.run()`` (its launches, GPU busy) against the device time of a run.
 """
 import argparse
+import contextlib
 import cProfile
+import os
 import pstats
 import time
 
@@ -34,6 +38,16 @@ def host_us(fn, calls: int) -> float:
     t = time.perf_counter() - t0
     torch.cuda.synchronize()
     return t / calls * 1e6
+
+
+@contextlib.contextmanager
+def cache_off():
+    """One-shot calls validate and bind every call (CAKE_MOE_ONE_SHOT_CACHE=0)."""
+    os.environ["CAKE_MOE_ONE_SHOT_CACHE"] = "0"
+    try:
+        yield
+    finally:
+        del os.environ["CAKE_MOE_ONE_SHOT_CACHE"]
 
 
 def moe(layouts: list[str], tokens: list[int], calls: int) -> None:
@@ -110,19 +124,24 @@ def main() -> None:
         "wgrad": lambda: torch._grouped_mm(gy.t(), x, offs=offs),
     }
     print(f"host us per call, T={args.tokens}, {args.calls} calls each (GPU busy throughout)")
-    print(f"{'op':6} {'one-shot':>9} {'prepared':>9} {'torch':>9}")
+    print(f"{'op':6} {'one-shot':>9} {'cache off':>9} {'prepared':>9} {'torch':>9}")
     for op in ("fwd", "dgrad", "wgrad"):
-        row = [host_us(d[op], args.calls) for d in (one_shot, prepared, peer)]
+        kept = host_us(one_shot[op], args.calls)
+        with cache_off():
+            bound = host_us(one_shot[op], args.calls)
+        row = [kept, bound] + [host_us(d[op], args.calls) for d in (prepared, peer)]
         print(f"{op:6} " + " ".join(f"{v:9.1f}" for v in row))
     print(f"\nhost us per forward + backward, T={args.tokens} (GPU busy throughout)")
-    print(f"{'eager grouped_mm':>17} {'the op':>9} {'torch':>9}")
+    print(f"{'eager grouped_mm':>17} {'cache off':>9} {'the op':>9} {'torch':>9}")
     steps = _autograd_steps(x, w, gy, offs)
     for step in steps:  # torch's autograd waits for the GPU in its first backward calls
         step()
         step()
     # 50 steps of three to five launches stay inside the launch queue while the GPU spins
     eager, op, peer_step = (host_us(step, min(args.calls, 50)) for step in steps)
-    print(f"{eager:17.1f} {op:9.1f} {peer_step:9.1f}")
+    with cache_off():
+        eager_off = host_us(steps[0], min(args.calls, 50))
+    print(f"{eager:17.1f} {eager_off:9.1f} {op:9.1f} {peer_step:9.1f}")
     if args.profile != "none":
         fn = one_shot[args.profile]
         fn()

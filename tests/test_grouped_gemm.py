@@ -40,6 +40,19 @@ def test_cpu_path_matches_reference_and_leaves_padding():
     assert torch.equal(cake_moe.grouped_mm_bf16(x, w, mi)[:8], cake_moe.grouped_gemm_fwd(x, w, offs)[:8])
 
 
+def test_cpu_calls_keep_no_launch():
+    """One-shot calls keep their prepared launches for CUDA operands only: the CPU path (the
+    reference) leaves nothing behind, whatever it is called with."""
+    from cake_moe.grouped_gemm import _ops
+    cake_moe.release()
+    x, w, g, offs = _cpu_problem([2, 5, 0, 1])
+    for _ in range(2):
+        cake_moe.grouped_gemm_fwd(x, w, offs)
+        cake_moe.grouped_gemm_dgrad(g, w, offs)
+        cake_moe.grouped_gemm_wgrad(g, x, offs)
+    assert not _ops._kept
+
+
 def test_check_grouped_dims():
     cake_moe.check_grouped_dims(7168, 2048, num_groups=8, max_rows=65536)
     for bad in ((7167, 2048), (0, 64), (64, -8)):

@@ -167,6 +167,85 @@ def test_prepared_launch_follows_new_offsets_without_allocating():
         _check_rows(launch.out, ref.fwd(x, w, offs))
 
 
+def _kept_plans() -> list:
+    from cake_moe.grouped_gemm import _ops
+    return [entry[0] for entry in _ops._kept.values()]
+
+
+def test_one_shot_calls_keep_their_launch_and_follow_the_tensors():
+    """A one-shot call with the operands of an earlier one enqueues the launch that call prepared
+    (the same plan object), which reads the offsets and values now in the tensors; another
+    tensor, or another shape or strides at a kept address, prepares its own launch."""
+    cake_moe.release()
+    x, w, g, offs = _problem([100, 200, 300], 128, 256, seed=21)
+    y = poison_(torch.empty(x.shape[0], w.shape[1], dtype=torch.bfloat16, device="cuda"))
+    _check_rows(cake_moe.grouped_gemm_fwd(x, w, offs, out=y), ref.fwd(x, w, offs))
+    (plan,) = _kept_plans()
+    for sizes in ([600, 0, 0], [0, 1, 599], [5, 5, 5]):
+        offs.copy_(offsets(sizes))
+        x.copy_(bf16(*x.shape, seed=sum(sizes[:2])))
+        poison_(y)
+        _check_rows(cake_moe.grouped_gemm_fwd(x, w, offs, out=y), ref.fwd(x, w, offs))
+        assert _kept_plans() == [plan], "the same call prepared a new launch"
+    # the same address with fewer rows, then with wider row strides: launches of their own
+    x_short = x[:-16]
+    y_short = poison_(torch.empty(x_short.shape[0], w.shape[1], dtype=torch.bfloat16, device="cuda"))
+    _check_rows(cake_moe.grouped_gemm_fwd(x_short, w, offs, out=y_short), ref.fwd(x_short, w, offs))
+    wide = bf16(x.shape[0], 2 * x.shape[1], seed=22)
+    x_strided = wide[:, :x.shape[1]]
+    assert x_strided.data_ptr() == wide.data_ptr()
+    _check_rows(cake_moe.grouped_gemm_fwd(x_strided, w, offs), ref.fwd(x_strided, w, offs), poisoned=False)
+    wide_rows = wide.view(2 * x.shape[0], x.shape[1])[: x.shape[0]]  # same address and shape, contiguous
+    _check_rows(cake_moe.grouped_gemm_fwd(wide_rows, w, offs), ref.fwd(wide_rows, w, offs), poisoned=False)
+    assert len(_kept_plans()) == 4
+    # dgrad and wgrad keep theirs alike; release() drops every kept launch
+    dx = cake_moe.grouped_gemm_dgrad(g, w, offs)
+    dw = cake_moe.grouped_gemm_wgrad(g, x, offs)
+    assert len(_kept_plans()) == 6
+    assert torch.equal(cake_moe.grouped_gemm_dgrad(g, w, offs), dx)
+    assert torch.equal(cake_moe.grouped_gemm_wgrad(g, x, offs), dw)
+    assert len(_kept_plans()) == 6
+    _check_rows(dx, ref.dgrad(g, w, offs), poisoned=False)
+    assert ref.rel_rms(dw, ref.wgrad(g, x, offs, False)) < BUDGET
+    cake_moe.release()
+    assert not _kept_plans()
+
+
+def test_one_shot_calls_keep_nothing_for_copied_operands_or_when_switched_off(monkeypatch):
+    """An operand the call copies first (an expanded w) leaves no launch behind, and neither does
+    any call under CAKE_MOE_ONE_SHOT_CACHE=0; both give the kept path's bits."""
+    cake_moe.release()
+    x, w, _, offs = _problem([100, 200, 300], 128, 256, seed=23)
+    w_expanded = w[:1].expand(3, -1, -1)
+    got = cake_moe.grouped_gemm_fwd(x, w_expanded, offs)
+    assert not _kept_plans()
+    assert torch.equal(got, cake_moe.grouped_gemm_fwd(x, w_expanded.contiguous(), offs))
+    assert len(_kept_plans()) == 1
+    cake_moe.release()
+    monkeypatch.setenv("CAKE_MOE_ONE_SHOT_CACHE", "0")
+    assert torch.equal(cake_moe.grouped_gemm_fwd(x, w_expanded.contiguous(), offs), got)
+    assert not _kept_plans()
+
+
+def test_autograd_steps_reuse_their_launches():
+    """Eager grouped_mm steps on the same tensors run the fwd, dgrad and wgrad launches the first
+    step prepared: three kept launches, the same gradients every step."""
+    cake_moe.release()
+    x, w, g, offs = _problem([300, 0, 1, 700], 128, 256, seed=24, pad=0)
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+    grads = []
+    for _ in range(3):
+        cake_moe.grouped_mm(xl, wl, offs).backward(g)
+        grads.append((xl.grad, wl.grad))
+        xl.grad = wl.grad = None
+    plans = _kept_plans()
+    assert len(plans) == 3
+    cake_moe.grouped_mm(xl, wl, offs).backward(g)
+    assert _kept_plans() == plans
+    for dx, dw in grads[1:]:
+        assert torch.equal(dx, grads[0][0]) and torch.equal(dw, grads[0][1])
+
+
 def test_calls_never_make_the_host_wait():
     """Offsets are read on the device only: no call of the API (one-shot, prepared, autograd)
     synchronises with the host once warm."""

@@ -1,6 +1,8 @@
 """Validation, binding and torch.library registration of the ragged BF16 grouped GEMM."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import _config, _runtime, _validate
@@ -148,8 +150,10 @@ def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
 
 
 def release() -> None:
-    """Drop the per-device, per-stream workspaces held for one-shot weight gradients."""
+    """Drop the per-device, per-stream workspaces held for one-shot weight gradients and the
+    launches one-shot calls keep (both come back as needed)."""
     _workspaces.clear()
+    _kept.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,20 +268,83 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
 
 
 # ---------------------------------------------------------------------------------------------
+# one-shot calls: their prepared launches, kept while the same tensors come back
+# ---------------------------------------------------------------------------------------------
+
+# A training loop makes the same one-shot calls with the same tensors every step (the caching
+# allocator hands the same blocks back), and validating and binding them cost a call ~3x what
+# enqueueing a prepared launch does. So a one-shot call keeps its launch under everything the
+# preparation read: each operand's address, shape, strides, dtype and device, the op's own
+# arguments (wgrad: the stream, whose workspace the launch binds) and the switches read when a
+# launch is prepared. A call with the same key only allocates its output and enqueues: the checks
+# would decide as before, since they are functions of the key. A kept launch holds addresses,
+# not tensors (the caller holds its operands during its call); the wgrad's workspace is the one
+# tensor kept with it. Calls whose operands are copied first (_packed) or that run on the CPU
+# keep nothing; CAKE_MOE_ONE_SHOT_CACHE=0 turns the cache off; release() empties it.
+_PREPARE_SWITCHES = ("CAKE_MOE_GG_SPLIT_TAIL", "CAKE_MOE_GG_FORCE_PORTABLE")
+_MAX_KEPT = 256
+_kept: dict[tuple, tuple] = {}
+
+
+def _is_cuda(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_cuda
+
+
+def _identity(t: torch.Tensor) -> tuple:
+    return t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device()
+
+
+def _one_shot(key: tuple, tensors: tuple, out, prepare) -> torch.Tensor:
+    """Run ``prepare(operands, out).launch()``, or the launch kept for the same key."""
+    if (not all(_is_cuda(t) for t in tensors) or (out is not None and not _is_cuda(out))
+            or os.environ.get("CAKE_MOE_ONE_SHOT_CACHE") == "0"):
+        return prepare(tuple(_packed(t) for t in tensors), out).launch()
+    key = (*key, *(_identity(t) for t in tensors), None if out is None else _identity(out),
+           *(os.environ.get(name) for name in _PREPARE_SWITCHES))
+    kept = _kept.get(key)
+    if kept is not None:
+        plan, shape, dtype, device, out_ptr, _ = kept
+        result = torch.empty(shape, dtype=dtype, device=device) if out is None else out
+        if result.data_ptr() == out_ptr:
+            plan.launch(_runtime.stream_handle(device))
+            return result
+        out = result  # a fresh output at another address: bind it (a new tensor overlaps nothing)
+    operands = tuple(_packed(t) for t in tensors)
+    launch = prepare(operands, out)
+    result = launch.launch()
+    if (launch._plan is not None and launch._pre is None and launch._cpu is None
+            and all(a is b for a, b in zip(operands, tensors))):
+        if len(_kept) >= _MAX_KEPT:
+            _kept.clear()
+        workspace = launch._keep[3] if launch.op == "wgrad" else None
+        _kept[key] = (launch._plan, result.shape, result.dtype, launch._device, result.data_ptr(), workspace)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
 # one-shot implementations (eager) and torch.library ops
 # ---------------------------------------------------------------------------------------------
 
 def fwd_impl(x, w, offs, out=None):
-    return prepare_grouped_gemm_fwd(_packed(x), _packed(w), offs, out).launch()
+    return _one_shot(("fwd",), (x, w, offs), out,
+                     lambda t, o: prepare_grouped_gemm_fwd(t[0], t[1], t[2], o))
 
 
 def dgrad_impl(g, w, offs, out=None):
-    return prepare_grouped_gemm_dgrad(_packed(g), _packed(w), offs, out).launch()
+    return _one_shot(("dgrad",), (g, w, offs), out,
+                     lambda t, o: prepare_grouped_gemm_dgrad(t[0], t[1], t[2], o))
 
 
 def wgrad_impl(g, x, offs, num_groups, out_dtype, variant, out=None):
-    return prepare_grouped_gemm_wgrad(_packed(g), _packed(x), offs, out, out_dtype, num_groups, variant,
-                                      workspace=_PER_STREAM).launch()
+    v = _config.grouped_gemm_variant(variant)
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        # a launch prepared during capture owns a fresh workspace (_workspace): never a kept one
+        return prepare_grouped_gemm_wgrad(_packed(g), _packed(x), offs, out, out_dtype, num_groups, v,
+                                          workspace=_PER_STREAM).launch()
+    key = ("wgrad", num_groups, out_dtype, v, _runtime.stream_handle(g.device) if _is_cuda(g) else 0)
+    return _one_shot(key, (g, x, offs), out,
+                     lambda t, o: prepare_grouped_gemm_wgrad(t[0], t[1], t[2], o, out_dtype, num_groups, v,
+                                                             workspace=_PER_STREAM))
 
 
 def _grouped_mm_grads(ctx, grad, dgrad, wgrad):
