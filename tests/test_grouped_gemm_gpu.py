@@ -198,13 +198,18 @@ def test_one_shot_calls_keep_their_launch_and_follow_the_tensors():
     wide_rows = wide.view(2 * x.shape[0], x.shape[1])[: x.shape[0]]  # same address and shape, contiguous
     _check_rows(cake_moe.grouped_gemm_fwd(wide_rows, w, offs), ref.fwd(wide_rows, w, offs), poisoned=False)
     assert len(_kept_plans()) == 4
-    # dgrad and wgrad keep theirs alike; release() drops every kept launch
+    # dgrad and wgrad keep theirs alike; a kept launch writes each call's fresh output (another
+    # address while the last one lives); release() drops every kept launch
     dx = cake_moe.grouped_gemm_dgrad(g, w, offs)
     dw = cake_moe.grouped_gemm_wgrad(g, x, offs)
-    assert len(_kept_plans()) == 6
-    assert torch.equal(cake_moe.grouped_gemm_dgrad(g, w, offs), dx)
-    assert torch.equal(cake_moe.grouped_gemm_wgrad(g, x, offs), dw)
-    assert len(_kept_plans()) == 6
+    plans = _kept_plans()
+    assert len(plans) == 6
+    rows = int(offs[-1])  # the groups' rows (the rest of a fresh output is never written)
+    for _ in range(2):
+        dx2, dw2 = cake_moe.grouped_gemm_dgrad(g, w, offs), cake_moe.grouped_gemm_wgrad(g, x, offs)
+        assert dx2.data_ptr() != dx.data_ptr() and dw2.data_ptr() != dw.data_ptr()
+        assert torch.equal(dx2[:rows], dx[:rows]) and torch.equal(dw2, dw)
+    assert _kept_plans() == plans
     _check_rows(dx, ref.dgrad(g, w, offs), poisoned=False)
     assert ref.rel_rms(dw, ref.wgrad(g, x, offs, False)) < BUDGET
     cake_moe.release()
@@ -215,7 +220,7 @@ def test_one_shot_calls_keep_nothing_for_copied_operands_or_when_switched_off(mo
     """An operand the call copies first (an expanded w) leaves no launch behind, and neither does
     any call under CAKE_MOE_ONE_SHOT_CACHE=0; both give the kept path's bits."""
     cake_moe.release()
-    x, w, _, offs = _problem([100, 200, 300], 128, 256, seed=23)
+    x, w, _, offs = _problem([100, 200, 300], 128, 256, seed=23, pad=0)
     w_expanded = w[:1].expand(3, -1, -1)
     got = cake_moe.grouped_gemm_fwd(x, w_expanded, offs)
     assert not _kept_plans()
@@ -229,7 +234,7 @@ def test_one_shot_calls_keep_nothing_for_copied_operands_or_when_switched_off(mo
 
 def test_autograd_steps_reuse_their_launches():
     """Eager grouped_mm steps on the same tensors run the fwd, dgrad and wgrad launches the first
-    step prepared: three kept launches, the same gradients every step."""
+    step prepared (into each step's new gradients): three kept launches, the same gradients."""
     cake_moe.release()
     x, w, g, offs = _problem([300, 0, 1, 700], 128, 256, seed=24, pad=0)
     xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()

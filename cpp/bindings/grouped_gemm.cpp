@@ -89,6 +89,13 @@ void bind_grouped_gemm(nb::module_& m) {
       .def("launch", [](const GroupedGemmPlan& self, std::uintptr_t stream) {
         if (self.launch) self.launch->launch(stream);
       }, nb::arg("stream"))
+      // the same launch into another output of the plan's shape and dtype, which the caller
+      // checked (Python: a fresh tensor, or the one the plan was checked with)
+      .def("launch_to", [](GroupedGemmPlan& self, std::uintptr_t stream, std::uintptr_t out) {
+        if (!self.launch) return;
+        self.launch->set_output(address<void>(out, 16, "out"));
+        self.launch->launch(stream);
+      }, nb::arg("stream"), nb::arg("out"))
       .def_prop_ro("form", [](const GroupedGemmPlan& self) {
         return self.launch ? self.launch->form() : std::string("none (no rows)");
       });

@@ -74,6 +74,7 @@ class PortableLaunch final : public BoundKernel<PortableGroupedGemmParams> {
     bound_.cfg.smem_bytes = PortableGroupedGemmConfig::kSmemBytes;
   }
 
+  void set_output(void* out) override { bound_.params->out = out; }
 };
 
 }  // namespace

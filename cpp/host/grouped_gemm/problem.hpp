@@ -35,10 +35,13 @@ struct Problem {
 };
 
 // A bound launch: tensor maps encoded and the kernel resolved once; launch() only enqueues.
+// set_output() points it at another output of the same shape and dtype (the caller checked
+// the address: 16-byte aligned, overlapping no operand); a launch already there is unchanged.
 class Launch {
  public:
   virtual ~Launch() = default;
   virtual void launch(std::uintptr_t stream) const = 0;
+  virtual void set_output(void* out) = 0;
   virtual const std::string& form() const = 0;
 };
 

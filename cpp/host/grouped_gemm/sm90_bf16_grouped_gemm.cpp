@@ -24,21 +24,21 @@ bool split_tail_enabled() {
 
 class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
  public:
-  Sm90Launch(const Problem& p, Sm90Tile tile) {
+  Sm90Launch(const Problem& p, Sm90Tile tile) : n_out_(p.op == Op::kDgrad ? p.k : p.n), rows_(p.rows) {
     // Tensor-map encoding needs a current context: autograd's backward runs on its own threads.
     runtime::ScopedDevice scope(p.device);
     const bool dgrad = p.op == Op::kDgrad;
     const sm90::GroupedGemmGeometry geo{tile.bm, tile.bn, tile.stages, tile.split_tail};
     bound_.form = sm90_form_name(p.op, tile);
     const std::string kernel = "cake_" + bound_.form + "x64_s" + std::to_string(tile.stages);  // forms.py's entry
-    const int64_t n_out = dgrad ? p.k : p.n;
+    const int64_t n_out = n_out_;
     const int64_t k_red = dgrad ? p.n : p.k;
     std::memset(bound_.params.get(), 0, sizeof(sm90::GroupedGemmParams));
     sm90::GroupedGemmParams& q = *bound_.params;
     q.tmap_a = runtime::encode_bf16_rows(p.a, k_red, p.rows, uint32_t(geo.box_a_rows()), p.a_row_stride);
     q.tmap_b = runtime::encode_bf16_experts(p.b, p.num_groups, p.n, p.k, uint32_t(geo.box_b_rows(dgrad)),
                                            p.b_row_stride, p.b_expert_stride);  // w [E, N, K]
-    q.tmap_d = runtime::encode_bf16_rows(p.out, n_out, p.rows, 64);
+    q.tmap_d = output_map(p.out);
     if (tile.split_tail && !dgrad)
       q.tmap_b_half = runtime::encode_bf16_experts(p.b, p.num_groups, p.n, p.k, uint32_t(geo.box_b_half_rows()),
                                                    p.b_row_stride, p.b_expert_stride);
@@ -64,6 +64,17 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     bound_.device = p.device;
   }
 
+  void set_output(void* out) override {
+    sm90::GroupedGemmParams& q = *bound_.params;
+    if (q.out == out) return;
+    runtime::ScopedDevice scope(bound_.device);
+    q.tmap_d = output_map(out);
+    q.out = out;
+  }
+
+ private:
+  int64_t n_out_, rows_;
+  CUtensorMap output_map(void* out) const { return runtime::encode_bf16_rows(out, n_out_, rows_, 64); }
 };
 
 }  // namespace

@@ -31,9 +31,6 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
     sm90::GroupedGemmWgradParams& q = *bound_.params;
     q.tmap_g = runtime::encode_bf16_rows(p.a, p.n, p.rows, 64, p.a_row_stride);
     q.tmap_x = runtime::encode_bf16_rows(p.b, p.k, p.rows, 64, p.b_row_stride);
-    q.out = p.out;
-    // dW [E, N, K]: a store box past N or K of one expert is clipped, never written into the next
-    if (!p.out_f32 && p.num_groups > 0) q.tmap_out = runtime::encode_bf16_experts(p.out, p.num_groups, p.n, p.k, 64);
     q.workspace = p.workspace;
     q.workspace_bytes = uint64_t(p.workspace_bytes);
     q.offs = p.offs;
@@ -41,6 +38,8 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
     q.sum_m_capacity = int32_t(p.rows);
     q.n = p.n;
     q.k = p.k;
+    bf16_out_ = !p.out_f32 && p.num_groups > 0;
+    point_at(p.out);
     q.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
     q.num_workers = sms;  // fixes the split granularity: det bits depend on it, not on timing
     q.ws_slots = p.workspace && !pair ? sm90::grouped_gemm_wgrad_slots_that_fit(Geo::kBM, Geo::kBN, q.workspace_bytes)
@@ -66,6 +65,20 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
     }
   }
 
+  void set_output(void* out) override {
+    if (bound_.params->out == out) return;
+    runtime::ScopedDevice scope(bound_.device);
+    point_at(out);
+  }
+
+ private:
+  bool bf16_out_ = false;  // stored by TMA through tmap_out
+  // dW [E, N, K]: a store box past N or K of one expert is clipped, never written into the next
+  void point_at(void* out) {
+    sm90::GroupedGemmWgradParams& q = *bound_.params;
+    q.out = out;
+    if (bf16_out_) q.tmap_out = runtime::encode_bf16_experts(out, q.num_groups, q.n, q.k, 64);
+  }
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 """Validation, binding and torch.library registration of the ragged BF16 grouped GEMM."""
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -276,14 +277,17 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
 # enqueueing a prepared launch does. So a one-shot call keeps its launch under everything the
 # preparation read: each operand's address, shape, strides, dtype and device, the op's own
 # arguments (wgrad: the stream, whose workspace the launch binds) and the switches read when a
-# launch is prepared. A call with the same key only allocates its output and enqueues: the checks
-# would decide as before, since they are functions of the key. A kept launch holds addresses,
-# not tensors (the caller holds its operands during its call); the wgrad's workspace is the one
-# tensor kept with it. Calls whose operands are copied first (_packed) or that run on the CPU
-# keep nothing; CAKE_MOE_ONE_SHOT_CACHE=0 turns the cache off; release() empties it.
+# launch is prepared. A call with the same key only allocates its output (unless it was given
+# one, which is part of the key) and enqueues the kept launch pointed at it: the checks would
+# decide as before, since they are functions of the key and a fresh output overlaps nothing.
+# A kept launch holds addresses, not tensors (the caller holds its operands during its call);
+# the wgrad's workspace is the one tensor kept with it. Calls whose operands are copied first
+# (_packed) or that run on the CPU keep nothing; CAKE_MOE_ONE_SHOT_CACHE=0 turns the cache off;
+# release() empties it.
 _PREPARE_SWITCHES = ("CAKE_MOE_GG_SPLIT_TAIL", "CAKE_MOE_GG_FORCE_PORTABLE")
 _MAX_KEPT = 256
 _kept: dict[tuple, tuple] = {}
+atexit.register(_kept.clear)  # the plans go before the extension's types do at exit
 
 
 def _is_cuda(t) -> bool:
@@ -303,12 +307,10 @@ def _one_shot(key: tuple, tensors: tuple, out, prepare) -> torch.Tensor:
            *(os.environ.get(name) for name in _PREPARE_SWITCHES))
     kept = _kept.get(key)
     if kept is not None:
-        plan, shape, dtype, device, out_ptr, _ = kept
+        plan, shape, dtype, device, _ = kept
         result = torch.empty(shape, dtype=dtype, device=device) if out is None else out
-        if result.data_ptr() == out_ptr:
-            plan.launch(_runtime.stream_handle(device))
-            return result
-        out = result  # a fresh output at another address: bind it (a new tensor overlaps nothing)
+        plan.launch_to(_runtime.stream_handle(device), result.data_ptr())  # a fresh output overlaps nothing
+        return result
     operands = tuple(_packed(t) for t in tensors)
     launch = prepare(operands, out)
     result = launch.launch()
@@ -317,7 +319,7 @@ def _one_shot(key: tuple, tensors: tuple, out, prepare) -> torch.Tensor:
         if len(_kept) >= _MAX_KEPT:
             _kept.clear()
         workspace = launch._keep[3] if launch.op == "wgrad" else None
-        _kept[key] = (launch._plan, result.shape, result.dtype, launch._device, result.data_ptr(), workspace)
+        _kept[key] = (launch._plan, result.shape, result.dtype, launch._device, workspace)
     return result
 
 
