@@ -14,10 +14,10 @@ times the MXFP4 MoE layer at the contract geometry instead: the host time of one
 of one ``plan.run()`` (its launches, GPU busy) against the device time of a run.
 """
 import argparse
-import contextlib
 import cProfile
 import os
 import pstats
+import statistics
 import time
 
 import torch
@@ -40,14 +40,28 @@ def host_us(fn, calls: int) -> float:
     return t / calls * 1e6
 
 
-@contextlib.contextmanager
-def cache_off():
-    """One-shot calls validate and bind every call (CAKE_MOE_ONE_SHOT_CACHE=0)."""
-    os.environ["CAKE_MOE_ONE_SHOT_CACHE"] = "0"
-    try:
-        yield
-    finally:
-        del os.environ["CAKE_MOE_ONE_SHOT_CACHE"]
+class CacheOff:
+    """fn timed with one-shot calls validating and binding every call (CAKE_MOE_ONE_SHOT_CACHE=0,
+    set around the whole timing, not per call)."""
+    def __init__(self, fn):
+        self.fn = fn
+
+
+def interleaved(fns, calls: int, rounds: int) -> list[float]:
+    """Median host us per call of each of fns, timed in turn for `rounds` rounds: this machine's
+    host times drift by up to 2x within a run, and taking turns spreads the drift alike."""
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            if isinstance(fn, CacheOff):
+                os.environ["CAKE_MOE_ONE_SHOT_CACHE"] = "0"
+                try:
+                    times[i].append(host_us(fn.fn, calls))
+                finally:
+                    del os.environ["CAKE_MOE_ONE_SHOT_CACHE"]
+            else:
+                times[i].append(host_us(fn, calls))
+    return [statistics.median(t) for t in times]
 
 
 def moe(layouts: list[str], tokens: list[int], calls: int) -> None:
@@ -99,6 +113,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of every column in turn (host times drift)")
     ap.add_argument("--profile", default="fwd", choices=("fwd", "dgrad", "wgrad", "none"))
     ap.add_argument("--moe", default="", help="comma list of MXFP4 MoE layouts (ep8, tp8): time those instead")
     ap.add_argument("--moe-tokens", default="1,4096", help="comma list of token counts for --moe")
@@ -123,25 +138,22 @@ def main() -> None:
         "dgrad": lambda: torch._grouped_mm(gy, w, offs=offs),
         "wgrad": lambda: torch._grouped_mm(gy.t(), x, offs=offs),
     }
-    print(f"host us per call, T={args.tokens}, {args.calls} calls each (GPU busy throughout)")
+    print(f"host us per call, T={args.tokens}, {args.calls} calls each, median of {args.rounds} rounds "
+          "(GPU busy throughout)")
     print(f"{'op':6} {'one-shot':>9} {'cache off':>9} {'prepared':>9} {'torch':>9}")
     for op in ("fwd", "dgrad", "wgrad"):
-        kept = host_us(one_shot[op], args.calls)
-        with cache_off():
-            bound = host_us(one_shot[op], args.calls)
-        row = [kept, bound] + [host_us(d[op], args.calls) for d in (prepared, peer)]
+        row = interleaved([one_shot[op], CacheOff(one_shot[op]), prepared[op], peer[op]], args.calls, args.rounds)
         print(f"{op:6} " + " ".join(f"{v:9.1f}" for v in row))
-    print(f"\nhost us per forward + backward, T={args.tokens} (GPU busy throughout)")
+    print(f"\nhost us per forward + backward, T={args.tokens}, median of {args.rounds} rounds (GPU busy throughout)")
     print(f"{'eager grouped_mm':>17} {'cache off':>9} {'the op':>9} {'torch':>9}")
-    steps = _autograd_steps(x, w, gy, offs)
-    for step in steps:  # torch's autograd waits for the GPU in its first backward calls
+    eager, op, peer_step = _autograd_steps(x, w, gy, offs)
+    steps = [eager, CacheOff(eager), op, peer_step]
+    for step in (eager, op, peer_step):  # torch's autograd waits for the GPU in its first backward calls
         step()
         step()
     # 50 steps of three to five launches stay inside the launch queue while the GPU spins
-    eager, op, peer_step = (host_us(step, min(args.calls, 50)) for step in steps)
-    with cache_off():
-        eager_off = host_us(steps[0], min(args.calls, 50))
-    print(f"{eager:17.1f} {eager_off:9.1f} {op:9.1f} {peer_step:9.1f}")
+    row = interleaved(steps, min(args.calls, 50), args.rounds)
+    print(f"{row[0]:17.1f} " + " ".join(f"{v:9.1f}" for v in row[1:]))
     if args.profile != "none":
         fn = one_shot[args.profile]
         fn()
