@@ -320,6 +320,9 @@ def _one_shot(key: tuple, tensors: tuple, out, prepare) -> torch.Tensor:
             _kept.clear()
         workspace = launch._keep[3] if launch.op == "wgrad" else None
         _kept[key] = (launch._plan, result.shape, result.dtype, launch._device, workspace)
+    # This frame can outlive the call (compute-sanitizer keeps it): it must not hold the launch,
+    # whose plan would then outlive release() and the extension's teardown.
+    del launch
     return result
 
 
