@@ -31,7 +31,6 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     const sm90::GroupedGemmGeometry geo{tile.bm, tile.bn, tile.stages, tile.split_tail};
     bound_.form = sm90_form_name(p.op, tile);
     const std::string kernel = "cake_" + bound_.form + "x64_s" + std::to_string(tile.stages);  // forms.py's entry
-    const int64_t n_out = n_out_;
     const int64_t k_red = dgrad ? p.n : p.k;
     std::memset(bound_.params.get(), 0, sizeof(sm90::GroupedGemmParams));
     sm90::GroupedGemmParams& q = *bound_.params;
@@ -46,7 +45,7 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     q.offs = p.offs;
     q.num_groups = p.num_groups;
     q.sum_m_capacity = int32_t(p.rows);
-    q.n_out = int32_t(n_out);
+    q.n_out = int32_t(n_out_);
     q.k_red = int32_t(k_red);
     q.offs_has_leading_zero = p.offs_leading_zero ? 1 : 0;
     q.split_tail = tile.split_tail && split_tail_enabled() ? 1 : 0;
@@ -56,7 +55,7 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     // Persistent: one CTA per SM at most; the tile count is only known on the device, so the
     // grid is min(SMs, an upper bound on work units) and surplus CTAs exit at once (with the
     // split tail a unit may be half a tile).
-    const int64_t n_tiles = (n_out + tile.bn - 1) / tile.bn;
+    const int64_t n_tiles = (n_out_ + tile.bn - 1) / tile.bn;
     const int64_t upper = ((p.rows + tile.bm - 1) / tile.bm + p.num_groups) * n_tiles * (tile.split_tail ? 2 : 1);
     bound_.cfg.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(runtime::device_sm_count(p.device), upper)));
     bound_.cfg.block[0] = sm90::GroupedGemmGeometry::kThreads;

@@ -298,18 +298,23 @@ def _identity(t: torch.Tensor) -> tuple:
     return t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device()
 
 
-def _one_shot(key: tuple, tensors: tuple, out, prepare) -> torch.Tensor:
-    """Run ``prepare(operands, out).launch()``, or the launch kept for the same key."""
+def _one_shot(key: tuple, tensors: tuple, out, prepare, per_stream: bool = False) -> torch.Tensor:
+    """Run ``prepare(operands, out).launch()``, or the launch kept for the same key.
+    ``per_stream``: the launch binds the current stream's workspace (wgrad), so it is kept per
+    stream, and not at all during graph capture (which gives a launch a workspace of its own)."""
     if (not all(_is_cuda(t) for t in tensors) or (out is not None and not _is_cuda(out))
-            or os.environ.get("CAKE_MOE_ONE_SHOT_CACHE") == "0"):
+            or os.environ.get("CAKE_MOE_ONE_SHOT_CACHE") == "0"
+            or (per_stream and torch.cuda.is_current_stream_capturing())):
         return prepare(tuple(_packed(t) for t in tensors), out).launch()
-    key = (*key, *(_identity(t) for t in tensors), None if out is None else _identity(out),
+    stream = _runtime.stream_handle(tensors[0].device) if per_stream else None
+    key = (*key, stream, *(_identity(t) for t in tensors), None if out is None else _identity(out),
            *(os.environ.get(name) for name in _PREPARE_SWITCHES))
     kept = _kept.get(key)
     if kept is not None:
         plan, shape, dtype, device, _ = kept
         result = torch.empty(shape, dtype=dtype, device=device) if out is None else out
-        plan.launch_to(_runtime.stream_handle(device), result.data_ptr())  # a fresh output overlaps nothing
+        plan.launch_to(_runtime.stream_handle(device) if stream is None else stream,
+                       result.data_ptr())  # a fresh output overlaps nothing
         return result
     operands = tuple(_packed(t) for t in tensors)
     launch = prepare(operands, out)
@@ -342,14 +347,10 @@ def dgrad_impl(g, w, offs, out=None):
 
 def wgrad_impl(g, x, offs, num_groups, out_dtype, variant, out=None):
     v = _config.grouped_gemm_variant(variant)
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        # a launch prepared during capture owns a fresh workspace (_workspace): never a kept one
-        return prepare_grouped_gemm_wgrad(_packed(g), _packed(x), offs, out, out_dtype, num_groups, v,
-                                          workspace=_PER_STREAM).launch()
-    key = ("wgrad", num_groups, out_dtype, v, _runtime.stream_handle(g.device) if _is_cuda(g) else 0)
-    return _one_shot(key, (g, x, offs), out,
+    return _one_shot(("wgrad", num_groups, out_dtype, v), (g, x, offs), out,
                      lambda t, o: prepare_grouped_gemm_wgrad(t[0], t[1], t[2], o, out_dtype, num_groups, v,
-                                                             workspace=_PER_STREAM))
+                                                             workspace=_PER_STREAM),
+                     per_stream=True)
 
 
 def _grouped_mm_grads(ctx, grad, dgrad, wgrad):
