@@ -112,6 +112,31 @@ def test_interleaved_timing_rotates_and_takes_medians():
     assert ms == {"a": 2.0, "b": 4.0, "c": 7.0}
 
 
+def test_grouped_gemm_bench_rotates_inputs_that_fit_in_l2():
+    """PERF.md: inputs that fit in the L2 are cycled over copies spanning ROTATE_BYTES (at most
+    MAX_COPIES); larger inputs run on one set; each op names the tensors it reads."""
+    from cake_moe.bench import grouped_gemm as bench_gg
+    mb = 1 << 20
+    assert bench_gg.ROTATE_BYTES >= 2 * bench_gg.L2_BYTES
+    assert bench_gg.rotation_copies(bench_gg.ROTATE_BYTES) == 1
+    assert bench_gg.rotation_copies(10 * bench_gg.ROTATE_BYTES) == 1
+    assert bench_gg.rotation_copies(bench_gg.ROTATE_BYTES // 2) == 2
+    assert bench_gg.rotation_copies(bench_gg.ROTATE_BYTES // 2 - 1) == 3, "the copies span at least ROTATE_BYTES"
+    assert bench_gg.rotation_copies(1 * mb) == bench_gg.MAX_COPIES
+    assert bench_gg.rotation_copies(0) == bench_gg.MAX_COPIES
+    x, w, g = object(), object(), object()
+    assert bench_gg.op_inputs("fwd", x, w, g) == (x, w)
+    assert bench_gg.op_inputs("dgrad", x, w, g) == (g, w)
+    assert bench_gg.op_inputs("wgrad", x, w, g) == (g, x)
+    seen = []
+    fn = bench_gg.cycling([lambda i=i: seen.append(i) for i in range(3)])
+    for _ in range(7):
+        fn()
+    assert seen == [0, 1, 2, 0, 1, 2, 0]
+    single = lambda: None  # noqa: E731
+    assert bench_gg.cycling([single]) is single
+
+
 def test_grouped_gemm_bench_refuses_an_unknown_op():
     from cake_moe.bench import grouped_gemm as bench_gg
     with pytest.raises(ValueError, match="op must be"):

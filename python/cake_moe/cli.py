@@ -62,7 +62,8 @@ def cmd_bench(args) -> int:
     elif args.what == "grouped-gemm":
         from .bench import grouped_gemm as bench_gg
         bench_gg.main(args.out, ops=tuple(args.ops.split(",")), sweep=args.sweep,
-                      tokens=tuple(args.tokens) if args.tokens else None, seed=args.seed)
+                      tokens=tuple(args.tokens) if args.tokens else None, seed=args.seed,
+                      rotate=not args.no_rotate)
     elif args.what == "mxfp4-moe":
         from .bench import mxfp4_moe as bench_moe
         bench_moe.main(args.out, tokens=tuple(args.tokens or bench_moe.TOKENS), layouts=args.layouts,
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the grid's layers at these T instead of the PERF.md grid")
     b.add_argument("--seed", type=int, default=0,
                    help="grouped-gemm: draw other group sizes (0: the published grid's)")
+    b.add_argument("--no-rotate", action="store_true",
+                   help="grouped-gemm: time every row on one input set (operands that fit may stay in the L2)")
     b.add_argument("--layouts", default="ep8,tp8", type=_layouts, help="mxfp4-moe: comma list of ep8,tp8")
     b.add_argument("--tiles", default="", help="mxfp4-moe: also time these tile forms (comma list, e.g. n64,wg128; "
                    "sync / nosync or form+sync: the per-tile GEMM1 -> GEMM2 sync forced on / off)")

@@ -3,12 +3,15 @@ same total size, side by side in one run (PERF.md grid).
 
 Rows: (H, I, E) layers x {w13 [E, 2I, H], w2 [E, H, I]} x T, random imbalanced groups, plus a
 Zipf-skewed row and a row with empty groups. Ops: fwd, dgrad, wgrad (det, bf16 output; torch's
-wgrad is the ragged-K grouped mm its autograd runs).
+wgrad is the ragged-K grouped mm its autograd runs). Each callable cycles over copies of its
+inputs where they span less than ``ROTATE_BYTES`` (the "input sets" column), so no row times
+operands left in the L2 by the call before.
 """
 from __future__ import annotations
 
 import datetime
 import functools
+import itertools
 import math
 
 import torch
@@ -71,6 +74,32 @@ def _case(n, k, e, t, kind, seed):
 
 SM90_TILES = ("128x128", "128x256", "64x128", "128x192")
 
+# PERF.md: rotate input buffers where a working set fits in the L2 (60 MB), so that a timed call
+# reads its operands as a layer in a model does (the previous layers have evicted them).
+# Copies of the inputs are cycled until they span ROTATE_BYTES; inputs of that size or more
+# run on one set (a second copy would double a multi-GB row for no change in what is read).
+L2_BYTES = 60 << 20
+ROTATE_BYTES = 4 * L2_BYTES
+MAX_COPIES = 8
+
+
+def rotation_copies(input_bytes: int) -> int:
+    """How many copies of inputs of ``input_bytes`` the timed callables cycle through."""
+    return max(1, min(MAX_COPIES, math.ceil(ROTATE_BYTES / max(1, input_bytes))))
+
+
+def op_inputs(op: str, x, w, g) -> tuple:
+    """The tensors one op reads (the offsets aside): fwd x and w, dgrad g and w, wgrad g and x."""
+    return {"fwd": (x, w), "dgrad": (g, w), "wgrad": (g, x)}[op]
+
+
+def cycling(fns: list):
+    """One callable that calls ``fns`` in turn (each call the next copy's)."""
+    if len(fns) == 1:
+        return fns[0]
+    it = itertools.cycle(fns)
+    return lambda: next(it)()
+
 
 def op_callables(op: str, x, w, g, offs):
     """``(make, peer)`` for one op on one case: ``make(form)`` prepares our launch of a form by
@@ -91,53 +120,70 @@ def op_callables(op: str, x, w, g, offs):
     return make, (peer if hasattr(torch, "_grouped_mm") else None)
 
 
-def _sweep_fns(op, make) -> dict:
-    """Every sm_90a tile of fwd/dgrad, keyed "tile:<BMxBN>" (tuning data for heuristics_sm90.hpp)."""
+def _sweep_fns(op, makes: list) -> dict:
+    """Every sm_90a tile of fwd/dgrad, keyed "tile:<BMxBN>" (tuning data for heuristics_sm90.hpp),
+    each cycling over the input copies of ``makes`` as the default form does."""
     out = {}
     for tile in SM90_TILES:
         try:
-            out[f"tile:{tile}"] = make(f"gg_sm90_{op}_{tile}").launch
+            out[f"tile:{tile}"] = cycling([make(f"gg_sm90_{op}_{tile}").launch for make in makes])
         except (ValueError, NotImplementedError):
             pass
     return out
 
 
-def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False, tokens=None, seed: int = 0) -> list[dict]:
-    """``seed`` offsets every row's group-size draw (0: the published grid's group sizes)."""
+def _copies_of(tensors: tuple, n: int) -> list[tuple]:
+    """``tensors`` and ``n - 1`` clones of them (same values, other addresses)."""
+    return [tensors] + [tuple(t.clone() for t in tensors) for _ in range(n - 1)]
+
+
+def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False, tokens=None, seed: int = 0,
+        rotate: bool = True) -> list[dict]:
+    """``seed`` offsets every row's group-size draw (0: the published grid's group sizes);
+    ``rotate=False`` times every row on one input set."""
+    copies_for = rotation_copies if rotate else (lambda nbytes: 1)
     out = []
     for (h, i, e, which, n, k, t, kind), (sizes, offs, x, w, g) in cases(tokens, seed):
         flops = 2.0 * t * n * k
         dense_a = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         dense_b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        dense_sets = _copies_of((dense_a, dense_b), copies_for((t + n) * k * 2))
+        dense = cycling([functools.partial(torch.mm, a, b.T) for a, b in dense_sets])
         for op in ops:
-            make, peer = op_callables(op, x, w, g, offs)
+            copies = copies_for(sum(t_.numel() * t_.element_size() for t_ in op_inputs(op, x, w, g)))
+            sets = _copies_of((x, w, g), copies)
+            pairs = [op_callables(op, *s, offs) for s in sets]
             try:
-                launch = make("")
+                launches = [make("") for make, _ in pairs]
             except NotImplementedError as err:
                 print(f"{op} skipped: {err}")
                 continue
             # ours, the peers and the swept tiles timed round-robin (see timing.time_interleaved)
-            fns = {"ours": launch.launch, "dense": functools.partial(torch.mm, dense_a, dense_b.T)}
-            if peer:
-                fns["torch"] = peer
+            fns = {"ours": cycling([launch.launch for launch in launches]), "dense": dense}
+            if pairs[0][1]:
+                fns["torch"] = cycling([peer for _, peer in pairs])
             if sweep and op != "wgrad":
-                fns.update(_sweep_fns(op, make))
+                fns.update(_sweep_fns(op, [make for make, _ in pairs]))
             ms = timing.time_interleaved(fns)
+            del sets, pairs
             ours_ms, dense_ms, peer_ms = ms["ours"], ms["dense"], ms.get("torch", float("nan"))
             tiles = {key[len("tile:"):]: v for key, v in ms.items() if key.startswith("tile:")}
             out.append({
                 "op": op, "layer": [h, i, e], "weight": which, "N": n, "K": k, "T": t, "groups": kind,
-                "form": launch.form, "ours_ms": ours_ms, "torch_ms": peer_ms, "dense_ms": dense_ms,
+                "form": launches[0].form, "ours_ms": ours_ms, "torch_ms": peer_ms, "dense_ms": dense_ms,
                 "ours_TFLOPs": flops / ours_ms / 1e9, "torch_TFLOPs": flops / peer_ms / 1e9,
                 "dense_TFLOPs": flops / dense_ms / 1e9, "speedup_vs_torch": peer_ms / ours_ms,
                 "fraction_of_dense": dense_ms / ours_ms, "rows_per_expert": t / e, "flops": flops,
+                "input_copies": copies, "dense_input_copies": len(dense_sets),
                 "gpu": timing.gpu_name(), "date": datetime.date.today().isoformat(), "seed": seed, "sizes": sizes,
                 "tiles_ms": tiles, "best_tile_speedup": (peer_ms / min(tiles.values())) if tiles else None,
             })
+            del launches
             r = out[-1]
             print(f"{op:5} {h:5} {i:5} {e:3} {which:3} T={t:6} {kind:6} {r['form']:22} ours {r['ours_TFLOPs']:6.1f} "
-                  f"torch {r['torch_TFLOPs']:6.1f} dense {r['dense_TFLOPs']:6.1f} x{r['speedup_vs_torch']:.2f}", flush=True)
-        del x, w, g, dense_a, dense_b
+                  f"torch {r['torch_TFLOPs']:6.1f} dense {r['dense_TFLOPs']:6.1f} x{r['speedup_vs_torch']:.2f} "
+                  f"({copies} input sets)", flush=True)
+        del x, w, g, dense_a, dense_b, dense_sets, dense
     return out
 
 
@@ -182,12 +228,13 @@ def sweep_geomeans(rows: list[dict]) -> dict[str, tuple[float, int]]:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| op | H, I, E | weight | T | groups | form | ours TF/s | torch TF/s | dense TF/s | vs torch | of dense |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| op | H, I, E | weight | T | groups | form | ours TF/s | torch TF/s | dense TF/s | vs torch | of dense "
+             "| input sets |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['op']} | {', '.join(map(str, r['layer']))} | {r['weight']} | {r['T']} | {r['groups']} | "
                      f"{r['form']} | {r['ours_TFLOPs']:.0f} | {r['torch_TFLOPs']:.0f} | {r['dense_TFLOPs']:.0f} | "
-                     f"{r['speedup_vs_torch']:.2f} | {r['fraction_of_dense']:.2f} |")
+                     f"{r['speedup_vs_torch']:.2f} | {r['fraction_of_dense']:.2f} | {r.get('input_copies', 1)} |")
     return "\n".join(lines)
 
 
@@ -217,7 +264,7 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def main(out_prefix: str | None = None, ops=("fwd", "dgrad", "wgrad"), sweep: bool = False,
-         tokens=None, seed: int = 0) -> list[dict]:
-    rows = run(ops, sweep, tokens, seed)
+         tokens=None, seed: int = 0, rotate: bool = True) -> list[dict]:
+    rows = run(ops, sweep, tokens, seed, rotate)
     timing.publish(rows, markdown(rows), summary(rows), out_prefix, plot)
     return rows
