@@ -93,6 +93,10 @@ def op_inputs(op: str, x, w, g) -> tuple:
     return {"fwd": (x, w), "dgrad": (g, w), "wgrad": (g, x)}[op]
 
 
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def cycling(fns: list):
     """One callable that calls ``fns`` in turn (each call the next copy's)."""
     if len(fns) == 1:
@@ -147,10 +151,10 @@ def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False, tokens=None, seed: i
         flops = 2.0 * t * n * k
         dense_a = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         dense_b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        dense_sets = _copies_of((dense_a, dense_b), copies_for((t + n) * k * 2))
+        dense_sets = _copies_of((dense_a, dense_b), copies_for(_nbytes((dense_a, dense_b))))
         dense = cycling([functools.partial(torch.mm, a, b.T) for a, b in dense_sets])
         for op in ops:
-            copies = copies_for(sum(t_.numel() * t_.element_size() for t_ in op_inputs(op, x, w, g)))
+            copies = copies_for(_nbytes(op_inputs(op, x, w, g)))
             sets = _copies_of((x, w, g), copies)
             pairs = [op_callables(op, *s, offs) for s in sets]
             try:
