@@ -135,6 +135,15 @@ def test_grouped_gemm_bench_rotates_inputs_that_fit_in_l2():
     assert seen == [0, 1, 2, 0, 1, 2, 0]
     single = lambda: None  # noqa: E731
     assert bench_gg.cycling([single]) is single
+    import torch
+    a, b, c = torch.arange(4.0), torch.ones(3), torch.zeros(2)
+    sets = bench_gg._copies_of((a, b, c), 3, read=(a, c))
+    assert len(sets) == 3 and sets[0] == (a, b, c)
+    for s in sets[1:]:
+        assert s[1] is b, "a tensor the op does not read is shared, not cloned"
+        assert s[0] is not a and s[2] is not c and torch.equal(s[0], a) and torch.equal(s[2], c)
+        assert s[0].data_ptr() != a.data_ptr()
+    assert all(t is not u for t, u in zip(bench_gg._copies_of((a, b), 2)[1], (a, b))), "default: every tensor cloned"
 
 
 def test_grouped_gemm_bench_refuses_an_unknown_op():

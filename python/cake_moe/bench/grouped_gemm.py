@@ -136,9 +136,30 @@ def _sweep_fns(op, makes: list) -> dict:
     return out
 
 
-def _copies_of(tensors: tuple, n: int) -> list[tuple]:
-    """``tensors`` and ``n - 1`` clones of them (same values, other addresses)."""
-    return [tensors] + [tuple(t.clone() for t in tensors) for _ in range(n - 1)]
+def _copies_of(tensors: tuple, n: int, read: tuple | None = None) -> list[tuple]:
+    """``tensors`` and ``n - 1`` copies of them: clones (same values, other addresses) of the
+    tensors in ``read`` (default: all), the others shared."""
+    cloned = [any(t is r for r in read) for t in tensors] if read is not None else [True] * len(tensors)
+    return [tensors] + [tuple(t.clone() if c else t for t, c in zip(tensors, cloned)) for _ in range(n - 1)]
+
+
+def _time_op(op, x, w, g, offs, dense, copies: int, sweep: bool):
+    """``(ms per callable, our form)`` of one op on ``copies`` input sets, or None where the build
+    has no form for it. Its input copies and launches go with its return."""
+    sets = _copies_of((x, w, g), copies, op_inputs(op, x, w, g))
+    pairs = [op_callables(op, *s, offs) for s in sets]
+    try:
+        launches = [make("") for make, _ in pairs]
+    except NotImplementedError as err:
+        print(f"{op} skipped: {err}")
+        return None
+    # ours, the peers and the swept tiles timed round-robin (see timing.time_interleaved)
+    fns = {"ours": cycling([launch.launch for launch in launches]), "dense": dense}
+    if pairs[0][1]:
+        fns["torch"] = cycling([peer for _, peer in pairs])
+    if sweep and op != "wgrad":
+        fns.update(_sweep_fns(op, [make for make, _ in pairs]))
+    return timing.time_interleaved(fns), launches[0].form
 
 
 def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False, tokens=None, seed: int = 0,
@@ -155,26 +176,15 @@ def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False, tokens=None, seed: i
         dense = cycling([functools.partial(torch.mm, a, b.T) for a, b in dense_sets])
         for op in ops:
             copies = copies_for(_nbytes(op_inputs(op, x, w, g)))
-            sets = _copies_of((x, w, g), copies)
-            pairs = [op_callables(op, *s, offs) for s in sets]
-            try:
-                launches = [make("") for make, _ in pairs]
-            except NotImplementedError as err:
-                print(f"{op} skipped: {err}")
+            timed = _time_op(op, x, w, g, offs, dense, copies, sweep)
+            if timed is None:
                 continue
-            # ours, the peers and the swept tiles timed round-robin (see timing.time_interleaved)
-            fns = {"ours": cycling([launch.launch for launch in launches]), "dense": dense}
-            if pairs[0][1]:
-                fns["torch"] = cycling([peer for _, peer in pairs])
-            if sweep and op != "wgrad":
-                fns.update(_sweep_fns(op, [make for make, _ in pairs]))
-            ms = timing.time_interleaved(fns)
-            del sets, pairs
+            ms, form = timed
             ours_ms, dense_ms, peer_ms = ms["ours"], ms["dense"], ms.get("torch", float("nan"))
             tiles = {key[len("tile:"):]: v for key, v in ms.items() if key.startswith("tile:")}
             out.append({
                 "op": op, "layer": [h, i, e], "weight": which, "N": n, "K": k, "T": t, "groups": kind,
-                "form": launches[0].form, "ours_ms": ours_ms, "torch_ms": peer_ms, "dense_ms": dense_ms,
+                "form": form, "ours_ms": ours_ms, "torch_ms": peer_ms, "dense_ms": dense_ms,
                 "ours_TFLOPs": flops / ours_ms / 1e9, "torch_TFLOPs": flops / peer_ms / 1e9,
                 "dense_TFLOPs": flops / dense_ms / 1e9, "speedup_vs_torch": peer_ms / ours_ms,
                 "fraction_of_dense": dense_ms / ours_ms, "rows_per_expert": t / e, "flops": flops,
@@ -182,7 +192,6 @@ def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False, tokens=None, seed: i
                 "gpu": timing.gpu_name(), "date": datetime.date.today().isoformat(), "seed": seed, "sizes": sizes,
                 "tiles_ms": tiles, "best_tile_speedup": (peer_ms / min(tiles.values())) if tiles else None,
             })
-            del launches
             r = out[-1]
             print(f"{op:5} {h:5} {i:5} {e:3} {which:3} T={t:6} {kind:6} {r['form']:22} ours {r['ours_TFLOPs']:6.1f} "
                   f"torch {r['torch_TFLOPs']:6.1f} dense {r['dense_TFLOPs']:6.1f} x{r['speedup_vs_torch']:.2f} "
