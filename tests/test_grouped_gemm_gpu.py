@@ -345,13 +345,22 @@ def test_wgrad_det_repeatable_and_fast_within_budget():
     assert ref.rel_rms(cake_moe.grouped_gemm_wgrad(g, x, offs, variant="fast"), want) < BUDGET
     fast32 = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="fast", out_dtype=torch.float32)
     assert fast32.dtype == torch.float32 and ref.rel_rms(fast32, want) < 1e-4  # no bf16 rounding
-    # fast gives det's bits for fwd and dgrad (they have one variant)
+    # fast gives det's bits for fwd and dgrad (they have one variant), set globally or per call
     cake_moe.configure(grouped_gemm_variant="fast")
     try:
-        y_fast = cake_moe.grouped_gemm_fwd(x, w, offs)
+        y_fast, dx_fast = cake_moe.grouped_gemm_fwd(x, w, offs), cake_moe.grouped_gemm_dgrad(g, w, offs)
     finally:
         cake_moe.configure(grouped_gemm_variant=None)
     assert torch.equal(y_fast, cake_moe.grouped_gemm_fwd(x, w, offs))
+    assert torch.equal(dx_fast, cake_moe.grouped_gemm_dgrad(g, w, offs))
+    grads = {}
+    for variant in ("det", "fast"):
+        xv, wv = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        y = cake_moe.grouped_mm(xv, wv, offs, variant=variant)
+        y.backward(g)
+        grads[variant] = (y.detach(), xv.grad, wv.grad)
+    assert torch.equal(grads["fast"][0], grads["det"][0]) and torch.equal(grads["fast"][1], grads["det"][1])
+    assert ref.rel_rms(grads["fast"][2], want) < BUDGET and torch.equal(grads["det"][2], d0)
 
 
 @pytest.mark.parametrize("variant", ["det", "fast"])
