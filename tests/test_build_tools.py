@@ -121,7 +121,7 @@ def test_sm90_tile_lists_agree():
 
 def test_mxfp4_moe_tile_lists_agree():
     """Family B's GEMM tile forms are named in three layers too: the compiled forms (forms.py),
-    the host's table that binds a form by name (mxfp4_moe.cpp `tiling_for`) and the Python
+    the host's table that binds a form by name (tilings.cpp `tiling_for`) and the Python
     decision table (`_decide`: the tiles it or a caller's `tile=` can name, the short-K and
     resident-rows GEMM2 forms derived from them). They must list the same forms."""
     import re
@@ -135,7 +135,7 @@ def test_mxfp4_moe_tile_lists_agree():
     from cake_moe.mxfp4_moe import _decide
 
     built = {t[0] for t in forms.MXFP4_MOE_TILINGS + forms.MXFP4_MOE_SM90_TILINGS}
-    source = (root / "cpp" / "host" / "mxfp4_moe" / "mxfp4_moe.cpp").read_text()
+    source = (root / "cpp" / "host" / "mxfp4_moe" / "tilings.cpp").read_text()
     table = re.search(r"kTilings\s*=\s*\{(.*?)\};", source, re.S).group(1)
     host = set(re.findall(r'info<\w+>\("(\w+)"', table))
     python = set(_decide.TILES) | {"n8_shortk", "n8_shortk2"} | {f"{t}_rb" for t in _decide.RESIDENT_TILES}
