@@ -82,7 +82,7 @@ def main() -> None:
                 bound[pair].append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta,
                                                workspace=ws, output=out, tile=tile))
                 outs[pair].append(out)
-            calls[pair] = bench._cycle([plan.run for plan in bound[pair]])
+            calls[pair] = timing.cycling([plan.run for plan in bound[pair]])
             for name, value in saved.items():
                 if value is None:
                     del os.environ[name]

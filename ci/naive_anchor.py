@@ -44,7 +44,7 @@ def family_c(gen: torch.Generator) -> list[dict]:
             x, x_sf, ids, w = b.random_inputs(t, g["e"], 0, gen, h=g["h"], e=g["e"], k=g["k"])
             calls.append(lambda a=(x, x_sf, ids, w): b.naive_layer(*a, w13, w2, beta, lbeta, num_experts=g["e"],
                                                                     offset=0))
-        rows.append({"geometry": "family C (PERF.md anchor)", "who": "naive", "T": t, **three_ways(b._cycle(calls), t),
+        rows.append({"geometry": "family C (PERF.md anchor)", "who": "naive", "T": t, **three_ways(timing.cycling(calls), t),
                      "anchor_us": ANCHOR_US[t]})
     return rows  # (its 7.4 GB of weights go with this frame)
 
@@ -55,7 +55,7 @@ def family_b(gen: torch.Generator) -> list[dict]:
         r = b.rank_layer(layout, gen, with_bf16=True)
         plans, naive, *_ = b._bind(1, r.runner, r.prepared, r.bank16, r.beta, r.linear_beta, gen, r.local, r.offset)
         for who, fns in (("ours", [p.run for p in plans]), ("naive", naive)):
-            rows.append({"geometry": f"family B {layout}", "who": who, "T": 1, **three_ways(b._cycle(fns), 1)})
+            rows.append({"geometry": f"family B {layout}", "who": who, "T": 1, **three_ways(timing.cycling(fns), 1)})
         del r, plans, naive
         torch.cuda.empty_cache()
     return rows

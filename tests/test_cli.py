@@ -116,6 +116,7 @@ def test_grouped_gemm_bench_rotates_inputs_that_fit_in_l2():
     """PERF.md: inputs that fit in the L2 are cycled over copies spanning ROTATE_BYTES (at most
     MAX_COPIES); larger inputs run on one set; each op names the tensors it reads."""
     from cake_moe.bench import grouped_gemm as bench_gg
+    from cake_moe.bench import timing
     mb = 1 << 20
     assert bench_gg.ROTATE_BYTES >= 2 * bench_gg.L2_BYTES
     assert bench_gg.rotation_copies(bench_gg.ROTATE_BYTES) == 1
@@ -129,12 +130,12 @@ def test_grouped_gemm_bench_rotates_inputs_that_fit_in_l2():
     assert bench_gg.op_inputs("dgrad", x, w, g) == (g, w)
     assert bench_gg.op_inputs("wgrad", x, w, g) == (g, x)
     seen = []
-    fn = bench_gg.cycling([lambda i=i: seen.append(i) for i in range(3)])
+    fn = timing.cycling([lambda i=i: seen.append(i) for i in range(3)])
     for _ in range(7):
         fn()
     assert seen == [0, 1, 2, 0, 1, 2, 0]
     single = lambda: None  # noqa: E731
-    assert bench_gg.cycling([single]) is single
+    assert timing.cycling([single]) is single
     import torch
     a, b, c = torch.arange(4.0), torch.ones(3), torch.zeros(2)
     sets = bench_gg._copies_of((a, b, c), 3, read=(a, c))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import itertools
 import math
 
 import torch
@@ -97,14 +96,6 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def cycling(fns: list):
-    """One callable that calls ``fns`` in turn (each call the next copy's)."""
-    if len(fns) == 1:
-        return fns[0]
-    it = itertools.cycle(fns)
-    return lambda: next(it)()
-
-
 def op_callables(op: str, x, w, g, offs):
     """``(make, peer)`` for one op on one case: ``make(form)`` prepares our launch of a form by
     name ("" = the default choice; wgrad: det), ``peer`` calls torch._grouped_mm on the same
@@ -130,7 +121,7 @@ def _sweep_fns(op, makes: list) -> dict:
     out = {}
     for tile in SM90_TILES:
         try:
-            out[f"tile:{tile}"] = cycling([make(f"gg_sm90_{op}_{tile}").launch for make in makes])
+            out[f"tile:{tile}"] = timing.cycling([make(f"gg_sm90_{op}_{tile}").launch for make in makes])
         except (ValueError, NotImplementedError):
             pass
     return out
@@ -154,9 +145,9 @@ def _time_op(op, x, w, g, offs, dense, copies: int, sweep: bool):
         print(f"{op} skipped: {err}")
         return None
     # ours, the peers and the swept tiles timed round-robin (see timing.time_interleaved)
-    fns = {"ours": cycling([launch.launch for launch in launches]), "dense": dense}
+    fns = {"ours": timing.cycling([launch.launch for launch in launches]), "dense": dense}
     if pairs[0][1]:
-        fns["torch"] = cycling([peer for _, peer in pairs])
+        fns["torch"] = timing.cycling([peer for _, peer in pairs])
     if sweep and op != "wgrad":
         fns.update(_sweep_fns(op, [make for make, _ in pairs]))
     return timing.time_interleaved(fns), launches[0].form
@@ -173,7 +164,7 @@ def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False, tokens=None, seed: i
         dense_a = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         dense_b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         dense_sets = _copies_of((dense_a, dense_b), copies_for(_nbytes((dense_a, dense_b))))
-        dense = cycling([functools.partial(torch.mm, a, b.T) for a, b in dense_sets])
+        dense = timing.cycling([functools.partial(torch.mm, a, b.T) for a, b in dense_sets])
         for op in ops:
             copies = copies_for(_nbytes(op_inputs(op, x, w, g)))
             timed = _time_op(op, x, w, g, offs, dense, copies, sweep)

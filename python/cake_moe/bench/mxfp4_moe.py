@@ -158,15 +158,6 @@ def _time(fn, t: int, calls: int) -> float:
     return timing.time_cuda(fn, warmup=2, iters=3, reps=20)
 
 
-def _cycle(fns):
-    state = {"i": 0}
-
-    def call():
-        fns[state["i"] % len(fns)]()
-        state["i"] += 1
-    return call
-
-
 def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: int, tile: str | None = None,
           tile_sync: bool | None = None):
     """Plans (and naive calls on the same inputs) for T tokens: ROTATIONS routings for decode
@@ -221,18 +212,18 @@ def _row(layout: str, t: int, runner, prepared, bank16, beta, lbeta, gen, copy_b
     plans, naive, outs, experts, routes = _bind(t, runner, prepared, bank16, beta, lbeta, gen, l, offset, tile,
                                                 tile_sync)
     calls = 48 if len(plans) > 1 else 20
-    ours_ms = _time(_cycle([p.run for p in plans]), t, calls)
+    ours_ms = _time(timing.cycling([p.run for p in plans]), t, calls)
     if d.alt_tile:  # the form the device chose (the same for every run of one routing)
         ran = sorted({p.last_tile() for p in plans})
         row["tile"] = "/".join(ran) + "*"
     naive_ms, naive_eager_ms, diff = float("nan"), float("nan"), None
     if hasattr(torch, "_grouped_mm"):
         try:
-            naive_ms = _time(_cycle(naive), t, calls)
+            naive_ms = _time(timing.cycling(naive), t, calls)
         except RuntimeError:  # a torch whose grouped mm cannot be captured: time it eagerly
-            naive_ms = timing.time_cuda(_cycle(naive), warmup=2, iters=3, reps=20)
+            naive_ms = timing.time_cuda(timing.cycling(naive), warmup=2, iters=3, reps=20)
         if t <= ROTATE_MAX_T:
-            naive_eager_ms = timing.time_wall(_cycle(naive))
+            naive_eager_ms = timing.time_wall(timing.cycling(naive))
         plans[-1].run()
         want = naive[-1]().double()
         diff = float((outs[-1].double() - want).norm() / want.norm())

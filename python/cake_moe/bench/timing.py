@@ -1,11 +1,21 @@
 """CUDA-event timing and the copy-bandwidth ceiling, shared by every benchmark."""
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
+
+
+def cycling(fns: list[Callable[[], object]]) -> Callable[[], object]:
+    """One callable that calls ``fns`` in turn, each call the next one's (input sets or routings
+    rotated through a timed loop, so no call reads what the call before left in the L2)."""
+    if len(fns) == 1:
+        return fns[0]
+    it = itertools.cycle(fns)
+    return lambda: next(it)()
 
 
 def time_cuda(fn: Callable[[], object], *, warmup: int = 3, iters: int = 10, reps: int = 20) -> float:
