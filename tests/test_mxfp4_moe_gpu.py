@@ -527,6 +527,24 @@ def test_one_workspace_serves_every_smaller_t(layers):
         assert torch.equal(layer.run(case, workspace=ws), layer.run(case))
 
 
+def test_route_rows_past_two_to_the_31_elements(layers):
+    """tp8 at T = 32768: the route rows ([T * top_k, H] BF16, GEMM2's output and the finalize's
+    input) hold 3.76e9 elements, past 2^31, so every offset into them needs 64 bits. The tokens
+    are a T = 16384 case's twice over; a token's output depends on its own inputs only and every
+    wgmma form gives the same bits, so both halves must equal that case's output bit for bit."""
+    layer = layers("tp8")
+    case = make_case(layer.geom, 16384, "zipf", seed=41)
+    twice = dataclasses.replace(case, **{f: torch.cat([getattr(case, f)] * 2).contiguous()
+                                         for f in ("x", "x_sf", "topk_ids", "topk_weights")})
+    t2 = twice.x.shape[0]
+    assert t2 * layer.geom.top_k * layer.geom.hidden > 2**31
+    want = layer.run(case).clone()
+    assert want.isfinite().all() and want.view(torch.int16).any()
+    got = layer.run(twice)
+    assert torch.equal(got[:t2 // 2], want), "the first half differs from the T = 16384 run"
+    assert torch.equal(got[t2 // 2:], want), "the second half differs from the T = 16384 run"
+
+
 @pytest.mark.parametrize("name,t", [("h512_e40_k5", 1025), ("tp8", 16), ("h128_e1024_k32", 1025)])
 def test_run_allocates_nothing(layers, name, t):
     layer = layers(name)
