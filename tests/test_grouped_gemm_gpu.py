@@ -591,6 +591,28 @@ def test_every_sm90_tile_form(op, tile):
         cake_moe.prepare_grouped_gemm_fwd(x, w, offs, form="gg_sm90_fwd_32x32")
 
 
+@pytest.mark.parametrize("op", ["fwd", "dgrad"])
+def test_a_groups_rows_do_not_depend_on_the_other_groups(op):
+    """Batch invariance: a group's output rows are the same bits whatever the other groups hold
+    and whichever tile form the heuristic then picks (every sm_90a fwd / dgrad form takes each
+    output's k16 steps in order). The wgrad is not covered: how it splits a group's rows over
+    units depends on the whole problem."""
+    n, k, first = 1536, 2048, 300
+    w = bf16(16, n, k, seed=2, scale=0.05)
+    a_all = bf16(65536, k if op == "fwd" else n, seed=1)
+    rows, forms = [], set()
+    for total in (512, 4096, 16384, 65536):
+        offs = offsets([first] + random_sizes(total - first, 15, seed=total))
+        prepare = cake_moe.prepare_grouped_gemm_fwd if op == "fwd" else cake_moe.prepare_grouped_gemm_dgrad
+        launch = prepare(a_all[:total], w, offs)
+        forms.add(launch.form)
+        rows.append(launch.launch()[:first].clone())
+    assert len(forms) >= 2, f"the totals should span tile forms: {forms}"
+    assert all(torch.equal(r, rows[0]) for r in rows[1:]), f"{op}: group 0's rows changed with the others ({forms})"
+    want = (ref.fwd if op == "fwd" else ref.dgrad)(a_all[:first], w[:1], offsets([first]))
+    _check_rows(rows[0], want, poisoned=False)
+
+
 def _split_tail_sizes(layout: str, n_out: int) -> list[int]:
     """Group sizes whose 128x256 tiles put the split tail to work on this GPU: all in one wave
     of at most half the SMs ("one_wave"), or whole waves and then 1..n_tiles tiles
