@@ -287,6 +287,20 @@ def test_decide_forced_tile_sync():
         _decide.decide(1, *_TP8, tile_sync=1)
 
 
+def test_decide_refuses_token_rows_past_32_bit_chunk_indices():
+    """The token-row loaders index 16-byte chunks with 32 bits: T x top_k x I_shard (GEMM2's
+    rows) and T x H (GEMM1's) must stay within 2^35 elements; past that the decision refuses."""
+    ep8 = (16, 896, 7168, 3072)
+    last = 2**35 // (16 * 3072)
+    assert _decide.decide(last, *ep8, sm90=True).supported
+    d = _decide.decide(last + 1, *ep8, sm90=True)
+    assert not d.supported and "2^35" in d.reason and d.forms == ()
+    wide_h = (1, 8, 7168, 128)   # GEMM1's x rows bind first
+    last_h = 2**35 // 7168
+    assert _decide.decide(last_h, *wide_h).supported and not _decide.decide(last_h + 1, *wide_h).supported
+    assert not CakeMxfp4MoEWrapper(**CONTRACT).decide(last + 1).supported
+
+
 @pytest.mark.parametrize("t", [0, -1, 2.0, True])
 def test_decide_unsupported(t):
     d = CakeMxfp4MoEWrapper(**CONTRACT).decide(t)

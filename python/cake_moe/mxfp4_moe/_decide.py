@@ -57,6 +57,12 @@ SM90_MID_WG_MIN_LOAD = 24
 # 1.50x over wg32x4; 54.9: wg128x4 1.21x over wg64x4).
 SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 and wg64x4
 SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
+# The token-row loaders of the GEMMs address a row's 16-byte chunks with 32-bit indices
+# (stage_loader.cuh, Loader::b_src: row x K / 8), so GEMM1's x rows (T x H elements) and GEMM2's
+# intermediate rows at the route list's capacity (T x top_k x I_shard) stay within 2^35 elements:
+# past that a plan is refused rather than run with wrapped offsets. (At the contract geometry the
+# bound is T = 699050 for ep8 and 4.79 million for tp8, past what an H200's memory holds.)
+MAX_TOKEN_ROW_ELEMENTS = 2**35
 # Token rows per tile of every form the table (or a caller's `tile=`) can name.
 BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n8_narrow4": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
                                "wg64x4": 64, "wg32x4": 32, "wg160x3": 160, "wg96x4": 96}
@@ -268,12 +274,16 @@ def _sm90_form(load: float, inter: int) -> tuple[str, int, str, str]:
 def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, *, sm90: bool = False,
            tile: str | None = None, tile_sync: bool | None = None) -> PlanDecision:
     """The decision for ``num_tokens`` tokens of a layer with ``hidden`` and ``inter`` (the
-    rank's intermediate shard); every T >= 1 is served. ``sm90``: the device runs the sm_90a
+    rank's intermediate shard); every T >= 1 is served up to MAX_TOKEN_ROW_ELEMENTS. ``sm90``: the device runs the sm_90a
     forms. ``tile`` forces a tile form (benchmarks and tests); an sm_90a form needs ``sm90``.
     ``tile_sync`` forces the per-tile GEMM1 -> GEMM2 sync on or off (it never changes a bit of
     the result); True needs an mma.sync tile form (not one of SM90_TILES)."""
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
         return PlanDecision(False, f"num_tokens must be an int >= 1, got {num_tokens!r}", "none", 0, ())
+    token_rows = max(num_tokens * hidden, num_tokens * top_k * inter)
+    if token_rows > MAX_TOKEN_ROW_ELEMENTS:
+        return PlanDecision(False, f"T = {num_tokens}: the GEMMs' token rows would hold {token_rows} elements (T x H, "
+                            "T x top_k x I_shard), past the 2^35 their 32-bit chunk indices reach", "none", 0, ())
     load = routes_per_expert(num_tokens, top_k, num_experts)
     alt = ""
     if sm90:
