@@ -293,6 +293,30 @@ def test_bad_arguments_raise_before_any_launch(call, match):
         call(x, w, offs)
 
 
+def test_operands_past_two_to_the_31_elements():
+    """x and dx of 530000 x 4096 BF16 elements (past 2^31, inside max_grouped_rows): fwd, dgrad
+    and det wgrad read and write them at 64-bit offsets. Checked on 512-row slices at both ends
+    against the FP64 reference, and the second group's dW against an FP32 product."""
+    k, n, half = 4096, 64, 265000
+    rows = 2 * half
+    assert rows * k > 2**31 and rows <= cake_moe.max_grouped_rows(n, k, 2)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    g = torch.randn(rows, n, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(2, n, k, device="cuda", generator=gen) * 0.05).to(torch.bfloat16)
+    offs = offsets([half, half])
+    y = cake_moe.grouped_gemm_fwd(x, w, offs)
+    dx = cake_moe.grouped_gemm_dgrad(g, w, offs)
+    for e, (s, t) in enumerate([(0, 512), (rows - 512, rows)]):
+        one = offsets([t - s])
+        assert ref.rel_rms(y[s:t], ref.fwd(x[s:t], w[e:e + 1], one)) < BUDGET, f"fwd rows {s}..{t}"
+        assert ref.rel_rms(dx[s:t], ref.dgrad(g[s:t], w[e:e + 1], one)) < BUDGET, f"dgrad rows {s}..{t}"
+    del y, dx
+    dw = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")
+    want = (g[half:].float().T @ x[half:].float()).double()
+    assert ref.rel_rms(dw[1], want) < BUDGET, "wgrad of the group past 2^31 elements"
+
+
 def test_bounds_refused_before_launch():
     with pytest.raises(ValueError, match="rows exceed"):
         cake_moe.check_grouped_dims(7168, 2048, num_groups=8, max_rows=2**31)
