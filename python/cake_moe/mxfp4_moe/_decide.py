@@ -274,10 +274,11 @@ def _sm90_form(load: float, inter: int) -> tuple[str, int, str, str]:
 def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, *, sm90: bool = False,
            tile: str | None = None, tile_sync: bool | None = None) -> PlanDecision:
     """The decision for ``num_tokens`` tokens of a layer with ``hidden`` and ``inter`` (the
-    rank's intermediate shard); every T >= 1 is served up to MAX_TOKEN_ROW_ELEMENTS. ``sm90``: the device runs the sm_90a
-    forms. ``tile`` forces a tile form (benchmarks and tests); an sm_90a form needs ``sm90``.
-    ``tile_sync`` forces the per-tile GEMM1 -> GEMM2 sync on or off (it never changes a bit of
-    the result); True needs an mma.sync tile form (not one of SM90_TILES)."""
+    rank's intermediate shard); every T >= 1 is served up to MAX_TOKEN_ROW_ELEMENTS. ``sm90``:
+    the device runs the sm_90a forms. ``tile`` forces a tile form (benchmarks and tests); an
+    sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile GEMM1 -> GEMM2 sync on or off
+    (it never changes a bit of the result); True needs an mma.sync tile form (not one of
+    SM90_TILES)."""
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
         return PlanDecision(False, f"num_tokens must be an int >= 1, got {num_tokens!r}", "none", 0, ())
     token_rows = max(num_tokens * hidden, num_tokens * top_k * inter)
