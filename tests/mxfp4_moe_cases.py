@@ -313,14 +313,15 @@ class Layer:
     def __init__(self, geom: Geometry, *, seed: int = 0, device="cuda", bank: dict[str, torch.Tensor] | None = None):
         from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
         self.geom = geom
+        self.device = torch.device(device)
         self.bank = random_weights(geom, seed=seed, device=device) if bank is None else bank
         b = self.bank
         self.prepared = prepare_cake_mxfp4_weights(b["w1"], b["w1_scale"], b["w2"], b["w2_scale"])
         args, kw = geom.wrapper_args()
-        self.runner = CakeMxfp4MoEWrapper(*args, **kw)
+        self.runner = CakeMxfp4MoEWrapper(*args, device=self.device, **kw)
 
     def workspace(self, t: int) -> torch.Tensor:
-        return torch.empty(self.runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
+        return torch.empty(self.runner.get_workspace_size(t), dtype=torch.uint8, device=self.device)
 
     def plan(self, case: Case, *, workspace: torch.Tensor | None = None, output: torch.Tensor | None = None,
              tile: str | None = None, tile_sync: bool | None = None, positional: bool = False):
@@ -330,7 +331,7 @@ class Layer:
         ``positional`` as its four tensors (no codes: every expert converts with two multiplies)."""
         t, h = case.x.shape
         ws = self.workspace(t) if workspace is None else workspace
-        out = torch.empty(t, h, dtype=torch.bfloat16, device="cuda") if output is None else output
+        out = torch.empty(t, h, dtype=torch.bfloat16, device=self.device) if output is None else output
         p = self.prepared
         weights = (p["w1"], p["w1_sf"], p["w2"], p["w2_sf"]) if positional else (p,)
         plan = self.runner.plan(case.x, case.x_sf, case.topk_ids, case.topk_weights, *weights, beta=case.beta,
@@ -342,7 +343,7 @@ class Layer:
         plan, out = self.plan(case, **kw)
         out.fill_(float("nan"))
         plan.run()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(self.device)
         return out
 
 

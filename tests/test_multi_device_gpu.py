@@ -10,7 +10,7 @@ import cake_moe
 
 from .conftest import poison_
 from .grouped_gemm_cases import bf16, offsets
-from .mxfp4_moe_cases import GENERAL, make_case, random_weights
+from .mxfp4_moe_cases import GENERAL, Layer, make_case, random_weights
 
 pytestmark = [
     pytest.mark.gpu,
@@ -115,27 +115,20 @@ def test_formats_on_the_second_device():
 
 
 def _moe_run(geom, case, bank, device, *, capture: bool = False) -> torch.Tensor:
-    from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
-    args, kw = geom.wrapper_args()
-    wrapper = CakeMxfp4MoEWrapper(*args, device=device, **kw)
-    prepared = prepare_cake_mxfp4_weights(*(bank[k].to(device) for k in ("w1", "w1_scale", "w2", "w2_scale")))
-    c = case.to(device)
-    t, h = c.x.shape
-    ws = torch.empty(wrapper.get_workspace_size(t), dtype=torch.uint8, device=device)
-    out = poison_(torch.empty(t, h, dtype=torch.bfloat16, device=device))
-    plan = wrapper.plan(c.x, c.x_sf, c.topk_ids, c.topk_weights, prepared, beta=c.beta, linear_beta=c.linear_beta,
-                        workspace=ws, output=out)
-    if capture:
-        plan.run()
-        with torch.cuda.device(device):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                plan.run()
-        poison_(out)
-        with torch.cuda.device(device):
-            graph.replay()
-    else:
-        plan.run()
+    """The layer on ``device`` (its wrapper, prepared weights, workspace and output there), eagerly
+    or replayed from a graph captured on that device."""
+    layer = Layer(geom, device=device, bank={k: v.to(device) for k, v in bank.items()})
+    if not capture:
+        return layer.run(case.to(device))
+    plan, out = layer.plan(case.to(device))
+    plan.run()
+    with torch.cuda.device(device):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            plan.run()
+    poison_(out)
+    with torch.cuda.device(device):
+        graph.replay()
     torch.cuda.synchronize(device)
     return out
 
@@ -163,15 +156,7 @@ def test_tensors_on_two_devices_are_refused():
     with pytest.raises(ValueError):
         cake_moe.grouped_gemm_fwd(x, w, offs, out=torch.empty(x.shape[0], N, dtype=torch.bfloat16, device=D1))
 
-    from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
-    geom = GENERAL["h256_e8_k2"]
-    args, kw = geom.wrapper_args()
-    wrapper = CakeMxfp4MoEWrapper(*args, device=D1, **kw)
-    bank = random_weights(geom, seed=3, device=D1)
-    prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
-    c = make_case(geom, 4, seed=5, device=D0)  # the activations and routes on the other device
-    ws = torch.empty(wrapper.get_workspace_size(4), dtype=torch.uint8, device=D1)
-    out = torch.empty(4, geom.hidden, dtype=torch.bfloat16, device=D1)
+    layer = Layer(GENERAL["h256_e8_k2"], seed=3, device=D1)
+    case = make_case(layer.geom, 4, seed=5, device=D0)  # the activations and routes on the other device
     with pytest.raises(ValueError, match="wrapper's device"):
-        wrapper.plan(c.x, c.x_sf, c.topk_ids, c.topk_weights, prepared, beta=c.beta.to(D1),
-                     linear_beta=c.linear_beta.to(D1), workspace=ws, output=out)
+        layer.plan(case)
