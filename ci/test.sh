@@ -14,6 +14,9 @@ cmake -S . -B build/host-tests -DCAKE_MOE_HOST_TESTS_ONLY=ON -DPython_EXECUTABLE
 cmake --build build/host-tests -j 2 >/dev/null
 (cd build/host-tests && ctest --output-on-failure)
 
+echo "== mypy (the annotations py.typed promises) =="
+"$PY" -m mypy
+
 echo "== pytest =="
 # run from outside the source tree so the installed package (not python/) is imported
 rc=0

@@ -35,7 +35,7 @@ def grouped_gemm_variant(requested: str | None = None) -> str:
     deterministic = torch.are_deterministic_algorithms_enabled()
     if requested == "fast" and deterministic:
         raise ValueError("variant='fast' was requested under torch.use_deterministic_algorithms(True)")
-    variant = requested or _state["grouped_gemm_variant"] or "det"
+    variant = str(requested or _state["grouped_gemm_variant"] or "det")
     if variant == "fast" and deterministic:
         if not _state["warned_forced_det"]:
             _log.warning("cake_moe: deterministic algorithms are enabled; grouped GEMM runs the 'det' variant")

@@ -138,7 +138,7 @@ def _time_op(op, x, w, g, offs, dense, copies: int, sweep: bool):
     """``(ms per callable, our form)`` of one op on ``copies`` input sets, or None where the build
     has no form for it. Its input copies and launches go with its return."""
     sets = _copies_of((x, w, g), copies, op_inputs(op, x, w, g))
-    pairs = [op_callables(op, *s, offs) for s in sets]
+    pairs = [op_callables(op, xs, ws, gs, offs) for xs, ws, gs in sets]
     try:
         launches = [make("") for make, _ in pairs]
     except NotImplementedError as err:

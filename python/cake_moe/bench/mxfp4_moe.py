@@ -171,7 +171,8 @@ def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: in
         plans.append(runner.plan(x, x_sf, ids, w, prepared,
                                  beta=beta, linear_beta=lbeta, workspace=ws, output=out, tile=tile,
                                  tile_sync=tile_sync))
-        naive.append(lambda a=(x, x_sf, ids, w): naive_layer(*a, *bank16, beta, lbeta, num_experts=E, offset=offset))
+        naive.append(lambda a=(x, x_sf, ids, w), b=bank16: naive_layer(a[0], a[1], a[2], a[3], b[0], b[1], beta, lbeta,
+                                                                       num_experts=E, offset=offset))
         outs.append(out)
         local = ids.long() - offset
         local = local[(local >= 0) & (local < l)]

@@ -239,7 +239,7 @@ def device_tile_listing(counts, tile: str, alt_tile: str) -> str:
     :func:`device_tile_choice`, or ``"TILE+ALT"``: each expert's full tiles of the wider form
     and a last tile of at most the narrower form's rows in its list, where that costs less than
     the cheaper single form by SPLIT_GAIN_PCT (cpp/kernels/moe/moe_route.cuh, choose_listing)."""
-    wide, narrow = sorted((tile, alt_tile), key=BLOCK_N_OF.get, reverse=True)
+    wide, narrow = sorted((tile, alt_tile), key=lambda form: BLOCK_N_OF[form], reverse=True)
     bw, bn = BLOCK_N_OF[wide], BLOCK_N_OF[narrow]
     wide_tiles = narrow_tiles = 0
     for c in counts:
@@ -257,6 +257,7 @@ def _sm90_form(load: float, inter: int) -> tuple[str, int, str, str]:
     """(path, block_n, tile, alt_tile) of an sm_90 device for ``load`` routes per expert: the
     wgmma paths name a second form for the device to choose from (alt_tile)."""
     short = inter <= RESIDENT_K
+    decode_max: float
     if short:
         decode_max, mid_max, wg64_max = SM90_SHORT_SHARD_LOADS
     else:
@@ -315,6 +316,7 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
                  "them cheaper" if alt else "")
               + (", GEMM2 waits per token tile" if tile_sync else ""))
     gemm1, gemm2 = gemm_forms(chosen, hidden, inter)
+    forms: tuple[str, ...]
     if alt:
         alt1, alt2 = gemm_forms(alt, hidden, inter)
         forms = (DEQUANT_FORM, ROUTE_FORM, gemm1, alt1, gemm2, alt2, FINALIZE_FORM)

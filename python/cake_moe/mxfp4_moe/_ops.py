@@ -43,12 +43,12 @@ class ReferencePlan:
         self._weights = unprepare_cake_mxfp4_weights(prepared)
         self._inputs = (x, x_sf, topk_ids, topk_weights)
         self._beta, self._linear_beta, self._output = beta, linear_beta, output
-        self._layout = dict(num_experts=num_experts, num_local_experts=num_local_experts,
-                            local_expert_offset=local_expert_offset)
+        self._layout = (num_experts, num_local_experts, local_expert_offset)
 
     def run(self, stream: int) -> None:
+        num_experts, num_local, offset = self._layout
         out = ref.mxfp4_situ_moe(*self._inputs, *self._weights, beta=self._beta, linear_beta=self._linear_beta,
-                                 **self._layout)
+                                 num_experts=num_experts, num_local_experts=num_local, local_expert_offset=offset)
         self._output.copy_(out)
 
 

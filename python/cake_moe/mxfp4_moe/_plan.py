@@ -23,6 +23,9 @@ def _check_mode() -> bool:
     return os.environ.get("CAKE_MOE_CHECK", "") == "1"
 
 
+# x, x_sf, topk_ids, topk_weights (None: packed routes)
+_Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
+
 class Mxfp4MoEPlan:
     """A bound MXFP4 MoE layer for one token count. :meth:`run` enqueues dequantize, route,
     GEMM1, GEMM2 and finalize on the current stream (with an sm_90a wgmma form, each GEMM beside
@@ -40,7 +43,7 @@ class Mxfp4MoEPlan:
     """
 
     def __init__(self, plan, *, decision: PlanDecision, device: torch.device, num_tokens: int, num_experts: int,
-                 output: torch.Tensor, inputs: tuple[torch.Tensor | None, ...], keep: tuple[torch.Tensor, ...],
+                 output: torch.Tensor, inputs: _Inputs, keep: tuple[torch.Tensor, ...],
                  code_max: tuple[tuple[str, torch.Tensor, torch.Tensor], ...] = (),
                  tile_choice: torch.Tensor | None = None, alt_tile_choice: torch.Tensor | None = None):
         self._plan = plan
@@ -120,11 +123,11 @@ class Mxfp4MoEPlan:
                                   (*self._inputs, self.output)):
             if (t is None) != (bound is None):
                 raise ValueError(f"{name}: the plan was made {'without' if bound is None else 'with'} it")
-            if t is not None and (t.shape != bound.shape or t.dtype != bound.dtype):
+            if t is not None and bound is not None and (t.shape != bound.shape or t.dtype != bound.dtype):
                 raise ValueError(f"{name} must match the bound tensor: {tuple(bound.shape)} {bound.dtype}, "
                                  f"got {tuple(t.shape)} {t.dtype}")
         for t, bound in zip(given[:4], self._inputs):
-            if t is not None and (t.data_ptr(), t.stride()) != (bound.data_ptr(), bound.stride()):
+            if t is not None and bound is not None and (t.data_ptr(), t.stride()) != (bound.data_ptr(), bound.stride()):
                 bound.copy_(t)
         self.run()
         if (output.data_ptr(), output.stride()) != (self.output.data_ptr(), self.output.stride()):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import NamedTuple
 
 import torch
 
@@ -28,6 +29,16 @@ _INT32_MAX = 2**31 - 1
 _WEIGHT_KIND = {torch.bfloat16: 0, torch.float32: 1, None: 2}   # None: packed routes
 _WEIGHT_NAMES = ("w1", "w1_sf", "w2", "w2_sf")
 _CODE_MAX_NAMES = ("w1_sf_max", "w2_sf_max")  # optional in the dict: without them, two multiplies
+
+
+class _Weights(NamedTuple):
+    """A plan's prepared operands (checked to be tensors) and their optional largest scale codes."""
+    w1: torch.Tensor
+    w1_sf: torch.Tensor
+    w2: torch.Tensor
+    w2_sf: torch.Tensor
+    w1_sf_max: torch.Tensor | None
+    w2_sf_max: torch.Tensor | None
 
 
 _MAX_ROUTE_CHUNKS = 64  # moe::kMaxRouteChunks (cpp/kernels/moe/params.hpp)
@@ -197,7 +208,7 @@ class CakeMxfp4MoEWrapper:
 
     # ------------------------------------------------------------------ plan
 
-    def _weights(self, w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max) -> tuple[torch.Tensor | None, ...]:
+    def _weights(self, w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max) -> _Weights:
         """The four prepared operands and the two per-expert largest scale codes, from the dict
         of prepare_cake_mxfp4_weights, or positional with the codes as keywords (without them
         every expert converts with two multiplies)."""
@@ -207,7 +218,8 @@ class CakeMxfp4MoEWrapper:
             weights = (w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max)
         if (weights[4] is None) != (weights[5] is None):
             raise ValueError(f"{_CODE_MAX_NAMES[0]} and {_CODE_MAX_NAMES[1]} come together (both or neither)")
-        return weights
+        w1, w1_sf, w2, w2_sf = (_validate.tensor(t, name, contiguous=False) for t, name in zip(weights, _WEIGHT_NAMES))
+        return _Weights(w1, w1_sf, w2, w2_sf, weights[4], weights[5])
 
     def _weights_of_dict(self, w1: dict, others: tuple) -> tuple[torch.Tensor | None, ...]:
         if any(t is not None for t in others):
@@ -291,10 +303,10 @@ class CakeMxfp4MoEWrapper:
             raise ValueError(f"x: {decision.reason}")
         if num_tokens * self.top_k > _INT32_MAX:
             raise ValueError(f"x: T * top_k = {num_tokens * self.top_k} routes exceed the int32 route index")
-        w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max = self._weights(w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max)
-        tensors = {"x": x, "x_sf": x_sf, "topk_ids": topk_ids, "topk_weights": topk_weights, "w1": w1,
-                   "w1_sf": w1_sf, "w2": w2, "w2_sf": w2_sf, "w1_sf_max": w1_sf_max, "w2_sf_max": w2_sf_max,
-                   "beta": beta, "linear_beta": linear_beta, "workspace": workspace, "output": output}
+        pw = self._weights(w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max)
+        tensors: dict[str, torch.Tensor | None] = {
+            "x": x, "x_sf": x_sf, "topk_ids": topk_ids, "topk_weights": topk_weights, **pw._asdict(),
+            "beta": beta, "linear_beta": linear_beta, "workspace": workspace, "output": output}
         self._check_tensors(tensors, num_tokens)
         present = [(name, t) for name, t in tensors.items() if t is not None]
         _validate.no_overlap([("output", output), ("workspace", workspace)],
@@ -305,8 +317,8 @@ class CakeMxfp4MoEWrapper:
         inputs = (x, x_sf, topk_ids, topk_weights)
         keep = tuple(t for _, t in present)
         if self._reference:
-            bound = _ops.ReferencePlan(x=x, x_sf=x_sf, topk_ids=topk_ids, topk_weights=topk_weights, w1=w1, w1_sf=w1_sf,
-                                       w2=w2, w2_sf=w2_sf, beta=beta, linear_beta=linear_beta, output=output,
+            bound = _ops.ReferencePlan(x=x, x_sf=x_sf, topk_ids=topk_ids, topk_weights=topk_weights, w1=pw.w1, w1_sf=pw.w1_sf,
+                                       w2=pw.w2, w2_sf=pw.w2_sf, beta=beta, linear_beta=linear_beta, output=output,
                                        num_experts=self.num_experts, num_local_experts=self.num_local_experts,
                                        local_expert_offset=self.local_expert_offset)
             return Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
@@ -328,8 +340,8 @@ class CakeMxfp4MoEWrapper:
             alt = dict(gemm1_alt_tile=alt1, gemm2_alt_tile=alt2, tile_cost=_decide.tile_cost_milli(decision.tile),
                        alt_tile_cost=_decide.tile_cost_milli(decision.alt_tile))
         bound = _runtime.ext().mxfp4_moe_plan(
-            x.view(torch.uint8), x_sf, topk_ids, topk_weights, weights_kind, w1, w1_sf, w2, w2_sf, beta,
-            linear_beta, workspace, output, w1_sf_max, w2_sf_max, num_tokens=num_tokens, hidden=self.hidden_size,
+            x.view(torch.uint8), x_sf, topk_ids, topk_weights, weights_kind, pw.w1, pw.w1_sf, pw.w2, pw.w2_sf, beta,
+            linear_beta, workspace, output, pw.w1_sf_max, pw.w2_sf_max, num_tokens=num_tokens, hidden=self.hidden_size,
             inter=self.intermediate_shard, num_experts=self.num_experts, num_local=self.num_local_experts,
             local_offset=self.local_expert_offset, top_k=self.top_k, gemm1_tile=gemm1_tile, gemm2_tile=gemm2_tile,
             tile_sync=decision.tile_sync, **alt)
@@ -340,8 +352,8 @@ class CakeMxfp4MoEWrapper:
         split = bound.split_width   # the host's own decision (split_width mirrors it; a GPU test checks)
         plan = Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
                             num_experts=self.num_experts, output=output, inputs=inputs, keep=keep,
-                            code_max=(() if w1_sf_max is None else
-                                      (("w1_sf_max", w1_sf, w1_sf_max), ("w2_sf_max", w2_sf, w2_sf_max))),
+                            code_max=(() if pw.w1_sf_max is None or pw.w2_sf_max is None else
+                                      (("w1_sf_max", pw.w1_sf, pw.w1_sf_max), ("w2_sf_max", pw.w2_sf, pw.w2_sf_max))),
                             tile_choice=workspace[choice_at:choice_at + 4].view(torch.int32),
                             alt_tile_choice=workspace[alt_choice_at:alt_choice_at + 4].view(torch.int32) if split else None)
         return plan
