@@ -289,7 +289,8 @@ def test_decide_forced_tile_sync():
 
 def test_decide_refuses_token_rows_past_32_bit_chunk_indices():
     """The token-row loaders index 16-byte chunks with 32 bits: T x top_k x I_shard (GEMM2's
-    rows) and T x H (GEMM1's) must stay within 2^35 elements; past that the decision refuses."""
+    rows) and T x H (GEMM1's) must stay below 2^35 elements (the host plan's 64 GiB of BF16);
+    from there the decision refuses, and get_workspace_size with it."""
     ep8 = (16, 896, 7168, 3072)
     last = 2**35 // (16 * 3072)
     assert _decide.decide(last, *ep8, sm90=True).supported
@@ -299,6 +300,13 @@ def test_decide_refuses_token_rows_past_32_bit_chunk_indices():
     last_h = 2**35 // 7168
     assert _decide.decide(last_h, *wide_h).supported and not _decide.decide(last_h + 1, *wide_h).supported
     assert not CakeMxfp4MoEWrapper(**CONTRACT).decide(last + 1).supported
+    exact = (32, 32, 128, 1024)   # T = 2^20: T x top_k x I_shard is 2^35 exactly
+    assert _decide.decide(2**20 - 1, *exact).supported and not _decide.decide(2**20, *exact).supported
+    wrapper = CakeMxfp4MoEWrapper(**CONTRACT)
+    assert wrapper.get_workspace_size(last) > 0
+    for kwargs in ({"num_tokens": last + 1}, {"max_tokens": 2**50}):
+        with pytest.raises(ValueError, match="2\\^35"):
+            wrapper.get_workspace_size(**kwargs)
 
 
 @pytest.mark.parametrize("t", [0, -1, 2.0, True])

@@ -59,10 +59,20 @@ SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 
 SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
 # The token-row loaders of the GEMMs address a row's 16-byte chunks with 32-bit indices
 # (stage_loader.cuh, Loader::b_src: row x K / 8), so GEMM1's x rows (T x H elements) and GEMM2's
-# intermediate rows at the route list's capacity (T x top_k x I_shard) stay within 2^35 elements:
-# past that a plan is refused rather than run with wrapped offsets. (At the contract geometry the
-# bound is T = 699050 for ep8 and 4.79 million for tp8, past what an H200's memory holds.)
+# intermediate rows at the route list's capacity (T x top_k x I_shard) stay below 2^35 elements
+# (as BF16, below the 64 GiB the host plan's check_sizes allows): from there a plan is refused
+# rather than run with wrapped offsets. (At the contract geometry the bound is T = 699050 for ep8
+# and 4.79 million for tp8, past what an H200's memory holds.)
 MAX_TOKEN_ROW_ELEMENTS = 2**35
+
+
+def token_rows_refusal(num_tokens: int, top_k: int, hidden: int, inter: int) -> str | None:
+    """Why ``num_tokens`` tokens cannot be served by the GEMMs' 32-bit row indexing, or None."""
+    token_rows = max(num_tokens * hidden, num_tokens * top_k * inter)
+    if token_rows < MAX_TOKEN_ROW_ELEMENTS:
+        return None
+    return (f"T = {num_tokens}: the GEMMs' token rows would hold {token_rows} elements (T x H, T x top_k x "
+            "I_shard), not below the 2^35 their 32-bit chunk indices reach; split the batch")
 # Token rows per tile of every form the table (or a caller's `tile=`) can name.
 BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n8_narrow4": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
                                "wg64x4": 64, "wg32x4": 32, "wg160x3": 160, "wg96x4": 96}
@@ -121,8 +131,8 @@ MAX_FEW_ROUTES = 32
 @dataclass(frozen=True)
 class PlanDecision:
     """What ``plan()`` would run for a token count: ``forms`` are the kernel forms of one
-    ``run()`` in launch order, as ``cake-moe info`` lists them (the routing form is one launch,
-    or three from 16384 routes); ``block_n`` the token rows per GEMM tile. With ``alt_tile`` (the
+    ``run()`` in pipeline order, as ``cake-moe info`` lists them (the routing form is one launch,
+    or three from 16384 routes; at most 32 routes it is launched ahead of the dequantize); ``block_n`` the token rows per GEMM tile. With ``alt_tile`` (the
     sm_90a wgmma paths) the plan binds a second GEMM pair of that tile form, each GEMM followed
     by its alternative (seven forms): the routing kernel picks the pair from the actual counts
     (``device_tile_choice``) and the other pair's kernels exit at once. ``supported`` is False
@@ -282,10 +292,9 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     SM90_TILES)."""
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
         return PlanDecision(False, f"num_tokens must be an int >= 1, got {num_tokens!r}", "none", 0, ())
-    token_rows = max(num_tokens * hidden, num_tokens * top_k * inter)
-    if token_rows > MAX_TOKEN_ROW_ELEMENTS:
-        return PlanDecision(False, f"T = {num_tokens}: the GEMMs' token rows would hold {token_rows} elements (T x H, "
-                            "T x top_k x I_shard), past the 2^35 their 32-bit chunk indices reach", "none", 0, ())
+    refusal = token_rows_refusal(num_tokens, top_k, hidden, inter)
+    if refusal:
+        return PlanDecision(False, refusal, "none", 0, ())
     load = routes_per_expert(num_tokens, top_k, num_experts)
     alt = ""
     if sm90:

@@ -198,8 +198,11 @@ class CakeMxfp4MoEWrapper:
         ``max_tokens=M`` gives one workspace that serves every T <= M. Pass exactly one."""
         if (num_tokens is None) == (max_tokens is None):
             raise ValueError("pass exactly one of num_tokens and max_tokens")
-        name, t = ("num_tokens", num_tokens) if max_tokens is None else ("max_tokens", max_tokens)
-        _positive_int(t, name)
+        name, given = ("num_tokens", num_tokens) if max_tokens is None else ("max_tokens", max_tokens)
+        t = _positive_int(given, name)
+        refusal = _decide.token_rows_refusal(t, self.top_k, self.hidden_size, self.intermediate_shard)
+        if refusal:
+            raise ValueError(f"{name}: {refusal}")
         try:
             size_fn = _runtime.ext().mxfp4_moe_workspace_bytes
         except (ImportError, AttributeError):    # no compiled extension here: the Python mirror
