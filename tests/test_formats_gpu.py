@@ -112,6 +112,11 @@ def test_leading_dims_and_empty_inputs():
     assert _equal_bytes(q, rq) and _equal_bytes(s, rs)
     q, s = formats.mxfp8_quantize(torch.empty(0, 64, dtype=torch.bfloat16, device="cuda"), swizzled=True)
     assert q.shape == (0, 64) and s.numel() == 0
+    for fn in (formats.mxfp8_quantize, formats.mxfp4_quantize):   # no columns: no chunk divisor to build
+        q, s = fn(torch.empty(4, 0, dtype=torch.bfloat16, device="cuda"), swizzled=True)
+        assert q.shape == (4, 0) and s.numel() == 0
+        q, s = fn(torch.empty(4, 0, dtype=torch.bfloat16, device="cuda"))
+        assert q.shape == (4, 0) and s.numel() == 0
 
 
 def test_swizzled_padding_is_written():

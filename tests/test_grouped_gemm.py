@@ -40,6 +40,21 @@ def test_cpu_path_matches_reference_and_leaves_padding():
     assert torch.equal(cake_moe.grouped_mm_bf16(x, w, mi)[:8], cake_moe.grouped_gemm_fwd(x, w, offs)[:8])
 
 
+def test_cpu_path_writes_non_finite_results_and_only_the_groups_rows():
+    """The CPU path writes each group's rows whatever their values: NaN and Inf inputs give
+    NaN / Inf like torch._grouped_mm, rows past the last group stay as they were."""
+    x, w, g, offs = _cpu_problem([2, 5, 0, 1])
+    x[0, 0], x[1, 0] = float("nan"), float("inf")
+    out = torch.full((x.shape[0], w.shape[1]), 7.0, dtype=torch.bfloat16)
+    cake_moe.grouped_gemm_fwd(x, w, offs, out=out)
+    assert out[0].isnan().all() and not torch.isfinite(out[1]).any() and torch.isfinite(out[2:8]).all()
+    assert (out[8:] == 7.0).all()
+    g[0, 0] = float("nan")
+    dw = torch.full((w.shape[0], w.shape[1], w.shape[2]), 5.0, dtype=torch.bfloat16)
+    cake_moe.grouped_gemm_wgrad(g, x, offs, out=dw)
+    assert dw[0].isnan().any() and torch.equal(dw[2], torch.zeros_like(dw[2])) and torch.isfinite(dw[3]).all()
+
+
 def test_cpu_calls_keep_no_launch():
     """One-shot calls keep their prepared launches for CUDA operands only: the CPU path (the
     reference) leaves nothing behind, whatever it is called with."""
@@ -57,6 +72,10 @@ def test_check_grouped_dims():
     cake_moe.check_grouped_dims(7168, 2048, num_groups=8, max_rows=65536)
     for bad in ((7167, 2048), (0, 64), (64, -8)):
         with pytest.raises(ValueError, match="multiple of 8"):
+            cake_moe.check_grouped_dims(*bad)
+    cake_moe.check_grouped_dims(2**31 - 256, 8)
+    for bad in ((2**31 - 248, 8), (8, 2**31 - 8)):
+        with pytest.raises(ValueError, match="32-bit column"):
             cake_moe.check_grouped_dims(*bad)
     limit = cake_moe.max_grouped_rows(4096, 4096, 16)
     cake_moe.check_grouped_dims(4096, 4096, num_groups=16, max_rows=limit)
@@ -102,6 +121,23 @@ def test_variant_resolution():
     finally:
         torch.use_deterministic_algorithms(False)
         cake_moe.configure(grouped_gemm_variant=None)
+
+
+def test_backward_under_deterministic_mode_enabled_after_the_forward():
+    """A forward run with 'fast' whose backward comes after torch.use_deterministic_algorithms
+    (True): the backward runs 'det' (forced, as for the configured variant) rather than raise."""
+    x, w, g, offs = _cpu_problem([3, 4, 1], n=16, k=32)
+    x, w = x[:8].clone().requires_grad_(), w.clone().requires_grad_()
+    try:
+        cake_moe.configure(grouped_gemm_variant="fast")
+        y = cake_moe.grouped_mm(x, w, offs)
+        torch.use_deterministic_algorithms(True)
+        y.backward(g[:8])
+    finally:
+        torch.use_deterministic_algorithms(False)
+        cake_moe.configure(grouped_gemm_variant=None)
+    assert ref.rel_rms(w.grad, ref.wgrad(g[:8], x.detach(), offs)) < 6e-3
+    assert _config.inherited_variant("fast") == "fast" and _config.inherited_variant("det") == "det"
 
 
 def test_fake_tensors_give_shapes():

@@ -595,6 +595,25 @@ def test_wgrad_default_form_by_rows_per_group(variant):
         assert ref.rel_rms(portable.launch(), ref.wgrad(g, x, offs)) < BUDGET
 
 
+def test_wgrad_det_bits_do_not_depend_on_the_workspace_size():
+    """A caller's workspace larger than the wgrad needs splits the groups as the default one
+    does (the kernel is told the size it needs), so its det bits are the one-shot call's: a
+    captured training step with a buffer of its own matches the eager step. Groups of 32768
+    rows split along the rows, where the slots that fit would set the chunk length. A
+    workspace that overlaps an operand or the output is refused."""
+    x, w, g, offs = _problem([32768, 0, 32768], 2048, 4096, seed=9, pad=0)
+    want = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")
+    nbytes = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant="det")._keep[3].numel()
+    for extra in (256, nbytes):
+        ws = torch.zeros(nbytes + extra, dtype=torch.uint8, device="cuda")
+        got = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant="det", workspace=ws).launch()
+        assert torch.equal(got, want), f"a workspace {extra} bytes larger changed the det bits"
+    ws = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+    out = ws[:w.numel() * 2].view(torch.bfloat16).view(w.shape)
+    with pytest.raises(ValueError, match="overlap"):
+        cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, out=out, variant="det", workspace=ws)
+
+
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])
 @pytest.mark.parametrize("tile", SM90_TILES)
 def test_every_sm90_tile_form(op, tile):

@@ -123,12 +123,14 @@ CUcontext primary_context(int device) {
   static std::vector<CUcontext> ctx;
   std::lock_guard<std::mutex> lock(mu);
   if (device < 0) throw ValueError("device index must be >= 0");
-  if (ctx.size() <= size_t(device)) ctx.resize(device + 1, nullptr);
-  if (!ctx[device]) {
+  if (ctx.size() <= size_t(device) || !ctx[device]) {
     const Driver& d = driver();
     CUdevice dev;
-    check(d.DeviceGet(&dev, device), "cuDeviceGet");
-    check(d.DevicePrimaryCtxRetain(&ctx[device], dev), "cuDevicePrimaryCtxRetain");
+    check(d.DeviceGet(&dev, device), "cuDeviceGet");   // a valid index before the table grows to it
+    CUcontext c;
+    check(d.DevicePrimaryCtxRetain(&c, dev), "cuDevicePrimaryCtxRetain");
+    if (ctx.size() <= size_t(device)) ctx.resize(size_t(device) + 1, nullptr);
+    ctx[device] = c;
   }
   return ctx[device];
 }

@@ -84,6 +84,13 @@ static void test_fast_divmod() {
       EXPECT(q == x / d && f.mod(x, q) == x % d);
     }
   }
+  bool refused = false;
+  try {
+    FastDivmod zero(0);
+  } catch (const std::invalid_argument&) {
+    refused = true;
+  }
+  EXPECT(refused);   // (it used to divide by zero on the host)
 }
 
 // The sm_90a grouped-GEMM tile choice on rows of the benchmark grid whose fastest tile was

@@ -35,8 +35,13 @@ def grouped_gemm_variant(requested: str | None = None) -> str:
     deterministic = torch.are_deterministic_algorithms_enabled()
     if requested == "fast" and deterministic:
         raise ValueError("variant='fast' was requested under torch.use_deterministic_algorithms(True)")
-    variant = str(requested or _state["grouped_gemm_variant"] or "det")
-    if variant == "fast" and deterministic:
+    return inherited_variant(str(requested or _state["grouped_gemm_variant"] or "det"))
+
+
+def inherited_variant(variant: str) -> str:
+    """A variant chosen before (the configured one, or a forward's for its backward): ``det``
+    while deterministic algorithms are enabled (logged once), else itself."""
+    if variant == "fast" and torch.are_deterministic_algorithms_enabled():
         if not _state["warned_forced_det"]:
             _log.warning("cake_moe: deterministic algorithms are enabled; grouped GEMM runs the 'det' variant")
             _state["warned_forced_det"] = True

@@ -56,7 +56,9 @@ void launch_quantize(Fmt fmt, bool in_bf16, bool swizzled, const QuantizeArgs& i
                      std::uintptr_t stream) {
   static Table table("quantize");
   const int64_t chunks = checked_chunks(in_args.rows, in_args.cols);
-  if (chunks == 0 && !swizzled) return;
+  // No elements: the scales have no bytes either (a swizzled layout pads rows and scale columns
+  // of a non-empty tensor only), and a zero column count has no chunk divisor.
+  if (chunks == 0) return;
   QuantizeArgs args = in_args;
   args.chunks_per_row = FastDivmod(uint32_t(args.cols / kChunkElems));
   const int unroll = quantize_unroll(in_bf16 ? 2 : 4);

@@ -74,10 +74,11 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
  private:
   bool bf16_out_ = false;  // stored by TMA through tmap_out
   // dW [E, N, K]: a store box past N or K of one expert is clipped, never written into the next
+  // (the map first: if its encoding throws, the launch still points at the old output whole)
   void point_at(void* out) {
     sm90::GroupedGemmWgradParams& q = *bound_.params;
-    q.out = out;
     if (bf16_out_) q.tmap_out = runtime::encode_bf16_experts(out, q.num_groups, q.n, q.k, 64);
+    q.out = out;
   }
 };
 

@@ -3,6 +3,7 @@
 // instead of the ~100 of a 64-bit division.
 #pragma once
 #include <cstdint>
+#include <stdexcept>
 
 #include "common/host_device.hpp"
 
@@ -16,6 +17,7 @@ struct FastDivmod {
   FastDivmod() = default;
   // Host side: shift = ceil(log2 d), multiplier = floor(2^32 (2^shift - d) / d) + 1.
   explicit FastDivmod(uint32_t d) : divisor(d) {
+    if (d == 0) throw std::invalid_argument("FastDivmod: the divisor must be positive");
     shift = 0;
     while ((uint64_t(1) << shift) < d) ++shift;
     multiplier = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);

@@ -82,7 +82,7 @@ def _quantize(fmt: str, x: torch.Tensor, global_scale, swizzled: bool, rule: int
         return res if out is None else tuple(o.copy_(r) for o, r in zip(_outputs(out, specs, x.device, [("x", x)]), res))
     _runtime.require_served(x.device, f"{fmt}_quantize")
     q, scale = _outputs(out, specs, x.device, [("x", x)])
-    if x.numel() or swizzled:
+    if x.numel():   # an empty x has empty scales in either layout
         _runtime.ext().quantize(fmt, x, _runtime.as_bytes(q), _runtime.as_bytes(scale), g, rows, cols, swizzled,
                                 rule, _runtime.stream_handle(x.device))
     return q, scale

@@ -10,6 +10,7 @@ from .. import _config, _runtime, _validate
 from ..reference import grouped_gemm as ref
 
 _INT32_MAX = 2**31 - 1
+_MAX_DIM = 2**31 - 256  # N, K: 32-bit column indices with a tile of headroom (portable_params.hpp)
 _MIN_TILE = 64  # smallest tile edge of any form: bounds the tile counts kernels index in int32
 _OPS = {"fwd": 0, "dgrad": 1, "wgrad": 2}
 _VARIANTS = {"det": 0, "fast": 1}
@@ -33,6 +34,8 @@ def check_grouped_dims(n: int, k: int, *, num_groups: int | None = None, max_row
     for name, v in (("N", n), ("K", k)):
         if not isinstance(v, int) or v <= 0 or v % 8:
             raise ValueError(f"{name} must be a positive multiple of 8 (16-byte rows), got {v}")
+        if v > _MAX_DIM:
+            raise ValueError(f"{name} = {v} exceeds {_MAX_DIM}, the largest the kernels' 32-bit column indices serve")
     e = 0 if num_groups is None else num_groups
     if e < 0 or e > _INT32_MAX // 4:
         raise ValueError(f"num_groups must be in [0, {_INT32_MAX // 4}], got {e}")
@@ -171,12 +174,16 @@ def _out(out, shape, dtype, device, inputs):
     return out
 
 
-def _cpu_launch(op, out, compute):
-    """CPU tensors: the FP64 reference, rounded once, writing only the groups' rows."""
+def _cpu_launch(op, out, compute, offs=None, leading_zero: bool = False):
+    """CPU tensors: the FP64 reference, rounded once. fwd / dgrad (``offs`` given) write only
+    the groups' rows, read from offs at each launch (NaN and Inf results included)."""
     def run():
         res = compute()
-        mask = torch.isfinite(res)
-        out[mask] = res[mask].to(out.dtype)
+        if offs is None:
+            out.copy_(res)
+        else:
+            for start, end in ref.group_bounds(offs, leading_zero):
+                out[start:end] = res[start:end].to(out.dtype)
         return out
     return GroupedGemmLaunch(op, None, out.device, out, (), cpu=run)
 
@@ -194,7 +201,7 @@ def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str) -> Groupe
     out = _out(out, (a.shape[0], out_cols), torch.bfloat16, a.device, [(a_name, a), ("w", w), ("offs", offs)])
     if a.device.type != "cuda":
         reference = ref.fwd if op == "fwd" else ref.dgrad
-        return _cpu_launch(op, out, lambda: reference(a, w, offs, lz))
+        return _cpu_launch(op, out, lambda: reference(a, w, offs, lz), offs, lz)
     _runtime.require_served(a.device, f"grouped_gemm_{op}")
     plan = _runtime.ext().grouped_gemm_prepare(_OPS[op], 0, a.device.index, a.data_ptr(), _outer(a, 0), w.data_ptr(),
                                                _outer(w, 1), _outer(w, 0), out.data_ptr(), offs.data_ptr(), lz, e, n,
@@ -228,9 +235,11 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
     ``num_groups`` tells offs [E] (cumulative ends) from [E+1] (m_indptr); without it offs is
     taken as E cumulative ends. Empty groups give exact zeros. The split-K reduction uses a
     zero-initialised uint8 scratch buffer that every launch leaves zeroed again: a prepared
-    launch owns one (allocated here, or ``workspace=``); one-shot calls use one per device and
-    stream (see :func:`release`). The form for short bf16 groups (CTA pairs) never splits and
-    takes none.
+    launch owns one (allocated here, or ``workspace=``: 256-byte aligned, overlapping no operand
+    or output, never used by two launches that may run at once; of a larger buffer the launch
+    uses the size it needs, so the det bits do not depend on it); one-shot calls use one per
+    device and stream (see :func:`release`). The form for short bf16 groups (CTA pairs) never
+    splits and takes none.
     """
     _bf16(g, "g", 2)
     _bf16(x, "x", 2, g.device)
@@ -261,10 +270,11 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
         ws = _validate.tensor(workspace, "workspace", dtypes=(torch.uint8,), device=g.device, align=256)
         if ws.numel() < nbytes:
             raise ValueError(f"workspace must hold {nbytes} bytes, got {ws.numel()}")
+        _validate.no_overlap([("workspace", ws)], [("g", g), ("x", x), ("offs", offs), ("out", out)])
     plan = ext.grouped_gemm_prepare(_OPS["wgrad"], _VARIANTS[v], g.device.index, g.data_ptr(), _outer(g, 0),
                                     x.data_ptr(), _outer(x, 0), 0, out.data_ptr(), offs.data_ptr(), lz, e, n, k,
                                     g.shape[0], out_dtype == torch.float32, ws.data_ptr() if ws is not None else 0,
-                                    ws.numel() if ws is not None else 0, form)
+                                    nbytes if ws is not None else 0, form)   # a larger buffer: the same split
     return GroupedGemmLaunch("wgrad", plan, g.device, out, (g, x, offs, ws))
 
 
@@ -359,7 +369,8 @@ def _grouped_mm_grads(ctx, grad, dgrad, wgrad):
     x, w, offs = ctx.saved_tensors
     grad = grad.contiguous()
     dx = dgrad(grad, w, offs) if ctx.needs_input_grad[0] else None
-    dw = wgrad(grad, x, offs, w.shape[0], w.dtype, ctx.variant) if ctx.needs_input_grad[1] else None
+    variant = _config.inherited_variant(ctx.variant)
+    dw = wgrad(grad, x, offs, w.shape[0], w.dtype, variant) if ctx.needs_input_grad[1] else None
     return dx, dw, None, None
 
 
