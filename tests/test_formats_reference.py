@@ -144,6 +144,42 @@ def test_public_api_on_cpu_is_the_reference():
     assert q2 is out[0] and torch.equal(q2.view(torch.uint8), rq.view(torch.uint8))
 
 
+def _dequantize_into_global_scale():
+    x = torch.randn(4, 32)
+    g = ref.nvfp4_global_scale(x)
+    q, s = formats.nvfp4_quantize(x, g)
+    out = torch.empty(4, 32)
+    formats.nvfp4_dequantize(q, s, out.view(-1)[:1], dtype=torch.float32, out=out)   # global_scale inside out
+
+
+def test_empty_inputs_on_the_cpu_path():
+    """Zero tokens (or zero columns) give empty outputs of the documented shapes, as on the GPU."""
+    for shape in ((0, 64), (4, 0), (2, 0, 32)):
+        x = torch.randn(shape)
+        for fmt, quantize, dequantize in (("mxfp8", formats.mxfp8_quantize, formats.mxfp8_dequantize),
+                                          ("mxfp4", formats.mxfp4_quantize, formats.mxfp4_dequantize)):
+            for swizzled in (False, True):
+                q, s = quantize(x, swizzled=swizzled)
+                rows = 1 if len(shape) == 1 else int(torch.tensor(shape[:-1]).prod())
+                assert s.shape == ((formats.scale_numel(fmt, rows, shape[-1], True),) if swizzled
+                                   else (rows, shape[-1] // 32)), (fmt, shape, swizzled)
+                assert dequantize(q, s, swizzled=swizzled).shape == shape
+        g = formats.nvfp4_global_scale(x)
+        assert g.item() == 1.0
+        q, s = formats.nvfp4_quantize(x, g)
+        assert formats.nvfp4_dequantize(q, s, g).shape == shape
+
+
+def test_nvfp4_global_scale_ignores_infinities():
+    x = torch.randn(2, 32)
+    x[0, 0], x[1, 3] = float("inf"), float("-inf")
+    want = formats.nvfp4_global_scale(torch.where(torch.isfinite(x), x, 0.0))
+    g = formats.nvfp4_global_scale(x)
+    assert torch.equal(g, want)
+    y = formats.nvfp4_dequantize(*formats.nvfp4_quantize(x, g), g)
+    assert torch.isfinite(y).all() and y[0, 0] > 0 and y[1, 3] < 0   # infinities saturate
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda: formats.mxfp8_quantize(torch.randn(4, 48)), "multiple of 32"),
     (lambda: formats.nvfp4_quantize(torch.randn(4, 24), torch.ones(1)), "multiple of 16"),
@@ -155,6 +191,9 @@ def test_public_api_on_cpu_is_the_reference():
     (lambda: formats.mxfp8_dequantize(torch.zeros(4, 64, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8),
                                       dtype=torch.float16), "dtype"),
     (lambda: formats.mxfp8_quantize(torch.randn(4, 64), out=(torch.empty(4, 64), torch.empty(4, 2))), "dtype"),
+    (lambda: formats.mxfp8_dequantize(torch.zeros(4, 64, dtype=torch.uint8),
+                                      torch.zeros(4, 2, dtype=torch.float8_e4m3fn)), "scale must have dtype"),
+    (lambda: _dequantize_into_global_scale(), "overlap"),
 ])
 def test_bad_arguments_raise_value_error(call, match):
     with pytest.raises(ValueError, match=match):

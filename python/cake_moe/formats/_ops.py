@@ -6,6 +6,8 @@ torch.compile can trace it.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import _runtime, _validate
@@ -35,7 +37,7 @@ def _geometry(x: torch.Tensor, fmt: str) -> tuple[int, int]:
         raise ValueError("x must have at least 1 dim")
     cols = x.shape[-1]
     _validate.multiple(cols, _BLOCK[fmt], f"the last dim of x ({fmt})")
-    return x.numel() // cols if cols else 0, cols
+    return math.prod(x.shape[:-1]), cols
 
 
 def _q_shape(x_shape, fmt: str) -> tuple[int, ...]:
@@ -79,9 +81,9 @@ def _quantize(fmt: str, x: torch.Tensor, global_scale, swizzled: bool, rule: int
             res = ref.quantize_nvfp4(x, g, swizzled=swizzled)
         else:
             res = ref.quantize_mx(x, fmt, scale_rule=ref.SCALE_RULES[rule], swizzled=swizzled)
-        return res if out is None else tuple(o.copy_(r) for o, r in zip(_outputs(out, specs, x.device, [("x", x)]), res))
+        return res if out is None else tuple(o.copy_(r) for o, r in zip(_outputs(out, specs, x.device, [("x", x), ("global_scale", g)]), res))
     _runtime.require_served(x.device, f"{fmt}_quantize")
-    q, scale = _outputs(out, specs, x.device, [("x", x)])
+    q, scale = _outputs(out, specs, x.device, [("x", x), ("global_scale", g)])
     if x.numel():   # an empty x has empty scales in either layout
         _runtime.ext().quantize(fmt, x, _runtime.as_bytes(q), _runtime.as_bytes(scale), g, rows, cols, swizzled,
                                 rule, _runtime.stream_handle(x.device))
@@ -92,12 +94,14 @@ def _dequantize(fmt: str, q: torch.Tensor, scale: torch.Tensor, global_scale, sw
                 dtype: torch.dtype, out=None) -> torch.Tensor:
     q_dtypes = (torch.float8_e4m3fn, torch.uint8) if fmt == "mxfp8" else (torch.uint8,)
     _validate.tensor(q, "q", dtypes=q_dtypes, min_ndim=1, align=16)
-    _validate.tensor(scale, "scale", dtypes=(torch.uint8, torch.float8_e4m3fn), device=q.device)
+    # UE8M0 codes for the MX formats; E4M3 for NVFP4 (its bytes as uint8 too)
+    scale_dtypes = (torch.uint8, torch.float8_e4m3fn) if fmt == "nvfp4" else (torch.uint8,)
+    _validate.tensor(scale, "scale", dtypes=scale_dtypes, device=q.device)
     if dtype not in _OUT_DTYPES:
         raise ValueError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
     cols = q.shape[-1] * (1 if fmt == "mxfp8" else 2)
     _validate.multiple(cols, _BLOCK[fmt], f"the element count of q's last dim ({fmt})")
-    rows = q.numel() // q.shape[-1] if q.shape[-1] else 0
+    rows = math.prod(q.shape[:-1])
     _validate.shape(scale, "scale", _scale_shape(fmt, rows, cols, swizzled))
     g = _global_scale(global_scale, q.device) if fmt == "nvfp4" else None
     out_shape = (*q.shape[:-1], cols)
@@ -106,9 +110,9 @@ def _dequantize(fmt: str, q: torch.Tensor, scale: torch.Tensor, global_scale, sw
             res = ref.dequantize_nvfp4(q, scale, g, swizzled=swizzled, dtype=dtype)
         else:
             res = ref.dequantize_mx(q, scale, fmt, swizzled=swizzled, dtype=dtype)
-        return res if out is None else _outputs(out, [(out_shape, dtype)], q.device, [("q", q), ("scale", scale)])[0].copy_(res)
+        return res if out is None else _outputs(out, [(out_shape, dtype)], q.device, [("q", q), ("scale", scale), ("global_scale", g)])[0].copy_(res)
     _runtime.require_served(q.device, f"{fmt}_dequantize")
-    (out,) = _outputs(out, [(out_shape, dtype)], q.device, [("q", q), ("scale", scale)])
+    (out,) = _outputs(out, [(out_shape, dtype)], q.device, [("q", q), ("scale", scale), ("global_scale", g)])
     if out.numel():
         _runtime.ext().dequantize(fmt, _runtime.as_bytes(q), _runtime.as_bytes(scale), g, out, rows, cols, swizzled,
                                   _runtime.stream_handle(q.device))

@@ -24,6 +24,8 @@ Conventions
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 E4M3_MAX = 448.0
@@ -134,7 +136,7 @@ def unswizzle_scales(flat: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     if x.dim() < 1 or x.shape[-1] % block:
         raise ValueError(f"the last dim must be a multiple of {block}, got shape {tuple(x.shape)}")
-    return x.float().reshape(-1, x.shape[-1] // block, block)
+    return x.float().reshape(math.prod(x.shape[:-1]), x.shape[-1] // block, block)   # (no -1: x may be empty)
 
 
 def _pack_fp4(codes: torch.Tensor, shape) -> torch.Tensor:
@@ -148,7 +150,7 @@ def _unpack_fp4(q: torch.Tensor) -> torch.Tensor:
 
 
 def _finish_scale(codes: torch.Tensor, rows: int, swizzled: bool) -> torch.Tensor:
-    s = codes.to(torch.uint8).reshape(rows, -1)
+    s = codes.to(torch.uint8).reshape(rows, codes.shape[-1])
     return swizzle_scales(s) if swizzled else s
 
 
@@ -222,7 +224,7 @@ def dequantize_mx(q: torch.Tensor, scale: torch.Tensor, fmt: str, *, swizzled: b
     else:
         raise ValueError(f"fmt must be 'mxfp8' or 'mxfp4', got {fmt!r}")
     shape = vals.shape
-    b = vals.reshape(-1, shape[-1] // 32, 32)
+    b = vals.reshape(math.prod(shape[:-1]), shape[-1] // 32, 32)
     s = ue8m0_value(_linear_scale(scale, b.shape[0], b.shape[1], swizzled))
     return (b * s.unsqueeze(-1)).reshape(shape).to(dtype)
 
@@ -232,13 +234,15 @@ def dequantize_nvfp4(q: torch.Tensor, scale: torch.Tensor, global_scale, *, swiz
     """Inverse of quantize_nvfp4: (e2m1 * s) / q in FP32, then cast to `dtype`."""
     vals = e2m1_decode(_unpack_fp4(q))
     shape = vals.shape
-    b = vals.reshape(-1, shape[-1] // 16, 16)
+    b = vals.reshape(math.prod(shape[:-1]), shape[-1] // 16, 16)
     s = e4m3_decode(_linear_scale(scale, b.shape[0], b.shape[1], swizzled))
     g = torch.as_tensor(global_scale, dtype=torch.float32, device=b.device).reshape(())
     return (b * (s / g).unsqueeze(-1)).reshape(shape).to(dtype)
 
 
 def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
-    """The usual NVFP4 encode scale 448 * 6 / amax(x) as an FP32 [1] tensor (1 if x is all zero)."""
-    amax = x.float().abs().amax().reshape(1)
+    """The usual NVFP4 encode scale 448 * 6 / amax(x) as an FP32 [1] tensor, amax over the finite
+    elements (infinities saturate, as in the quantizer; 1 if none is nonzero, or x is empty)."""
+    a = x.float().abs().reshape(-1)
+    amax = torch.where(torch.isfinite(a), a, 0.0).amax().reshape(1) if a.numel() else a.new_zeros(1)
     return torch.where(amax > 0, (E4M3_MAX * E2M1_MAX) / amax, torch.ones_like(amax))
