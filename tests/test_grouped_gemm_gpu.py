@@ -36,14 +36,33 @@ def _problem(sizes, n, k, seed=0, leading_zero=False, pad=16):
 
 
 def _check_rows(got, want, budget=BUDGET, poisoned=True):
-    """Budget on the groups' rows; with a NaN-poisoned output, rows outside every group must
+    """Budget on the groups' rows, as a whole and row by row (an error confined to one small
+    group moves the whole output's relative RMS too little; a row's own rounding to BF16 keeps
+    it below 2^-8 = 3.9e-3 relative); with a NaN-poisoned output, rows outside every group must
     still be NaN (untouched)."""
     err = ref.rel_rms(got, want)
     assert err < budget, f"relative RMS {err:.2e} over budget {budget:.0e}"
+    rows = torch.isfinite(want).all(dim=-1)
+    if rows.any():
+        diff = (got[rows].double().to(want.device) - want[rows]).square().sum(-1)
+        norm = want[rows].square().sum(-1)
+        per_row = torch.where(norm > 0, diff / norm.clamp_min(1e-300), diff).sqrt()
+        worst = int(per_row.argmax())
+        assert per_row[worst] < budget, f"a row's relative RMS {float(per_row[worst]):.2e} over budget {budget:.0e}"
     written = torch.isfinite(want)
     assert not got[written].isnan().any(), "a row inside a group was not written"
     if poisoned:
         assert got[~written].isnan().all(), "a row past the last group end was written"
+
+
+def _check_dw(dw, want, budget=BUDGET):
+    """dW within budget as a whole and expert by expert (a 2% error in one expert's dW is
+    1/E of the whole: the per-expert check sees it)."""
+    err = ref.rel_rms(dw, want)
+    assert err < budget, f"relative RMS {err:.2e} over budget {budget:.0e}"
+    for e in range(want.shape[0]):
+        err = ref.rel_rms(dw[e], want[e])
+        assert err < budget, f"expert {e}: relative RMS {err:.2e} over budget {budget:.0e}"
 
 
 def _fwd(x, w, offs):
@@ -64,6 +83,20 @@ def test_budget_catches_a_two_percent_perturbation():
     rms = y.float().square().mean().sqrt()
     noise = torch.randn_like(y, dtype=torch.float32) * 0.02 * rms  # a 2% (RMS) perturbation
     assert ref.rel_rms((y.float() + noise).to(torch.bfloat16), want) > BUDGET
+    _check_rows(y, want, poisoned=False)
+    one_row = y.clone()   # 2% on one row of one group only: the row check sees it
+    one_row[5] = (one_row[5].float() * 1.02).to(torch.bfloat16)
+    assert ref.rel_rms(one_row, want) < BUDGET
+    with pytest.raises(AssertionError, match="a row's relative RMS"):
+        _check_rows(one_row, want, poisoned=False)
+    g = bf16(x.shape[0], 256, seed=3)
+    want_dw = ref.wgrad(g, x, offs)
+    dw = cake_moe.grouped_gemm_wgrad(g, x, offs)
+    _check_dw(dw, want_dw)
+    dw[2] = (dw[2].float() * 1.02).to(torch.bfloat16)   # 2% on the one-row group's dW only
+    assert ref.rel_rms(dw, want_dw) < BUDGET
+    with pytest.raises(AssertionError, match="expert 2"):
+        _check_dw(dw, want_dw)
 
 
 @pytest.mark.parametrize("pattern", sorted(PATTERNS))
@@ -135,20 +168,24 @@ def test_det_bitwise_repeatable_streams_graphs_processes():
     x, w, g, offs = _problem(sizes, 512, 1024, seed=5, pad=0)
     y0 = cake_moe.grouped_gemm_fwd(x, w, offs)
     d0 = cake_moe.grouped_gemm_dgrad(g, w, offs)
-    for _ in range(3):
-        assert torch.equal(cake_moe.grouped_gemm_fwd(x, w, offs), y0)
-        assert torch.equal(cake_moe.grouped_gemm_dgrad(g, w, offs), d0)
-    assert torch.equal(_on_side_stream(lambda: cake_moe.grouped_gemm_fwd(x, w, offs)), y0)
+    w0 = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")
+    for _ in range(3):   # each repeat into a poisoned output of its own (no freed block of y0's bits)
+        assert torch.equal(_fwd(x, w, offs), y0)
+        assert torch.equal(_dgrad(g, w, offs), d0)
+        dw = poison_(torch.empty_like(w0))
+        assert torch.equal(cake_moe.grouped_gemm_wgrad(g, x, offs, out=dw, variant="det"), w0)
+    assert torch.equal(_on_side_stream(lambda: _fwd(x, w, offs)), y0)
     assert torch.equal(_replayed(cake_moe.prepare_grouped_gemm_fwd(x, w, offs)), y0)
     code = (
         f"import torch, cake_moe, hashlib, sys; sys.path.insert(0, {TESTS_DIR!r});"
         "from grouped_gemm_cases import bf16, offsets, random_sizes;"
-        "s = random_sizes(6000, 8, seed=11); r = sum(s);"
-        "x = bf16(r, 1024, seed=5); w = bf16(8, 512, 1024, seed=6, scale=0.05);"
-        "y = cake_moe.grouped_gemm_fwd(x, w, offsets(s));"
-        "print(hashlib.sha256(y.view(torch.uint8).cpu().numpy().tobytes()).hexdigest())")
+        "s = random_sizes(6000, 8, seed=11); r = sum(s); o = offsets(s);"
+        "x = bf16(r, 1024, seed=5); w = bf16(8, 512, 1024, seed=6, scale=0.05); g = bf16(r, 512, seed=7);"
+        "h = lambda t: hashlib.sha256(t.view(torch.uint8).cpu().numpy().tobytes()).hexdigest();"
+        "print(h(cake_moe.grouped_gemm_fwd(x, w, o)), h(cake_moe.grouped_gemm_dgrad(g, w, o)),"
+        " h(cake_moe.grouped_gemm_wgrad(g, x, o, variant='det')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == _digest(y0)
+    assert out.stdout.split() == [_digest(y0), _digest(d0), _digest(w0)]
 
 
 def test_prepared_launch_follows_new_offsets_without_allocating():
@@ -278,19 +315,24 @@ def test_calls_never_make_the_host_wait():
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x, w[:, :, :60], o), "contiguous|K="),
-    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x.float(), w, o), "dtype"),
-    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x, w, o.long()), "dtype"),
-    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x, w, o[:-1]), "entries"),
-    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x, w, o.cpu()), "device|cpu"),
-    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x, w, o, out=torch.empty(3, 3, dtype=torch.bfloat16, device="cuda")),
-     "shape"),
-    (lambda x, w, o: cake_moe.grouped_gemm_fwd(x, w, o, out=x[:, :64]), "contiguous|overlap"),
+    (lambda x, w, o, y: cake_moe.grouped_gemm_fwd(x[:, :60], w[:, :, :60], o, out=y), "K must be a positive multiple of 8"),
+    (lambda x, w, o, y: cake_moe.grouped_gemm_fwd(x, w[:, :, :64], o, out=y), "x has 128 columns but w has K=64"),
+    (lambda x, w, o, y: cake_moe.grouped_gemm_fwd(x.float(), w, o, out=y), "x must have dtype"),
+    (lambda x, w, o, y: cake_moe.grouped_gemm_fwd(x, w, o.long(), out=y), "offs must have dtype"),
+    (lambda x, w, o, y: cake_moe.grouped_gemm_fwd(x, w, o[:-1], out=y), "entries"),
+    (lambda x, w, o, y: cake_moe.grouped_gemm_fwd(x, w, o.cpu(), out=y), "offs is on cpu"),
+    (lambda x, w, o, y: cake_moe.grouped_gemm_fwd(x, w, o, out=torch.empty(3, 3, dtype=torch.bfloat16, device="cuda")),
+     "out must have shape"),
+    (lambda x, w, o, y: cake_moe.grouped_gemm_fwd(x, w, o, out=x.view(-1)[:y.numel()].view(y.shape)), "out and x overlap"),
 ])
 def test_bad_arguments_raise_before_any_launch(call, match):
+    """Refused with the named error, and the poisoned output of the right shape not written."""
     x, w, _, offs = _problem([10, 20], 64, 128)
+    y = poison_(torch.empty(x.shape[0], 64, dtype=torch.bfloat16, device="cuda"))
     with pytest.raises(ValueError, match=match):
-        call(x, w, offs)
+        call(x, w, offs, y)
+    torch.cuda.synchronize()
+    assert y.isnan().all(), "a refused call wrote its output"
 
 
 def test_operands_past_two_to_the_31_elements():
@@ -343,7 +385,7 @@ def test_wgrad_patterns(pattern, nk, out_dtype):
     dw = poison_(torch.empty(len(sizes), n, k, dtype=out_dtype, device="cuda"))
     cake_moe.grouped_gemm_wgrad(g, x, offs, out=dw, out_dtype=out_dtype)
     want = ref.wgrad(g, x, offs)
-    assert ref.rel_rms(dw, want) < BUDGET
+    _check_dw(dw, want)
     for e, size in enumerate(sizes):
         if size == 0:
             assert torch.equal(dw[e], torch.zeros_like(dw[e])), "an empty group's dW must be exactly zero"
@@ -355,7 +397,7 @@ def test_wgrad_moe_layers(layer, which):
     h, i, e = layer
     n, k = (2 * i, h) if which == "w13" else (h, i)
     x, w, g, offs = _problem(random_sizes(4096, e, seed=h * 3 + i), n, k, seed=e + 1)
-    assert ref.rel_rms(cake_moe.grouped_gemm_wgrad(g, x, offs), ref.wgrad(g, x, offs)) < BUDGET
+    _check_dw(cake_moe.grouped_gemm_wgrad(g, x, offs), ref.wgrad(g, x, offs))
 
 
 def test_wgrad_det_repeatable_and_fast_within_budget():
@@ -733,7 +775,7 @@ def test_wgrad_cluster_pair_forms(variant, pattern, nk):
     launch.launch()
     want = ref.wgrad(g, x, offs)
     assert not dw.isnan().any(), "a dW element was not written"
-    assert ref.rel_rms(dw, want) < BUDGET
+    _check_dw(dw, want)
     for e, size in enumerate(sizes):
         if size == 0:
             assert torch.equal(dw[e], torch.zeros_like(dw[e])), "an empty group's dW must be exactly zero"

@@ -637,16 +637,25 @@ def _small_workspace(a: dict) -> None:
     a["workspace"] = a["workspace"][:a["workspace"].numel() // 2]
 
 
-_BAD = {
-    "topk_ids on cpu": lambda a: a.update(topk_ids=a["topk_ids"].cpu()),
-    "x_sf on cpu": lambda a: a.update(x_sf=a["x_sf"].cpu()),
-    "w2 on cpu": lambda a: a.update(w2=a["w2"].cpu()),
-    "beta on cpu": lambda a: a.update(beta=a["beta"].cpu()),
-    "workspace on cpu": lambda a: a.update(workspace=a["workspace"].cpu()),
-    "output on cpu": lambda a: a.update(output=a["output"].cpu()),
-    "output inside workspace": _output_in_workspace,
-    "x inside output": _x_in_output,
-    "workspace too small": _small_workspace,
+def _cpu_workspace(a: dict) -> None:
+    """A host workspace at a 256-byte aligned address, so that the device check (not the
+    alignment check) is the one that refuses it."""
+    n = a["workspace"].numel()
+    raw = torch.empty(n + 256, dtype=torch.uint8)
+    start = -raw.data_ptr() % 256
+    a["workspace"] = raw[start:start + n]
+
+
+_BAD = {   # name: (how the arguments go wrong, what the ValueError says)
+    "topk_ids on cpu": (lambda a: a.update(topk_ids=a["topk_ids"].cpu()), "topk_ids is on cpu"),
+    "x_sf on cpu": (lambda a: a.update(x_sf=a["x_sf"].cpu()), "x_sf is on cpu"),
+    "w2 on cpu": (lambda a: a.update(w2=a["w2"].cpu()), "w2 is on cpu"),
+    "beta on cpu": (lambda a: a.update(beta=a["beta"].cpu()), "beta is on cpu"),
+    "workspace on cpu": (_cpu_workspace, "workspace is on cpu"),
+    "output on cpu": (lambda a: a.update(output=a["output"].cpu()), "output is on cpu"),
+    "output inside workspace": (_output_in_workspace, "output and workspace overlap"),
+    "x inside output": (_x_in_output, "output and x overlap"),
+    "workspace too small": (_small_workspace, "workspace must hold at least"),
 }
 
 
@@ -674,9 +683,10 @@ def test_plan_value_errors(layers, what):
     """Refused before any launch, and nothing written."""
     layer = layers("h256_e8_k2")
     a = _plan_args(layer, 17)
-    _BAD[what](a)
+    spoil, match = _BAD[what]
+    spoil(a)
     a["output"].fill_(float("nan"))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=match):
         _call_plan(layer, a)
     torch.cuda.synchronize()
     assert a["output"].isnan().all(), "a refused plan() wrote the output"
