@@ -496,6 +496,51 @@ def test_compiled_run_fullgraph_on_cpu():
     assert torch.equal(compiled(plan), reference(case, bank).float() * 2)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_run_leaves_the_bound_tensors_as_the_graph_expects(backend):
+    """The op declares only `output` as written; where a compiled graph hands it other tensors
+    than the bound ones, the bound ones get their contents back after the run, so a graph that
+    reads them around the op (which inductor may reorder) sees what eager code sees: the same
+    plan run twice on new routes, the previous output read before a run, a bound input read
+    before new values are written into it, and new FP8 tokens written into x in the graph."""
+    plan, case, _ = _cpu_layer("h256_e8_k2", 5)
+    plan.run()   # a previous result in the output (finite, so that the comparisons mean something)
+
+    def twice(p, ids1, ids2):
+        p._topk_ids.copy_(ids1)
+        y1 = p.run().float()
+        p._topk_ids.copy_(ids2)
+        return y1 - p.run().float()
+
+    def after_previous(p):
+        prev = p.output.float() * 3
+        return p.run().float() + prev
+
+    def input_read_first(p, new_weights):
+        old = p._inputs[3] * 3
+        p._inputs[3].copy_(new_weights)
+        return p.run().float() + old[:, :1]
+
+    def new_tokens(p, x, new_x):
+        x.copy_(new_x)
+        return p.run().clone()
+
+    other = _cpu_layer("h256_e8_k2", 5, seed=11)[1]
+    cases = [(twice, lambda: (case.topk_ids.clone(), case.topk_ids.roll(1, 0).clone())),
+             (after_previous, lambda: ()),
+             (input_read_first, lambda: (case.topk_weights.flip(0).clone(),)),
+             (new_tokens, lambda: (case.x, other.x))]
+    for fn, args in cases:
+        saved = [t.clone() for t in (case.x.view(torch.uint8), case.topk_ids, case.topk_weights, plan.output)]
+        want = fn(plan, *args()).clone()
+        for t, s in zip((case.x.view(torch.uint8), case.topk_ids, case.topk_weights, plan.output), saved):
+            t.copy_(s)
+        got = torch.compile(fn, fullgraph=True, backend=backend)(plan, *args())
+        assert torch.equal(got, want), f"{fn.__name__} ({backend})"
+        for t, s in zip((case.x.view(torch.uint8), case.topk_ids, case.topk_weights, plan.output), saved):
+            t.copy_(s)
+
+
 def test_a_collected_plan_is_forgotten():
     plan, case, _ = _cpu_layer("h256_e8_k2", 2)
     number, args = plan._number, (case.x.view(torch.uint8), case.x_sf, case.topk_ids, case.topk_weights)

@@ -53,6 +53,7 @@ class Mxfp4MoEPlan:
         # x (as its bytes: float8 tensors cannot be compared by the op checks), x_sf, topk_ids,
         # topk_weights (None: packed routes)
         self._inputs = (_runtime.as_bytes(inputs[0]), *inputs[1:])
+        self._x = inputs[0]   # as given (FP8): a compiled run() views it as bytes inside the graph
         self._topk_ids = inputs[2]
         self._packed = inputs[3] is None
         self._keep = keep        # the extension holds raw pointers: the tensors live as long as the plan
@@ -104,7 +105,10 @@ class Mxfp4MoEPlan:
     def run(self) -> torch.Tensor:
         """Enqueue the layer on the current stream; returns the bound output tensor."""
         if torch.compiler.is_compiling():
-            torch.ops.cake_moe.mxfp4_moe_run(self._number, *self._inputs, self.output)
+            # x viewed as bytes here, in the graph: the FP8 tensor and a uint8 view of it as two
+            # graph inputs would be aliased inputs of two dtypes, which AOTAutograd refuses
+            # when a compiled step writes new tokens into x
+            torch.ops.cake_moe.mxfp4_moe_run(self._number, _runtime.as_bytes(self._x), *self._inputs[1:], self.output)
             return self.output
         if _check_mode() and not _capturing():
             self._check_ids()
@@ -116,8 +120,11 @@ class Mxfp4MoEPlan:
                  topk_weights: torch.Tensor | None, output: torch.Tensor) -> torch.Tensor:
         """:meth:`run` on the given tensors: each one that is not the bound tensor (same shape
         and dtype; ``x`` may be given as its uint8 bytes) is copied into it first, and the bound
-        output into ``output`` after. The op ``cake_moe::mxfp4_moe_run`` runs this; with the
-        bound tensors it is :meth:`run`."""
+        output into ``output`` after; then the bound tensors it filled get their contents back,
+        so that no tensor but ``output`` changes (the op ``cake_moe::mxfp4_moe_run``, which runs
+        this, declares only ``output`` as written: a compiled graph may read a bound tensor
+        after the op and expect what it held before). With the bound tensors it is
+        :meth:`run`, with no copy."""
         given = (_runtime.as_bytes(x) if isinstance(x, torch.Tensor) else x, x_sf, topk_ids, topk_weights, output)
         for name, t, bound in zip(("x", "x_sf", "topk_ids", "topk_weights", "output"), given,
                                   (*self._inputs, self.output)):
@@ -126,12 +133,19 @@ class Mxfp4MoEPlan:
             if t is not None and bound is not None and (t.shape != bound.shape or t.dtype != bound.dtype):
                 raise ValueError(f"{name} must match the bound tensor: {tuple(bound.shape)} {bound.dtype}, "
                                  f"got {tuple(t.shape)} {t.dtype}")
+        restore = []   # (bound tensor, what it held)
         for t, bound in zip(given[:4], self._inputs):
             if t is not None and bound is not None and (t.data_ptr(), t.stride()) != (bound.data_ptr(), bound.stride()):
+                restore.append((bound, bound.clone()))
                 bound.copy_(t)
+        other_output = (output.data_ptr(), output.stride()) != (self.output.data_ptr(), self.output.stride())
+        if other_output:
+            restore.append((self.output, self.output.clone()))
         self.run()
-        if (output.data_ptr(), output.stride()) != (self.output.data_ptr(), self.output.stride()):
+        if other_output:
             output.copy_(self.output)
+        for bound, held in restore:
+            bound.copy_(held)
         return output
 
     def __repr__(self) -> str:
