@@ -74,6 +74,9 @@ def test_check_grouped_dims():
         with pytest.raises(ValueError, match="multiple of 8"):
             cake_moe.check_grouped_dims(*bad)
     cake_moe.check_grouped_dims(2**31 - 256, 8)
+    assert cake_moe.max_grouped_rows(8, 8, 1) == 2**31 - 256   # a group's rows round up to tiles in 32 bits
+    with pytest.raises(ValueError, match="rows exceed"):
+        cake_moe.check_grouped_dims(8, 8, num_groups=1, max_rows=2**31 - 255)
     for bad in ((2**31 - 248, 8), (8, 2**31 - 8)):
         with pytest.raises(ValueError, match="32-bit column"):
             cake_moe.check_grouped_dims(*bad)

@@ -24,7 +24,8 @@ namespace {
 void check_bounds(const Problem& p) {
   if (p.n <= 0 || p.k <= 0 || p.n % 8 || p.k % 8) throw ValueError("N and K must be positive multiples of 8");
   if (p.num_groups < 0) throw ValueError("the group count must be >= 0");
-  if (p.rows < 0 || p.rows >= (int64_t(1) << 31)) throw ValueError("the row count must be below 2^31");
+  // the schedulers round a group's rows up to whole tiles in 32 bits: 2^31 - 256 leaves a tile of headroom
+  if (p.rows < 0 || p.rows > (int64_t(1) << 31) - 256) throw ValueError("the row count must be at most 2^31 - 256");
 }
 }  // namespace
 

@@ -27,7 +27,8 @@
 // Host-side requirements (the kernel does not re-check them):
 //   * Nout % 8 == 0 and Kred % 8 == 0 (16-byte TMA strides), Kred > 0;
 //   * x/g, w, out 16-byte aligned, unit last-axis stride, contiguous rows;
-//   * sum_m_capacity < 2^31 and the number of tiles
+//   * sum_m_capacity <= 2^31 - 256 (a group's rows rounded up to whole tiles in 32 bits)
+//     and the number of tiles
 //     (ceil(sum_m_capacity / BM) + E) * ceil(Nout / BN) < 2^31;
 //   * offs int32 on the device, E entries of cumulative group ends
 //     (offs_has_leading_zero = 0) or E+1 entries m_indptr (= 1). Values are

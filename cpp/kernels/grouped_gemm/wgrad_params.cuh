@@ -52,7 +52,7 @@
 // Host-side requirements (the kernel does not re-check them):
 //   * N % 8 == 0 and K % 8 == 0 (16-byte TMA strides), N > 0, K > 0;
 //   * G, X 16-byte aligned, dW 16-byte aligned, workspace 256-byte aligned;
-//   * sum_m_capacity < 2^31; E * ceil(N/BM) * ceil(K/BN) + 8 * num_workers
+//   * sum_m_capacity <= 2^31 - 256 (rows rounded up to k-blocks in 32 bits); E * ceil(N/BM) * ceil(K/BN) + 8 * num_workers
 //     + ws_slots < 2^31 (work units); dW offsets are 64-bit (no E*N*K limit);
 //   * offs int32 on the device, E entries of cumulative group ends
 //     (offs_has_leading_zero = 0) or E+1 entries m_indptr (= 1). Values are

@@ -10,7 +10,7 @@ from .. import _config, _runtime, _validate
 from ..reference import grouped_gemm as ref
 
 _INT32_MAX = 2**31 - 1
-_MAX_DIM = 2**31 - 256  # N, K: 32-bit column indices with a tile of headroom (portable_params.hpp)
+_MAX_DIM = 2**31 - 256  # rows, N, K: 32-bit indices with a tile of headroom (portable_params.hpp)
 _MIN_TILE = 64  # smallest tile edge of any form: bounds the tile counts kernels index in int32
 _OPS = {"fwd": 0, "dgrad": 1, "wgrad": 2}
 _VARIANTS = {"det": 0, "fast": 1}
@@ -25,7 +25,7 @@ def max_grouped_rows(n: int, k: int, num_groups: int = 0) -> int:
     the kernels' 32-bit index ranges for weights [E, n, k]."""
     tiles_per_block_row = _ceil(max(n, k), _MIN_TILE)
     by_tiles = (_INT32_MAX // tiles_per_block_row - num_groups) * _MIN_TILE
-    return max(0, min(_INT32_MAX, by_tiles))
+    return max(0, min(_MAX_DIM, by_tiles))   # (rows round up to whole tiles in 32 bits)
 
 
 def check_grouped_dims(n: int, k: int, *, num_groups: int | None = None, max_rows: int | None = None) -> None:
