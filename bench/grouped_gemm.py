@@ -1,12 +1,9 @@
-"""Family A benchmark entry point: ``python bench/grouped_gemm.py [--out PREFIX]``
-(the same as ``cake-moe bench grouped-gemm``)."""
-import argparse
+"""Family A benchmark entry point: ``python bench/grouped_gemm.py [ARGS]`` is
+``cake-moe bench grouped-gemm [ARGS]`` (the same flags: --out, --ops, --sweep, --tokens, --seed,
+--no-rotate)."""
+import sys
 
-from cake_moe.bench import grouped_gemm
+from cake_moe.cli import main
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--ops", default="fwd,dgrad,wgrad")
-    a = ap.parse_args()
-    grouped_gemm.main(a.out, ops=tuple(a.ops.split(",")))
+    sys.exit(main(["bench", "grouped-gemm", *sys.argv[1:]]))

@@ -23,6 +23,33 @@ def test_bench_without_a_gpu_says_so(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv", [["bench", "grouped-gemm", "--ops", "fwd,foo"],
+                                  ["bench", "grouped-gemm", "--tokens", "0"],
+                                  ["bench", "formats", "--out", "/no/such/folder/x"],
+                                  ["demo", "--tokens", "-3"]])
+def test_bad_arguments_are_refused_before_any_work(argv):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+
+
+def test_demo_budget_sees_nan():
+    from cake_moe import demo
+    assert demo._grouped_ok((1e-3, 2e-3, 3e-3))
+    assert not demo._grouped_ok((1e-3, float("nan"), 1e-3)) and not demo._grouped_ok((1e-3, 7e-3, 1e-3))
+
+
+def test_results_json_is_strict(tmp_path):
+    """A figure a row does not measure (NaN) is written as null: the file parses as strict JSON."""
+    import json
+    from cake_moe.bench import timing
+    prefix = str(tmp_path / "r")
+    timing.write_results(prefix, [{"T": 1, "naive_eager_us": 5.0}, {"T": 128, "naive_eager_us": math.nan}], "| t |")
+    text = open(prefix + ".json").read()
+    rows = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert rows[1]["naive_eager_us"] is None and rows[0]["naive_eager_us"] == 5.0
+
+
 def test_info_without_the_extension_says_so_in_one_line(monkeypatch, capsys):
     from cake_moe import _runtime
     monkeypatch.setattr(_runtime, "_ext", None)

@@ -56,6 +56,24 @@ def cmd_bench(args) -> int:
     if not torch.cuda.is_available():
         print("cake-moe bench needs a CUDA GPU (none visible)")
         return 2
+    arch = _runtime.device_arch(torch.cuda.current_device())
+    if arch not in _runtime.built_arches():
+        print(f"cake-moe bench: {torch.cuda.get_device_name()} is sm_{arch}; this build has kernels for "
+              f"sm_{', sm_'.join(_runtime.built_arches())}")
+        return 2
+    if args.what == "mxfp4-moe" and args.tiles:   # before any weights are made
+        from .bench import mxfp4_moe as bench_moe
+        from .mxfp4_moe import _decide
+        for spec in (t for t in args.tiles.split(",") if t):
+            try:
+                form, _ = bench_moe._variant(spec)
+            except ValueError as err:
+                print(f"cake-moe bench: --tiles: {err}")
+                return 2
+            if form is not None and form not in _decide.TILES:
+                print(f"cake-moe bench: --tiles: {spec!r} names no tile form (one of {', '.join(_decide.TILES)}, "
+                      "or sync / nosync / FORM+sync / FORM+nosync)")
+                return 2
     if args.what == "formats":
         from .bench import formats as bench_formats
         bench_formats.main(args.out)
@@ -71,6 +89,28 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return value
+
+
+def _ops(text: str) -> str:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or any(n not in ("fwd", "dgrad", "wgrad") for n in names):
+        raise argparse.ArgumentTypeError(f"expected a comma list of fwd, dgrad, wgrad; got {text!r}")
+    return ",".join(names)
+
+
+def _out_prefix(text: str) -> str:
+    import os
+    folder = os.path.dirname(text) or "."
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"the folder of {text!r} does not exist")
+    return text
+
+
 def _layouts(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     if not names or any(n not in ("ep8", "tp8") for n in names):
@@ -84,14 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="build, forms, checksums and the current device").set_defaults(fn=cmd_info)
     d = sub.add_parser("demo", help="run the default MoE layer pieces on the GPU, check and time them")
-    d.add_argument("--tokens", type=int, default=None, help="token count (default 4096 on GPU, 64 on CPU)")
+    d.add_argument("--tokens", type=_positive, default=None, help="token count (default 4096 on GPU, 64 on CPU)")
     d.set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmarks against their anchors, JSON + markdown")
     b.add_argument("what", choices=["formats", "grouped-gemm", "mxfp4-moe"])
-    b.add_argument("--ops", default="fwd,dgrad,wgrad", help="grouped-gemm: comma list of fwd,dgrad,wgrad")
-    b.add_argument("--out", default=None, help="output prefix for .json/.md")
+    b.add_argument("--ops", default="fwd,dgrad,wgrad", type=_ops, help="grouped-gemm: comma list of fwd,dgrad,wgrad")
+    b.add_argument("--out", default=None, type=_out_prefix, help="output prefix for .json/.md (its folder must exist)")
     b.add_argument("--sweep", action="store_true", help="grouped-gemm: also time every sm_90a tile")
-    b.add_argument("--tokens", type=int, nargs="+", default=None,
+    b.add_argument("--tokens", type=_positive, nargs="+", default=None,
                    help="token counts: mxfp4-moe (default 1 4 16 64 256 1024 4096 16384); grouped-gemm: "
                         "the grid's layers at these T instead of the PERF.md grid")
     b.add_argument("--seed", type=int, default=0,

@@ -242,14 +242,17 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: str) -> None:
+def plot(rows: list[dict], path: str) -> bool:
+    """TFLOP/s per row and op; False when matplotlib is missing (nothing drawn for no rows)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return
+        return False
     ops = [op for op in ("fwd", "dgrad", "wgrad") if any(r["op"] == op for r in rows)]
+    if not ops:
+        return True
     fig, axes = plt.subplots(len(ops), 1, figsize=(14, 4 * len(ops)), squeeze=False)
     for ax, op in zip(axes[:, 0], ops):
         rs = [r for r in rows if r["op"] == op]
@@ -265,6 +268,7 @@ def plot(rows: list[dict], path: str) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 def main(out_prefix: str | None = None, ops=("fwd", "dgrad", "wgrad"), sweep: bool = False,
