@@ -188,20 +188,46 @@ def test_det_bitwise_repeatable_streams_graphs_processes():
     assert out.stdout.split() == [_digest(y0), _digest(d0), _digest(w0)]
 
 
-def test_prepared_launch_follows_new_offsets_without_allocating():
+@pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad_det", "wgrad_fast", "wgrad_det_c2"])
+@pytest.mark.parametrize("replay", [False, True], ids=["eager", "graph"])
+def test_prepared_launch_follows_new_offsets_without_allocating(op, replay):
+    """A prepared launch, called again or captured once and replayed, reads the offsets and
+    values now in its bound tensors, allocating nothing: every op, the wgrad's splitting form
+    (det and fast) and its pair form, over group patterns that empty and refill groups."""
     x, w, g, offs = _problem([100, 200, 300], 128, 256, seed=9)
-    launch = cake_moe.prepare_grouped_gemm_fwd(x, w, offs)
+    if op == "fwd":
+        launch = cake_moe.prepare_grouped_gemm_fwd(x, w, offs)
+    elif op == "dgrad":
+        launch = cake_moe.prepare_grouped_gemm_dgrad(g, w, offs)
+    else:
+        variant = op.split("_")[1]
+        launch = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant=variant, form="gg_sm90_" + op)
+        assert launch.form == "gg_sm90_" + op
     launch.launch()
-    for sizes in ([600, 0, 0], [0, 1, 599], [5, 5, 5]):
+    graph = None
+    if replay:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            launch.launch()
+    for sizes in ([600, 0, 0], [0, 1, 599], [5, 5, 5], [0, 0, 0]):
         offs.copy_(offsets(sizes))
         x.copy_(bf16(*x.shape, seed=sum(sizes[:2])))
+        g.copy_(bf16(*g.shape, seed=sum(sizes[:2]) + 1))
         poison_(launch.out)
         torch.cuda.synchronize()
         before = torch.cuda.memory_stats()["allocation.all.allocated"]
-        launch.launch()
+        graph.replay() if graph is not None else launch.launch()
         torch.cuda.synchronize()
         assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "launch() allocated"
-        _check_rows(launch.out, ref.fwd(x, w, offs))
+        if op == "fwd":
+            _check_rows(launch.out, ref.fwd(x, w, offs))
+        elif op == "dgrad":
+            _check_rows(launch.out, ref.dgrad(g, w, offs))
+        else:
+            assert not launch.out.isnan().any(), (sizes, "a dW element was not written")
+            _check_dw(launch.out, ref.wgrad(g, x, offs))
+            for e, size in enumerate(sizes):
+                assert size or not launch.out[e].view(torch.int16).any(), (sizes, "an empty group's dW is not +0")
 
 
 def _kept_plans() -> list:
