@@ -44,10 +44,13 @@ def test_results_json_is_strict(tmp_path):
     import json
     from cake_moe.bench import timing
     prefix = str(tmp_path / "r")
-    timing.write_results(prefix, [{"T": 1, "naive_eager_us": 5.0}, {"T": 128, "naive_eager_us": math.nan}], "| t |")
+    timing.write_results(prefix, [{"T": 1, "naive_eager_us": 5.0},
+                                  {"T": 128, "naive_eager_us": math.nan, "tiles_ms": {"a": math.inf, "b": 1.0}}],
+                         "| t |")
     text = open(prefix + ".json").read()
     rows = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
     assert rows[1]["naive_eager_us"] is None and rows[0]["naive_eager_us"] == 5.0
+    assert rows[1]["tiles_ms"] == {"a": None, "b": 1.0}
 
 
 def test_info_without_the_extension_says_so_in_one_line(monkeypatch, capsys):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -106,14 +107,24 @@ def copy_bandwidth(nbytes: int = 1 << 30, device: str = "cuda") -> float:
     return 2 * nbytes / (ms * 1e-3)
 
 
+def _strict(v):
+    """JSON has no NaN or infinity: a figure a row does not measure (e.g. T > 64's eager naive
+    call) is written as null, at any depth."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _strict(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_strict(x) for x in v]
+    return v
+
+
 def write_results(prefix: str, rows: list[dict], markdown: str, footer: str = "") -> None:
     """``prefix.json`` (one record per row) and ``prefix.md`` (GPU and date, the table, notes)."""
     import datetime
     import json
-    def strict(v):   # JSON has no NaN: a figure not measured on a row (e.g. T > 64's eager call) is null
-        return None if isinstance(v, float) and v != v else v
     with open(prefix + ".json", "w") as f:
-        json.dump([{k: strict(v) for k, v in row.items()} for row in rows], f, indent=1, allow_nan=False)
+        json.dump(_strict(rows), f, indent=1, allow_nan=False)
     with open(prefix + ".md", "w") as f:
         f.write(f"GPU: {gpu_name()}, {datetime.date.today().isoformat()}\n\n{markdown}\n")
         if footer:
