@@ -26,6 +26,7 @@ def _check_mode() -> bool:
 # x, x_sf, topk_ids, topk_weights (None: packed routes)
 _Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
 
+
 class Mxfp4MoEPlan:
     """A bound MXFP4 MoE layer for one token count. :meth:`run` enqueues dequantize, route,
     GEMM1, GEMM2 and finalize on the current stream (with an sm_90a wgmma form, each GEMM beside
