@@ -38,7 +38,10 @@ else
 fi
 
 # GPU tests (and the CPU ones, which must pass here too)
-"$PY" -m pytest -q -p no:cacheprovider tests ${K:+-k "$K"} --junitxml=/tmp/cake-pytest.xml >"$OUT/pytest.log" 2>&1
+# (family-B outputs also log their per-token errors: the data for a per-token budget)
+rm -f "$OUT/token_errors.txt"
+CAKE_TEST_TOKEN_ERRORS="$OUT/token_errors.txt" "$PY" -m pytest -q -p no:cacheprovider tests ${K:+-k "$K"} \
+  --junitxml=/tmp/cake-pytest.xml >"$OUT/pytest.log" 2>&1
 record pytest "$(tail -1 "$OUT/pytest.log")"
 read -r p f < <("$PY" - /tmp/cake-pytest.xml <<'PYEOF'
 import sys, xml.etree.ElementTree as ET
@@ -100,6 +103,11 @@ echo "== benchmark (grouped GEMM) =="; tail -4 "$OUT/bench_gg.md" 2>/dev/null
 echo "== benchmark (MXFP4 MoE) =="; tail -n +3 "$OUT/bench_moe.md" 2>/dev/null
 echo "== host us per call (grouped GEMM) =="; cat /tmp/host_overhead.log 2>/dev/null
 echo "== host us per call (MXFP4 MoE) =="; tail -n +2 /tmp/host_moe.log 2>/dev/null
+echo "== family-B outputs: relative RMS, whole output / largest token (T, whole, token max, token p99, H, L) =="
+if [ -s "$OUT/token_errors.txt" ]; then
+  awk '{ if ($2 > w) w = $2; if ($3 > m) { m = $3; line = $0 } } END { printf "%d outputs, whole <= %.2e, token <= %.2e (%s)\n", NR, w, m, line }' \
+    "$OUT/token_errors.txt"
+fi
 echo "== demo =="; cat /tmp/cake-demo.log
 echo "== summary =="
 for i in "${!NAMES[@]}"; do printf '%-10s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"; done

@@ -12,6 +12,8 @@ Absolute imports only: ci/sanitize.py imports this file with tests/ on sys.path.
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 import torch
@@ -390,6 +392,25 @@ def route_ids(case: Case) -> torch.Tensor:
     return case.topk_ids >> 16 if case.topk_weights is None else case.topk_ids
 
 
+def _log_token_errors(case: Case, got: torch.Tensor, want: torch.Tensor, err: float) -> None:
+    """With CAKE_TEST_TOKEN_ERRORS=FILE, append one line per checked output: T, the whole
+    output's relative RMS, and the largest and 99th-percentile relative RMS of one token's row
+    (tokens with a nonzero reference). The data for a per-token budget (a 2% error confined to
+    one expert's tokens moves the whole output's figure too little to fail it)."""
+    path = os.environ.get("CAKE_TEST_TOKEN_ERRORS")
+    if not path:
+        return
+    w = want.double().to(got.device)
+    norm = w.square().sum(-1)
+    rows = norm > 0
+    if not rows.any():
+        return
+    per_token = ((got.double() - w).square().sum(-1)[rows] / norm[rows]).sqrt()
+    with open(path, "a") as f:
+        f.write(f"{got.shape[0]} {err:.3e} {per_token.max().item():.3e} {per_token.quantile(0.99).item():.3e} "
+                f"{case.geom.hidden} {case.geom.local}\n")
+
+
 def check_output(case: Case, got: torch.Tensor, want: torch.Tensor) -> None:
     """Every element written, tokens without a local route exactly +0, the rest within BUDGET
     of the reference, and the budget live (a 2% RMS perturbation of the output fails it)."""
@@ -397,6 +418,7 @@ def check_output(case: Case, got: torch.Tensor, want: torch.Tensor) -> None:
     idle = (local_routes(case.geom, route_ids(case)) < 0).all(dim=1)
     assert not got[idle].view(torch.int16).any(), "a token without a local route is not exactly zero"
     err = rel_rms(got, want)
+    _log_token_errors(case, got, want, err)
     assert err < BUDGET, f"relative RMS {err:.2e} over budget {BUDGET:.0e}"
     g = torch.Generator(device=got.device).manual_seed(0)
     noise = torch.randn(got.shape, generator=g, device=got.device) * 0.02 * got.float().square().mean().sqrt()
