@@ -26,8 +26,12 @@ CUtensorMap encode_tiled(const TensorMapSpec& s) {
     throw ValueError("tensor map: rank/box/stride lengths disagree");
   if (reinterpret_cast<std::uintptr_t>(s.base) % 16 != 0)
     throw ValueError("tensor map: base address must be 16-byte aligned");
-  for (uint64_t st : s.strides)
+  for (uint64_t st : s.strides) {
     if (st % 16 != 0) throw ValueError("tensor map: strides must be multiples of 16 bytes (got " + std::to_string(st) + ")");
+    if (st >= (uint64_t(1) << 40)) throw ValueError("tensor map: a stride of " + std::to_string(st) + " bytes reaches 2^40");
+  }
+  for (uint64_t d : s.dims)   // (cuTensorMapEncodeTiled's limits, named here rather than as its error code)
+    if (d > (uint64_t(1) << 32)) throw ValueError("tensor map: a dimension of " + std::to_string(d) + " elements exceeds 2^32");
   for (uint32_t b : s.box)
     if (b == 0 || b > 256) throw ValueError("tensor map: box extents must be in [1, 256]");
   cuuint64_t dims[5];
