@@ -21,7 +21,7 @@ import torch
 from cake_moe.bench.mxfp4_moe import random_bank, random_situ
 from cake_moe.reference import formats as fmt
 from cake_moe.reference import moe as ref
-from cake_moe.reference.grouped_gemm import rel_rms
+from cake_moe.reference.grouped_gemm import rel_rms, rel_rms_rows
 
 # Ids that must never be dereferenced. The packed route form keeps the id in 16 bits, so
 # packable_bad_ids fit a signed 16-bit field; EXTREME_BAD_IDS only exist in the unpacked form.
@@ -400,12 +400,10 @@ def _log_token_errors(case: Case, got: torch.Tensor, want: torch.Tensor, err: fl
     path = os.environ.get("CAKE_TEST_TOKEN_ERRORS")
     if not path:
         return
-    w = want.double().to(got.device)
-    norm = w.square().sum(-1)
-    rows = norm > 0
-    if not rows.any():
+    nonzero = want.double().square().sum(-1) > 0
+    if not nonzero.any():
         return
-    per_token = ((got.double() - w).square().sum(-1)[rows] / norm[rows]).sqrt()
+    per_token = rel_rms_rows(got[nonzero.to(got.device)], want[nonzero])
     with open(path, "a") as f:
         f.write(f"{got.shape[0]} {err:.3e} {per_token.max().item():.3e} {per_token.quantile(0.99).item():.3e} "
                 f"{case.geom.hidden} {case.geom.local}\n")

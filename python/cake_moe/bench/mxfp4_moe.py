@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import math
 
 import torch
@@ -163,6 +164,7 @@ def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: in
     """Plans (and naive calls on the same inputs) for T tokens: ROTATIONS routings for decode
     rows, one otherwise; with the mean routed-expert and local-route counts."""
     n = ROTATIONS if t <= ROTATE_MAX_T else 1
+    w13, w2 = bank16 if bank16 is not None else (None, None)   # (a rank made without with_bf16: no naive layer)
     plans, naive, outs, experts, routes = [], [], [], 0, 0
     for _ in range(n):
         x, x_sf, ids, w = random_inputs(t, l, offset, gen)
@@ -171,8 +173,8 @@ def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: in
         plans.append(runner.plan(x, x_sf, ids, w, prepared,
                                  beta=beta, linear_beta=lbeta, workspace=ws, output=out, tile=tile,
                                  tile_sync=tile_sync))
-        naive.append(lambda a=(x, x_sf, ids, w), b=bank16: naive_layer(a[0], a[1], a[2], a[3], b[0], b[1], beta, lbeta,
-                                                                       num_experts=E, offset=offset))
+        naive.append(functools.partial(naive_layer, x, x_sf, ids, w, w13, w2, beta, lbeta, num_experts=E,
+                                       offset=offset))
         outs.append(out)
         local = ids.long() - offset
         local = local[(local >= 0) & (local < l)]

@@ -76,14 +76,15 @@ def _quantize(fmt: str, x: torch.Tensor, global_scale, swizzled: bool, rule: int
     g = _global_scale(global_scale, x.device) if fmt == "nvfp4" else None
     specs = [(_q_shape(x.shape, fmt), torch.float8_e4m3fn if fmt == "mxfp8" else torch.uint8),
              (_scale_shape(fmt, rows, cols, swizzled), _scale_dtype(fmt))]
+    inputs = [("x", x), ("global_scale", g)]
     if x.device.type != "cuda":  # the CPU path is the reference itself
         if fmt == "nvfp4":
             res = ref.quantize_nvfp4(x, g, swizzled=swizzled)
         else:
             res = ref.quantize_mx(x, fmt, scale_rule=ref.SCALE_RULES[rule], swizzled=swizzled)
-        return res if out is None else tuple(o.copy_(r) for o, r in zip(_outputs(out, specs, x.device, [("x", x), ("global_scale", g)]), res))
+        return res if out is None else tuple(o.copy_(r) for o, r in zip(_outputs(out, specs, x.device, inputs), res))
     _runtime.require_served(x.device, f"{fmt}_quantize")
-    q, scale = _outputs(out, specs, x.device, [("x", x), ("global_scale", g)])
+    q, scale = _outputs(out, specs, x.device, inputs)
     if x.numel():   # an empty x has empty scales in either layout
         _runtime.ext().quantize(fmt, x, _runtime.as_bytes(q), _runtime.as_bytes(scale), g, rows, cols, swizzled,
                                 rule, _runtime.stream_handle(x.device))
@@ -105,14 +106,15 @@ def _dequantize(fmt: str, q: torch.Tensor, scale: torch.Tensor, global_scale, sw
     _validate.shape(scale, "scale", _scale_shape(fmt, rows, cols, swizzled))
     g = _global_scale(global_scale, q.device) if fmt == "nvfp4" else None
     out_shape = (*q.shape[:-1], cols)
+    inputs = [("q", q), ("scale", scale), ("global_scale", g)]
     if q.device.type != "cuda":  # the CPU path is the reference itself
         if fmt == "nvfp4":
             res = ref.dequantize_nvfp4(q, scale, g, swizzled=swizzled, dtype=dtype)
         else:
             res = ref.dequantize_mx(q, scale, fmt, swizzled=swizzled, dtype=dtype)
-        return res if out is None else _outputs(out, [(out_shape, dtype)], q.device, [("q", q), ("scale", scale), ("global_scale", g)])[0].copy_(res)
+        return res if out is None else _outputs(out, [(out_shape, dtype)], q.device, inputs)[0].copy_(res)
     _runtime.require_served(q.device, f"{fmt}_dequantize")
-    (out,) = _outputs(out, [(out_shape, dtype)], q.device, [("q", q), ("scale", scale), ("global_scale", g)])
+    (out,) = _outputs(out, [(out_shape, dtype)], q.device, inputs)
     if out.numel():
         _runtime.ext().dequantize(fmt, _runtime.as_bytes(q), _runtime.as_bytes(scale), g, out, rows, cols, swizzled,
                                   _runtime.stream_handle(q.device))

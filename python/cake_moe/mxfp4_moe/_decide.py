@@ -73,6 +73,8 @@ def token_rows_refusal(num_tokens: int, top_k: int, hidden: int, inter: int) -> 
         return None
     return (f"T = {num_tokens}: the GEMMs' token rows would hold {token_rows} elements (T x H, T x top_k x "
             "I_shard), not below the 2^35 their 32-bit chunk indices reach; split the batch")
+
+
 # Token rows per tile of every form the table (or a caller's `tile=`) can name.
 BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n8_narrow4": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
                                "wg64x4": 64, "wg32x4": 32, "wg160x3": 160, "wg96x4": 96}
@@ -132,9 +134,9 @@ MAX_FEW_ROUTES = 32
 class PlanDecision:
     """What ``plan()`` would run for a token count: ``forms`` are the kernel forms of one
     ``run()`` in pipeline order, as ``cake-moe info`` lists them (the routing form is one launch,
-    or three from 16384 routes; at most 32 routes it is launched ahead of the dequantize); ``block_n`` the token rows per GEMM tile. With ``alt_tile`` (the
-    sm_90a wgmma paths) the plan binds a second GEMM pair of that tile form, each GEMM followed
-    by its alternative (seven forms): the routing kernel picks the pair from the actual counts
+    or three from 16384 routes; at most 32 routes it is launched ahead of the dequantize);
+    ``block_n`` the token rows per GEMM tile. With ``alt_tile`` (the sm_90a wgmma paths) the plan
+    binds a second GEMM pair of that tile form, each GEMM followed by its alternative (seven forms): the routing kernel picks the pair from the actual counts
     (``device_tile_choice``) and the other pair's kernels exit at once. ``supported`` is False
     only for a request the layer cannot serve (``reason``)."""
 

@@ -320,8 +320,9 @@ class CakeMxfp4MoEWrapper:
         inputs = (x, x_sf, topk_ids, topk_weights)
         keep = tuple(t for _, t in present)
         if self._reference:
-            bound = _ops.ReferencePlan(x=x, x_sf=x_sf, topk_ids=topk_ids, topk_weights=topk_weights, w1=pw.w1, w1_sf=pw.w1_sf,
-                                       w2=pw.w2, w2_sf=pw.w2_sf, beta=beta, linear_beta=linear_beta, output=output,
+            bound = _ops.ReferencePlan(x=x, x_sf=x_sf, topk_ids=topk_ids, topk_weights=topk_weights, w1=pw.w1,
+                                       w1_sf=pw.w1_sf, w2=pw.w2, w2_sf=pw.w2_sf, beta=beta, linear_beta=linear_beta,
+                                       output=output,
                                        num_experts=self.num_experts, num_local_experts=self.num_local_experts,
                                        local_expert_offset=self.local_expert_offset)
             return Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
@@ -356,7 +357,8 @@ class CakeMxfp4MoEWrapper:
         plan = Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
                             num_experts=self.num_experts, output=output, inputs=inputs, keep=keep,
                             code_max=(() if pw.w1_sf_max is None or pw.w2_sf_max is None else
-                                      (("w1_sf_max", pw.w1_sf, pw.w1_sf_max), ("w2_sf_max", pw.w2_sf, pw.w2_sf_max))),
+                                      (("w1_sf_max", pw.w1_sf, pw.w1_sf_max),
+                                       ("w2_sf_max", pw.w2_sf, pw.w2_sf_max))),
                             tile_choice=workspace[choice_at:choice_at + 4].view(torch.int32),
                             alt_tile_choice=workspace[alt_choice_at:alt_choice_at + 4].view(torch.int32) if split else None)
         return plan

@@ -47,6 +47,16 @@ def wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, leading_zero: bo
     return dw
 
 
+def rel_rms_rows(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Each row's ||got - want|| / ||want|| (the absolute norm where want's row is zero), over
+    the rows of `want` whose entries are all finite (FP64)."""
+    rows = torch.isfinite(want).all(dim=-1)
+    w = want[rows].double()
+    diff = (got.detach().double().to(want.device)[rows] - w).square().sum(-1)
+    norm = w.square().sum(-1)
+    return torch.where(norm > 0, diff / norm.clamp_min(1e-300), diff).sqrt()
+
+
 def rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
     """||got - want|| / ||want|| over the finite entries of `want` (FP64)."""
     mask = torch.isfinite(want)
