@@ -104,9 +104,10 @@ echo "== benchmark (grouped GEMM) =="; tail -4 "$OUT/bench_gg.md" 2>/dev/null
 echo "== benchmark (MXFP4 MoE) =="; tail -n +3 "$OUT/bench_moe.md" 2>/dev/null
 echo "== host us per call (grouped GEMM) =="; cat /tmp/host_overhead.log 2>/dev/null
 echo "== host us per call (MXFP4 MoE) =="; tail -n +2 /tmp/host_moe.log 2>/dev/null
-echo "== family-B outputs: relative RMS, whole output / largest token (T, whole, token max, token p99, H, L) =="
+echo "== family-B outputs: relative RMS, whole / largest token / largest one-expert group (T, whole, token max, token p99, H, L, group) =="
 if [ -s "$OUT/token_errors.txt" ]; then
-  awk '{ if ($2 > w) w = $2; if ($3 > m) { m = $3; line = $0 } } END { printf "%d outputs, whole <= %.2e, token <= %.2e (%s)\n", NR, w, m, line }' \
+  awk '{ if ($2 > w) w = $2; if ($7 > g) g = $7; if ($3 > m) { m = $3; line = $0 } }
+       END { printf "%d outputs, whole <= %.2e, group <= %.2e, token <= %.2e (%s)\n", NR, w, g, m, line }' \
     "$OUT/token_errors.txt"
 fi
 echo "== demo =="; cat /tmp/cake-demo.log
