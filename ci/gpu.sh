@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU suite for the H200 (sm_90a): build on the GPU machine with its own nvcc, then ctest,
 # pytest -m gpu, compute-sanitizer on the kernels, the demo and a benchmark smoke.
-# Logs go to $OUT; the last lines are a short table and "N passed, N failed".
+# Logs go to $OUT; the last lines are a short table and "N passed, N failed". Each step's line
+# is also appended to $OUT/summary.txt as it finishes, so a run cut short says what it did.
 #   usage: bash ci/gpu.sh [pytest -k expression]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,8 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 K=${1:-}
 declare -a NAMES RESULTS
-record() { NAMES+=("$1"); RESULTS+=("$2"); }
+record() { NAMES+=("$1"); RESULTS+=("$2"); printf '%-10s %s\n' "$1" "$2" >>"$OUT/summary.txt"; }
+rm -f "$OUT/summary.txt"
 passed=0; failed=0
 
 t0=$(date +%s)
