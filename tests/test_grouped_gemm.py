@@ -20,6 +20,14 @@ def _cpu_problem(sizes, n=32, k=64):
 def test_reference_groups_and_conventions():
     assert ref.group_bounds(torch.tensor([3, 3, 8])) == [(0, 3), (3, 3), (3, 8)]
     assert ref.group_bounds(torch.tensor([0, 3, 3, 8]), leading_zero=True) == [(0, 3), (3, 3), (3, 8)]
+    # malformed offsets clamp as the kernels' ragged_group_rows does (group_rows.cuh)
+    assert ref.group_bounds(torch.tensor([-2, 5, 8, 12, 4]), leading_zero=True, rows=10) == \
+        [(0, 5), (5, 8), (8, 10), (10, 10)]
+    x, w, g, offs = _cpu_problem([3, 0, 5])
+    bad = torch.tensor([-2, 5, 8], dtype=torch.int32)          # ends: group 0 empty, group 1 from row 0
+    y = cake_moe.grouped_gemm_fwd(x, w, bad)
+    assert torch.equal(y[:5], (x[:5].double() @ w[1].double().T).to(torch.bfloat16))
+    assert torch.equal(y[5:8], (x[5:8].double() @ w[2].double().T).to(torch.bfloat16))
     x, w, g, offs = _cpu_problem([3, 0, 5])
     y = ref.fwd(x, w, offs)
     assert y[8:].isnan().all() and torch.isfinite(y[:8]).all()
@@ -84,6 +92,21 @@ def test_check_grouped_dims():
     cake_moe.check_grouped_dims(4096, 4096, num_groups=16, max_rows=limit)
     with pytest.raises(ValueError, match="exceed"):
         cake_moe.check_grouped_dims(4096, 4096, num_groups=16, max_rows=limit + 1)
+
+
+def test_integer_arguments_take_numpy_integers_and_refuse_floats():
+    np = pytest.importorskip("numpy")
+    cake_moe.check_grouped_dims(np.int64(4096), np.int32(2048), num_groups=np.int64(8), max_rows=np.int64(65536))
+    for kw in (dict(n=4096.0, k=2048), dict(n=4096, k=2048, num_groups=2.7), dict(n=8, k=8, max_rows=1.5),
+               dict(n=True, k=8)):
+        with pytest.raises(ValueError, match="must be an integer"):
+            cake_moe.check_grouped_dims(**kw)
+    x, g = torch.randn(6, 16, dtype=torch.bfloat16), torch.randn(6, 8, dtype=torch.bfloat16)
+    offs = torch.tensor([0, 2, 6], dtype=torch.int32)
+    with pytest.raises(ValueError, match="num_groups must be an integer"):
+        cake_moe.grouped_gemm_wgrad(g, x, offs, num_groups=2.7)
+    dw = cake_moe.grouped_gemm_wgrad(g, x, offs, num_groups=np.int64(2))
+    assert torch.equal(dw, cake_moe.grouped_gemm_wgrad(g, x, offs, num_groups=2))
 
 
 @pytest.mark.parametrize("call,match", [
@@ -187,8 +210,8 @@ def test_eager_grouped_mm_is_the_function_with_the_ops_results():
 def test_row_strided_operands():
     """x, g and w need contiguous rows only (SPEC §6): column slices and slices of the experts'
     rows are read in place, by one-shot calls and prepared launches alike, with the results of
-    their contiguous copies; strides the kernels cannot read (an expanded w) are copied first by
-    one-shot calls and refused by prepared launches."""
+    their contiguous copies; strides the kernels cannot read (an expanded w) and starts that are
+    not 16-byte aligned are copied first by one-shot calls and refused by prepared launches."""
     x, w, g, offs = _cpu_problem([3, 0, 5], n=32, k=64)
     xs = torch.cat([x, x[:, :16]], dim=1)[:, :64]            # rows 80 elements apart
     ws = torch.cat([w, w[:, :8]], dim=1)[:, :32]              # experts 40 rows apart
@@ -206,6 +229,14 @@ def test_row_strided_operands():
         cake_moe.prepare_grouped_gemm_fwd(x, w_one, offs)
     with pytest.raises(ValueError, match="x must have contiguous rows"):
         cake_moe.prepare_grouped_gemm_wgrad(g, torch.cat([x, x[:, :4]], dim=1)[:, :64], offs)   # 68 apart
+    wide = torch.cat([x[:, :1], x, x[:, :15]], dim=1)          # rows 80 elements apart, x from column 1
+    xm, gm = wide[:, 1:65], torch.cat([g[:, :1], g, g[:, :15]], dim=1)[:, 1:33]
+    assert xm.data_ptr() % 16 and torch.equal(xm, x)           # a start 2 bytes past 16-byte alignment
+    assert torch.equal(cake_moe.grouped_gemm_fwd(xm, w, offs)[:8], cake_moe.grouped_gemm_fwd(x, w, offs)[:8])
+    assert torch.equal(cake_moe.grouped_gemm_dgrad(gm, w, offs)[:8], cake_moe.grouped_gemm_dgrad(g, w, offs)[:8])
+    assert torch.equal(cake_moe.grouped_gemm_wgrad(gm, xm, offs), cake_moe.grouped_gemm_wgrad(g, x, offs))
+    with pytest.raises(ValueError, match="x must be 16-byte aligned"):
+        cake_moe.prepare_grouped_gemm_fwd(xm, w, offs)
 
 
 def test_inputs_may_share_memory_outputs_may_not():

@@ -2,6 +2,7 @@
 what was expected, before anything is launched or written."""
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 
 import torch
@@ -27,6 +28,17 @@ def tensor(t, name: str, *, dtypes: Iterable[torch.dtype] | None = None, ndim: i
     if align and t.numel() and t.data_ptr() % align:
         raise ValueError(f"{name} must be {align}-byte aligned (got address {t.data_ptr():#x})")
     return t
+
+
+def integer(value, name: str) -> int:
+    """``value`` as an int: a Python or numpy integer (anything with ``__index__``) but a bool;
+    a float such as 2.7 is refused rather than truncated."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
 
 
 def shape(t: torch.Tensor, name: str, expected: tuple[int, ...]) -> None:

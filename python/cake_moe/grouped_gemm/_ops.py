@@ -31,12 +31,15 @@ def max_grouped_rows(n: int, k: int, num_groups: int = 0) -> int:
 def check_grouped_dims(n: int, k: int, *, num_groups: int | None = None, max_rows: int | None = None) -> None:
     """Raise ValueError unless weights [num_groups, n, k] with up to ``max_rows`` packed rows
     are served by fwd, dgrad and wgrad (N, K positive multiples of 8; 32-bit bounds)."""
+    n, k = _validate.integer(n, "N"), _validate.integer(k, "K")
     for name, v in (("N", n), ("K", k)):
-        if not isinstance(v, int) or v <= 0 or v % 8:
+        if v <= 0 or v % 8:
             raise ValueError(f"{name} must be a positive multiple of 8 (16-byte rows), got {v}")
         if v > _MAX_DIM:
             raise ValueError(f"{name} = {v} exceeds {_MAX_DIM}, the largest the kernels' 32-bit column indices serve")
-    e = 0 if num_groups is None else num_groups
+    e = 0 if num_groups is None else _validate.integer(num_groups, "num_groups")
+    if max_rows is not None:
+        max_rows = _validate.integer(max_rows, "max_rows")
     if e < 0 or e > _INT32_MAX // 4:
         raise ValueError(f"num_groups must be in [0, {_INT32_MAX // 4}], got {e}")
     if e * _ceil(n, _MIN_TILE) * _ceil(k, _MIN_TILE) > _INT32_MAX:
@@ -89,10 +92,12 @@ def _outer(t: torch.Tensor, dim: int) -> int:
 
 
 def _packed(t):
-    """A one-shot operand whose strides the kernels cannot read in place (an expanded or
-    transposed-inner tensor with a unit last-axis stride, rows 2-byte aligned only) becomes a
-    contiguous copy; anything else is left for validation to judge."""
-    if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.stride(-1) == 1 and not _strides_served(t):
+    """A one-shot operand that the kernels cannot read in place but whose last axis has a unit
+    stride (an expanded or transposed-inner tensor, rows 2-byte aligned only, a start that is
+    not 16-byte aligned: a column slice ``x[:, 1:]``) becomes a contiguous copy; anything else
+    is left for validation to judge."""
+    if (isinstance(t, torch.Tensor) and t.dim() >= 2 and t.stride(-1) == 1 and t.numel()
+            and (not _strides_served(t) or t.data_ptr() % 16)):
         return t.contiguous()
     return t
 
@@ -182,7 +187,7 @@ def _cpu_launch(op, out, compute, offs=None, leading_zero: bool = False):
         if offs is None:
             out.copy_(res)
         else:
-            for start, end in ref.group_bounds(offs, leading_zero):
+            for start, end in ref.group_bounds(offs, leading_zero, out.shape[0]):
                 out[start:end] = res[start:end].to(out.dtype)
         return out
     return GroupedGemmLaunch(op, None, out.device, out, (), cpu=run)
@@ -249,7 +254,7 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
     n, k = g.shape[1], x.shape[1]
     _validate.tensor(offs, "offs", dtypes=(torch.int32,), ndim=1, device=g.device)
-    e = offs.numel() if num_groups is None else int(num_groups)
+    e = offs.numel() if num_groups is None else _validate.integer(num_groups, "num_groups")
     lz = _offsets(offs, e, g.device)
     check_grouped_dims(n, k, num_groups=e, max_rows=g.shape[0])
     v = _config.grouped_gemm_variant(variant)

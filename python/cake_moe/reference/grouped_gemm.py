@@ -9,21 +9,25 @@ from __future__ import annotations
 import torch
 
 
-def group_bounds(offs: torch.Tensor, leading_zero: bool = False) -> list[tuple[int, int]]:
-    """[(start, end)] row ranges of the groups (a decreasing end gives an empty group)."""
+def group_bounds(offs: torch.Tensor, leading_zero: bool = False, rows: int | None = None) -> list[tuple[int, int]]:
+    """[(start, end)] row ranges of the groups, clamped as the kernels clamp them: start into
+    [0, rows], end into [start, rows] (a decreasing end gives an empty group; ``rows``, the
+    packed row count, None for no upper bound)."""
     o = [int(v) for v in offs.cpu().tolist()]
     if leading_zero:
         starts, ends = o[:-1], o[1:]
     else:
         starts, ends = [0] + o[:-1], o
-    return [(s, max(s, e)) for s, e in zip(starts, ends)]
+    cap = (lambda v: v) if rows is None else (lambda v: min(v, rows))
+    bounds = [(cap(max(s, 0)), e) for s, e in zip(starts, ends)]
+    return [(s, cap(max(s, e))) for s, e in bounds]
 
 
 def fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, leading_zero: bool = False) -> torch.Tensor:
     """Y[g_e] = X[g_e] @ W[e]^T in FP64; rows past the last end are NaN (must stay untouched)."""
     y = torch.full((x.shape[0], w.shape[1]), float("nan"), dtype=torch.float64, device=x.device)
     xd, wd = x.double(), w.double()
-    for e, (s, t) in enumerate(group_bounds(offs, leading_zero)):
+    for e, (s, t) in enumerate(group_bounds(offs, leading_zero, x.shape[0])):
         y[s:t] = xd[s:t] @ wd[e].T
     return y
 
@@ -32,14 +36,14 @@ def dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, leading_zero: bo
     """dX[g_e] = G[g_e] @ W[e] in FP64; rows past the last end are NaN."""
     dx = torch.full((g.shape[0], w.shape[2]), float("nan"), dtype=torch.float64, device=g.device)
     gd, wd = g.double(), w.double()
-    for e, (s, t) in enumerate(group_bounds(offs, leading_zero)):
+    for e, (s, t) in enumerate(group_bounds(offs, leading_zero, g.shape[0])):
         dx[s:t] = gd[s:t] @ wd[e]
     return dx
 
 
 def wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, leading_zero: bool = False) -> torch.Tensor:
     """dW[e] = G[g_e]^T @ X[g_e] in FP64; empty groups give zeros."""
-    bounds = group_bounds(offs, leading_zero)
+    bounds = group_bounds(offs, leading_zero, g.shape[0])
     dw = torch.zeros((len(bounds), g.shape[1], x.shape[1]), dtype=torch.float64, device=g.device)
     gd, xd = g.double(), x.double()
     for e, (s, t) in enumerate(bounds):
