@@ -88,11 +88,21 @@ def test_wrapper_defaults_and_layouts():
     (dict(local_expert_offset=-1), "local_expert_offset"),
     (dict(num_local_experts=0), "num_local_experts"),
     (dict(hidden_size=True), "hidden_size"), (dict(intermediate_size=3072.0), "intermediate_size"),
+    (dict(hidden_size=2**19 + 128), "hidden_size must be at most"),
+    (dict(intermediate_size=2**19 + 128, intermediate_shard=2**19 + 128), "intermediate_size must be at most"),
+    (dict(num_experts=896.0), "num_experts must be an integer"),
     (dict(sm_count=0), "sm_count"), (dict(device="meta"), "CUDA device or the CPU"),
 ])
 def test_wrapper_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
         CakeMxfp4MoEWrapper(**{**CONTRACT, **kwargs})
+
+
+def test_wrapper_takes_numpy_integers():
+    np = pytest.importorskip("numpy")
+    w = CakeMxfp4MoEWrapper(np.int64(896), np.int32(16), np.int64(7168), np.int64(3072),
+                            num_local_experts=np.int64(112), local_expert_offset=np.int64(336), sm_count=132)
+    assert (w.num_experts, w.local_expert_offset) == (896, 336) and type(w.num_experts) is int
 
 
 def test_repr_names_the_layout():
@@ -122,9 +132,13 @@ def _plan_args(t: int = 5, packed: bool = False) -> tuple[CakeMxfp4MoEWrapper, d
     return w, a
 
 
+_MISSING = object()   # a keyword left out of the call
+
+
 def _call(w: CakeMxfp4MoEWrapper, a: dict, **kw):
+    given = {k: a[k] for k in ("beta", "linear_beta", "workspace", "output") if a[k] is not _MISSING}
     return w.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], a["w1"], a["w1_sf"], a["w2"], a["w2_sf"],
-                  beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"], **kw)
+                  **given, **kw)
 
 
 def _set(**changes):
@@ -138,6 +152,8 @@ def _with(name, fn):
 _BAD_PLAN = {
     "beta None": (_set(beta=None), "beta is required"),
     "linear_beta None": (_set(linear_beta=None), "linear_beta is required"),
+    "beta left out": (_set(beta=_MISSING), "beta is required"),
+    "linear_beta left out": (_set(linear_beta=_MISSING), "linear_beta is required"),
     "x dtype": (_with("x", lambda x: x.to(torch.bfloat16)), "x must have dtype"),
     "x 3-D": (_with("x", lambda x: x.view(1, *x.shape)), "x must be 2-D"),
     "x columns": (_with("x", lambda x: torch.cat([x.view(torch.uint8)] * 2, 1).view(torch.float8_e4m3fn)),

@@ -33,6 +33,17 @@ def test_decide_contract_rows():
     assert "BN=128 (wg128x4) where the device finds" in d.reason
 
 
+
+def test_decide_token_counts():
+    """Any integer T >= 1 (numpy's too) is decided; anything else is refused with the reason."""
+    np = pytest.importorskip("numpy")
+    w = CakeMxfp4MoEWrapper(**CONTRACT, **EP8)
+    assert w.decide(np.int64(16384)) == w.decide(16384)
+    for bad in (0, -3, 2.0, True, "8", None):
+        d = w.decide(bad)
+        assert not d.supported and "num_tokens must be an int >= 1" in d.reason and d.forms == ()
+
+
 _TP8 = (CONTRACT["top_k"], CONTRACT["num_experts"], CONTRACT["hidden_size"], TP8["intermediate_shard"])
 
 

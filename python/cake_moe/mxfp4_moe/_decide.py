@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from dataclasses import dataclass
 
 ROUTE_FORM = "moe_route"
@@ -292,8 +293,10 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile GEMM1 -> GEMM2 sync on or off
     (it never changes a bit of the result); True needs an mma.sync tile form (not one of
     SM90_TILES)."""
-    if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
-        return PlanDecision(False, f"num_tokens must be an int >= 1, got {num_tokens!r}", "none", 0, ())
+    given = num_tokens
+    num_tokens = operator.index(given) if hasattr(type(given), "__index__") and not isinstance(given, bool) else 0
+    if num_tokens < 1:
+        return PlanDecision(False, f"num_tokens must be an int >= 1, got {given!r}", "none", 0, ())
     refusal = token_rows_refusal(num_tokens, top_k, hidden, inter)
     if refusal:
         return PlanDecision(False, refusal, "none", 0, ())

@@ -24,6 +24,9 @@ HOST_ONLY_SM_COUNT = 132     # H100 SXM / H200: the SM count assumed when no CUD
 HOST_ONLY_CAPABILITY = (9, 0)  # and the compute capability
 MAX_TOP_K = 32
 MAX_EXPERTS = 1024
+# H and I: 2^19 keeps a bank's row coordinates (L x 2I, L x H rows) and the finalize's column
+# blocks inside the kernels' 32-bit and grid-dimension ranges (73x the contract's H)
+MAX_DIM = 1 << 19
 WORKSPACE_ALIGN = 256
 _INT32_MAX = 2**31 - 1
 _WEIGHT_KIND = {torch.bfloat16: 0, torch.float32: 1, None: 2}   # None: packed routes
@@ -110,7 +113,8 @@ def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, t
 
 
 def _positive_int(value, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    value = _validate.integer(value, name)
+    if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
 
@@ -140,14 +144,17 @@ class CakeMxfp4MoEWrapper:
         h = _positive_int(hidden_size, "hidden_size")
         i = _positive_int(intermediate_size, "intermediate_size")
         num_local = e if num_local_experts is None else _positive_int(num_local_experts, "num_local_experts")
-        offset = 0 if local_expert_offset is None else local_expert_offset
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        offset = 0 if local_expert_offset is None else _validate.integer(local_expert_offset, "local_expert_offset")
+        if offset < 0:
             raise ValueError(f"local_expert_offset must be an int >= 0, got {local_expert_offset!r}")
         shard = i if intermediate_shard is None else _positive_int(intermediate_shard, "intermediate_shard")
         if k > MAX_TOP_K:
             raise ValueError(f"top_k must be in [1, {MAX_TOP_K}], got {k}")
         if not k <= e <= MAX_EXPERTS:
             raise ValueError(f"num_experts must be in [top_k={k}, {MAX_EXPERTS}], got {e}")
+        for name, v in (("hidden_size", h), ("intermediate_size", i)):
+            if v > MAX_DIM:
+                raise ValueError(f"{name} must be at most {MAX_DIM} (the kernels' 32-bit row coordinates), got {v}")
         _validate.multiple(h, 128, "hidden_size")
         _validate.multiple(shard, 128, "intermediate_shard")
         if i % shard:
@@ -269,7 +276,8 @@ class CakeMxfp4MoEWrapper:
 
     def plan(self, x: torch.Tensor, x_sf: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor | None,
              w1: torch.Tensor | dict, w1_sf: torch.Tensor | None = None, w2: torch.Tensor | None = None,
-             w2_sf: torch.Tensor | None = None, *, beta: torch.Tensor, linear_beta: torch.Tensor,
+             w2_sf: torch.Tensor | None = None, *, beta: torch.Tensor | None = None,
+             linear_beta: torch.Tensor | None = None,
              workspace: torch.Tensor, output: torch.Tensor, tile: str | None = None,
              tile_sync: bool | None = None, w1_sf_max: torch.Tensor | None = None,
              w2_sf_max: torch.Tensor | None = None) -> Mxfp4MoEPlan:
