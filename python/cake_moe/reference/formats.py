@@ -14,8 +14,10 @@ Conventions
   emax = 8 (E4M3) or 2 (E2M1); elements saturate.
 - NVFP4: s = e4m3_rn_satfinite((amax * q) / 6); r = q / s (one FP32 division per block);
   element e2m1_rn(x * r); a block with s == 0 (or r == 0) is zeros. Dequantization is
-  e2m1 * (s / q), the ratio again rounded once per block. (SPEC writes x * q / s: this is its FP32
-  evaluation order, the one production NVFP4 kernels use: a division per block, not per element.)
+  e2m1 * (s / q), the ratio again rounded once per block: a division per block, not per element.
+  (SPEC §3's left-to-right (x * q) / s and (e2m1 * s) / q round the quotient once; these orders
+  can differ from it near an E2M1 decision point and in a dequantized value's last bit:
+  docs/formats.md.)
 - NaN policy: a block containing a NaN gets the NaN scale (UE8M0 0xFF, or E4M3 0x7F for NVFP4)
   and elements 0x7F (MXFP8, the E4M3 NaN) or 0 (FP4, which has no NaN); dequantizing it gives NaN.
   Infinities saturate: +-inf in a block sets the largest scale and encodes as the format's max.
@@ -231,7 +233,8 @@ def dequantize_mx(q: torch.Tensor, scale: torch.Tensor, fmt: str, *, swizzled: b
 
 def dequantize_nvfp4(q: torch.Tensor, scale: torch.Tensor, global_scale, *, swizzled: bool = False,
                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Inverse of quantize_nvfp4: (e2m1 * s) / q in FP32, then cast to `dtype`."""
+    """Inverse of quantize_nvfp4: e2m1 * (s / q) in FP32 (the ratio rounded once per block; not
+    SPEC's (e2m1 * s) / q in the last bit: docs/formats.md), then cast to `dtype`."""
     vals = e2m1_decode(_unpack_fp4(q))
     shape = vals.shape
     b = vals.reshape(math.prod(shape[:-1]), shape[-1] // 16, 16)
