@@ -32,8 +32,15 @@ def test_reference_groups_and_conventions():
     y = ref.fwd(x, w, offs)
     assert y[8:].isnan().all() and torch.isfinite(y[:8]).all()
     assert torch.allclose(y[3:8], x[3:8].double() @ w[2].double().T)
+    # dgrad and wgrad against products written out here (the CPU path runs these references, so
+    # its tests compare with them; this is their independent check)
+    dx = ref.dgrad(g, w, offs)
+    assert dx[8:].isnan().all()
+    assert torch.allclose(dx[:3], g[:3].double() @ w[0].double()) and torch.allclose(dx[3:8], g[3:8].double() @ w[2].double())
     dw = ref.wgrad(g, x, offs)
     assert torch.equal(dw[1], torch.zeros_like(dw[1]))
+    assert torch.allclose(dw[0], g[:3].double().T @ x[:3].double())
+    assert torch.allclose(dw[2], g[3:8].double().T @ x[3:8].double())
 
 
 def test_cpu_path_matches_reference_and_leaves_padding():

@@ -68,13 +68,22 @@ def test_finalize_slot_order_bf16_and_empty_tokens():
     out = moe.finalize(rows, w, valid)
     assert out.dtype == torch.bfloat16 and out[0].tolist() == [1.25, 2.0]
     assert torch.equal(out[1], torch.zeros(2, dtype=torch.bfloat16))
+    # the order is the slots': 2^24 + 1 rounds back to 2^24 in FP32, so the chain ends at 0 (the
+    # reverse order would give 1)
+    big = torch.tensor([[[2.0**24], [1.0], [-2.0**24]]], dtype=torch.bfloat16)
+    out = moe.finalize(big, torch.ones(1, 3), torch.ones(1, 3, dtype=torch.bool))
+    assert out.item() == 0.0
 
 
 def test_layer_matches_a_direct_fp64_computation():
+    """The layer against a token-by-token computation of SPEC §7's steps: FP64 GEMM1, SiTU in
+    FP64 rounded to FP32, MXFP8 requantization of the intermediate, FP64 GEMM2 rounded to a BF16
+    route row, the FP32 slot-order sum. Without the requantization it is ~2e-2 away."""
     p = _layer()
     got = moe.mxfp4_situ_moe(**p)
     xd = fmt.dequantize_mx(p["x"], p["x_sf"], "mxfp8").double()
-    want = torch.zeros(xd.shape, dtype=torch.float64)
+    want = torch.zeros(xd.shape, dtype=torch.float32)
+    plain = torch.zeros(xd.shape, dtype=torch.float64)      # the same without requantization
     for t in range(xd.shape[0]):
         for s in range(p["topk_ids"].shape[1]):
             e = int(p["topk_ids"][t, s])
@@ -82,11 +91,16 @@ def test_layer_matches_a_direct_fp64_computation():
             w2 = fmt.dequantize_mx(p["w2"][e], p["w2_scale"][e], "mxfp4").double()
             hdn = w1 @ xd[t]
             i = hdn.shape[0] // 2
-            a = moe.situ(hdn[i:], hdn[:i], 4.0, 25.0)
-            want[t] += float(p["topk_weights"][t, s]) * (w2 @ a)
-    err = (got.double() - want).norm() / want.norm()
-    assert err < 0.05  # MXFP8 requantization of the intermediate (~2^-4 per element) dominates
-    assert err > 0     # and the check is live
+            a = moe.situ(hdn[i:], hdn[:i], 4.0, 25.0).float()
+            aq, asf = fmt.quantize_mx(a[None], "mxfp8")
+            row = (w2 @ fmt.dequantize_mx(aq, asf, "mxfp8")[0].double()).to(torch.bfloat16)
+            weight = float(p["topk_weights"][t, s].float())
+            want[t] = (row.double() * weight + want[t].double()).float()
+            plain[t] += weight * (w2 @ a.double())
+    want = want.to(torch.bfloat16)
+    err = (got.double() - want.double()).norm() / want.double().norm()
+    assert err < 1e-3, err                  # measured 0: the same roundings at the same points
+    assert (got.double() - plain).norm() / plain.norm() > 5e-3   # the requantization is there
 
 
 def test_packed_form_all_remote_and_duplicates():
@@ -106,7 +120,7 @@ def test_packed_form_all_remote_and_duplicates():
     one = dict(p, topk_ids=p["topk_ids"][:, :1].contiguous(), topk_weights=p["topk_weights"][:, :1].contiguous())
     two = moe.mxfp4_situ_moe(**dup).double()
     single = moe.mxfp4_situ_moe(**one).double()
-    assert ((two - 2 * single).norm() / (2 * single).norm()) < 1e-2
+    assert torch.equal(two, 2 * single)     # doubling is exact in the FP32 chain and the BF16 rounding
 
 
 def test_tensor_parallel_shards_sum_to_the_full_layer():
@@ -120,4 +134,6 @@ def test_tensor_parallel_shards_sum_to_the_full_layer():
                      w2=p["w2"][:, :, r * 32:(r + 1) * 32].contiguous(),
                      w2_scale=p["w2_scale"][:, :, r * 2:(r + 1) * 2].contiguous())
         parts.append(moe.mxfp4_situ_moe(**shard).double())
-    assert ((parts[0] + parts[1] - full).norm() / full.norm()) < 2e-2  # only BF16 route-row roundings differ
+    # only the BF16 roundings of route rows and outputs differ (measured 3.7e-3; a 2.5% error on
+    # one shard gives 1.7e-2)
+    assert ((parts[0] + parts[1] - full).norm() / full.norm()) < 6e-3
