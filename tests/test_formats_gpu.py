@@ -39,9 +39,13 @@ def _equal_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.uint8).cpu(), b.view(torch.uint8).cpu())
 
 
-def _outputs_like(ref_q, ref_s):
-    q = poison_(torch.empty(ref_q.shape, dtype=ref_q.dtype, device="cuda"))
-    s = poison_(torch.empty(ref_s.shape, dtype=ref_s.dtype, device="cuda"))
+def _outputs_like(ref_q, ref_s, byte: int = 0xFF):
+    """Outputs filled with `byte`: 0xFF is the NaN block's scale code, so the tests alternate it
+    with another byte (an unwritten NaN-block scale then shows)."""
+    q = torch.empty(ref_q.shape, dtype=ref_q.dtype, device="cuda")
+    s = torch.empty(ref_s.shape, dtype=ref_s.dtype, device="cuda")
+    q.view(torch.uint8).fill_(byte)
+    s.view(torch.uint8).fill_(byte)
     return q, s
 
 
@@ -56,16 +60,19 @@ def test_quantize_bit_identical(fmt, rule, swizzled, dtype, shape):
         if fmt == "nvfp4":
             g = ref.nvfp4_global_scale(torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
             want = ref.quantize_nvfp4(x, g, swizzled=swizzled)
-            out = _outputs_like(*want)
+            out = _outputs_like(*want, 0xFF if seed % 2 else 0x5A)
             got = formats.nvfp4_quantize(x.cuda(), g.cuda(), swizzled=swizzled, out=out)
         else:
             want = ref.quantize_mx(x, fmt, scale_rule=rule, swizzled=swizzled)
-            out = _outputs_like(*want)
+            out = _outputs_like(*want, 0xFF if seed % 2 else 0x5A)
             fn = formats.mxfp8_quantize if fmt == "mxfp8" else formats.mxfp4_quantize
             got = fn(x.cuda(), swizzled=swizzled, scale_rule=rule, out=out)
         assert got[0] is out[0] and got[1] is out[1]
         assert _equal_bytes(got[1], want[1]), f"scales differ (seed {seed})"
         assert _equal_bytes(got[0], want[0]), f"elements differ (seed {seed})"
+
+
+_UNWRITTEN = 12345.0   # the dequantize tests' fill: finite, so an unwritten NaN result shows
 
 
 def _same_floats(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -93,14 +100,15 @@ def test_dequantize_bit_identical_over_all_codes(fmt, swizzled, dtype, shape):
     gs = torch.tensor([3.7])
     if fmt == "nvfp4":
         want = ref.dequantize_nvfp4(q, s_in, gs, swizzled=swizzled, dtype=dtype)
-        out = poison_(torch.empty(want.shape, dtype=dtype, device="cuda"))
+        out = torch.full(want.shape, _UNWRITTEN, dtype=dtype, device="cuda")
         got = formats.nvfp4_dequantize(q.cuda(), s_in.cuda(), gs.cuda(), swizzled=swizzled, dtype=dtype, out=out)
     else:
         want = ref.dequantize_mx(q, s_in, fmt, swizzled=swizzled, dtype=dtype)
-        out = poison_(torch.empty(want.shape, dtype=dtype, device="cuda"))
+        out = torch.full(want.shape, _UNWRITTEN, dtype=dtype, device="cuda")
         fn = formats.mxfp8_dequantize if fmt == "mxfp8" else formats.mxfp4_dequantize
         got = fn(q.cuda(), s_in.cuda(), swizzled=swizzled, dtype=dtype, out=out)
     assert got is out
+    assert not (want == torch.tensor(_UNWRITTEN, dtype=dtype)).any()   # so the fill cannot pass for a result
     assert _same_floats(got, want)
 
 
@@ -172,26 +180,37 @@ def test_inputs_on_another_device_are_refused():
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 def test_fp4_rounding_ties_and_neighbours(fmt):
-    """Every E2M1 midpoint exactly (ties to even) and one FP32 ulp either side."""
+    """Every E2M1 midpoint exactly (ties to even), both signs, and one FP32 ulp either side: each
+    16-element block starts with 6.0 and holds nothing larger, so its scale is exactly 2^k
+    (NVFP4 with global scale 1; MXFP4's 32-element blocks too) and x / scale is the tie itself.
+    A last block [6, 7] checks saturation (its MXFP4 block scales by 2 instead)."""
     mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
     vals = torch.cat([mids, torch.nextafter(mids, torch.tensor(10.0)), torch.nextafter(mids, torch.tensor(0.0))])
-    row = torch.cat([torch.tensor([6.0]), vals, -vals, torch.tensor([0.0, -0.0, 6.0, 7.0])])  # 47 values
-    row = torch.cat([row, torch.zeros(64 - row.numel())])
-    x = torch.stack([row * 2.0 ** k for k in (-20, -3, 0, 5, 40)])  # amax 6 * 2^k: exact power-of-two scales
+    vals = torch.cat([vals, -vals, torch.tensor([0.0, -0.0])])                     # 44 values
+    tied = torch.cat([torch.cat([torch.tensor([6.0]), chunk, torch.zeros(15 - chunk.numel())])
+                      for chunk in vals.split(15)])                               # 3 blocks of 16
+    row = torch.cat([tied, torch.tensor([6.0]), torch.zeros(15), torch.tensor([6.0, 7.0]), torch.zeros(30)])
+    assert row.numel() == 96 and (row[:64].abs().amax() == 6.0)
+    ks = (-6, -3, 0, 5, 8) if fmt == "nvfp4" else (-20, -3, 0, 5, 40)   # 2^k exact in E4M3 for NVFP4
+    x = torch.stack([row * 2.0 ** k for k in ks])
     if fmt == "nvfp4":
-        g = torch.tensor([1.0])  # s = e4m3(amax / 6) = 2^k (for these k), elements x / s
+        g = torch.tensor([1.0])  # s = e4m3(amax / 6) = 2^k, elements x / s
         want = ref.quantize_nvfp4(x, g)
         got = formats.nvfp4_quantize(x.cuda(), g.cuda())
+        scales = want[1].view(torch.uint8).reshape(len(ks), -1)[:, :4].float()
+        assert torch.equal(scales, torch.tensor([[56.0 + 8 * k] * 4 for k in ks])), "a tied block's scale is not 2^k"
     else:
         want = ref.quantize_mx(x, "mxfp4")
         got = formats.mxfp4_quantize(x.cuda())
+        codes = want[1].reshape(len(ks), -1)[:, :2].float()
+        assert torch.equal(codes, torch.tensor([[127.0 + k] * 2 for k in ks])), "a tied block's scale is not 2^k"
     assert _equal_bytes(got[1], want[1]) and _equal_bytes(got[0], want[0])
 
 
 def test_host_never_waits_catches_both_kinds_of_wait():
     """The check itself can fail: on a torch op that syncs, and on a wait torch does not report."""
     x = torch.ones(4, device="cuda")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="synchroniz"):
         with host_never_waits():
             x.sum().item()
     with pytest.raises(AssertionError, match="waited"):

@@ -427,9 +427,10 @@ def test_wgrad_det_repeatable_and_fast_within_budget():
     sizes = random_sizes(8192, 8, seed=21)
     x, w, g, offs = _problem(sizes, 512, 768, seed=7, pad=0)
     d0 = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")
-    for _ in range(3):
-        assert torch.equal(cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det"), d0)
-    assert torch.equal(_on_side_stream(lambda: cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")), d0)
+    for _ in range(3):   # each repeat into a poisoned output of its own
+        assert torch.equal(cake_moe.grouped_gemm_wgrad(g, x, offs, out=poison_(torch.empty_like(d0)), variant="det"), d0)
+    assert torch.equal(_on_side_stream(lambda: cake_moe.grouped_gemm_wgrad(
+        g, x, offs, out=poison_(torch.empty_like(d0)), variant="det")), d0)
     want = ref.wgrad(g, x, offs)
     assert ref.rel_rms(cake_moe.grouped_gemm_wgrad(g, x, offs, variant="fast"), want) < BUDGET
     fast32 = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="fast", out_dtype=torch.float32)
@@ -561,10 +562,13 @@ for op, strided, packed, shape, dtype in (
     assert same(launch.launch(), want), op
     written = slice(None) if op == 'wgrad' else slice(0, sum(sizes))   # one-shot outputs start unset
     assert same(getattr(cake_moe, 'grouped_gemm_' + op)(*strided, **kw)[written], want[written]), op
-xb.copy_(torch.roll(xb, 1, 0))                                     # new values in the bound buffer
 launch = cake_moe.prepare_grouped_gemm_fwd(xs, ws, o, out=nan(rows, 64))
+before = launch.launch().clone()
+xb.copy_(torch.roll(xb, 1, 0))                                     # new values in the bound buffer
+launch.out.fill_(float('nan'))
 launch.launch()
 assert same(launch.out, cake_moe.grouped_gemm_fwd(xs.contiguous(), w, o, out=nan(rows, 64)))
+assert not same(launch.out, before)
 print(sorted(forms))
 """
 
@@ -855,6 +859,7 @@ def test_random_problems(seed):
             launch = prepare(a, w, offs, out=out, form=forms[op])
             first = launch.launch().clone()
             _check_rows(first, want)
+            poison_(out)
             again = launch.launch().view(torch.int16)  # NaN padding rows included
             assert torch.equal(again, first.view(torch.int16)), f"{op}: a second launch changed the bits"
         dtype = torch.float32 if f32 else torch.bfloat16
@@ -867,7 +872,9 @@ def test_random_problems(seed):
         assert err < BUDGET / (50 if f32 else 1), f"wgrad relative RMS {err:.2e}"
         empty = torch.tensor(sizes, device="cuda") == 0
         assert not got[empty].view(torch.int16 if not f32 else torch.int32).any(), "an empty group's dW is not +0"
+        poison_(dw)
         again = launch.launch()
+        assert not again.isnan().any(), "a second wgrad launch left a dW element unwritten"
         assert variant == "fast" or torch.equal(again, got), "wgrad det: a second launch changed the bits"
     except AssertionError as err:
         raise AssertionError(f"{desc}: {err}") from None

@@ -77,13 +77,17 @@ def test_prepared_launch_and_graph_on_the_second_device():
         with torch.cuda.graph(graph):
             launch.launch()
     x.copy_(bf16(*x.shape, seed=7, device=D1))
+    x0, w0, _, offs0 = _grouped_inputs(D0)
+    want = poison_(torch.empty(x.shape[0], N, dtype=torch.bfloat16, device=D0))
+    cake_moe.grouped_gemm_fwd(x.to(D0), w0, offs0, out=want)
+    poison_(out)
+    launch.launch()                                  # eagerly, device 0 current
+    torch.cuda.synchronize(D1)
+    assert _same(out, want), "an eager launch on cuda:1 differs from an eager call on cuda:0"
     poison_(out)
     with torch.cuda.device(D1):
         graph.replay()
     torch.cuda.synchronize(D1)
-    x0, w0, _, offs0 = _grouped_inputs(D0)
-    want = poison_(torch.empty(x.shape[0], N, dtype=torch.bfloat16, device=D0))
-    cake_moe.grouped_gemm_fwd(x.to(D0), w0, offs0, out=want)
     assert _same(out, want), "graph replay on cuda:1 differs from an eager call on cuda:0"
 
 
@@ -149,11 +153,12 @@ def test_mxfp4_moe_on_the_second_device(name, t):
 
 def test_tensors_on_two_devices_are_refused():
     x, w, g, offs = _grouped_inputs(D0)
-    with pytest.raises(ValueError):
+    other = r"is on cuda:1, expected cuda:0"
+    with pytest.raises(ValueError, match="w " + other):
         cake_moe.grouped_gemm_fwd(x, w.to(D1), offs)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="x " + other):
         cake_moe.grouped_gemm_wgrad(g, x.to(D1), offs)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="out " + other):
         cake_moe.grouped_gemm_fwd(x, w, offs, out=torch.empty(x.shape[0], N, dtype=torch.bfloat16, device=D1))
 
     layer = Layer(GENERAL["h256_e8_k2"], seed=3, device=D1)

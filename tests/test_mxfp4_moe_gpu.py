@@ -594,7 +594,7 @@ def test_plan_refused_during_capture(layers):
     layer = layers("h256_e8_k2")
     a = _plan_args(layer, 17)
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="(?i)captur"):
+    with pytest.raises(RuntimeError, match=r"plan\(\) cannot run during CUDA graph capture"):
         with torch.cuda.graph(graph):
             _call_plan(layer, a)
     torch.cuda.synchronize()
@@ -723,7 +723,10 @@ def _random_problem(seed: int) -> tuple[Geometry, int, str, str, str | None, boo
     tile = r.choice((None,) * 4 + TILE_FORMS)
     sync_ok = tile is not None and not tile.startswith("wg")  # the table's form may be a wgmma one
     tile_sync = r.choice([None, False] + ([True] if sync_ok else []))
-    return geom, t, r.choice(regimes), r.choice(FORMS), tile, tile_sync, r.random() < 0.25
+    regime = r.choice(regimes)
+    if seed % 4 == 3 and "remote" in regimes:
+        regime = "remote"   # drawn rarely otherwise (1 in 6 of the EP ranks with a remote expert)
+    return geom, t, regime, r.choice(FORMS), tile, tile_sync, r.random() < 0.25
 
 
 @pytest.mark.parametrize("seed", RANDOM_SEEDS)
