@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 import pytest
+import torch
 
 from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, PlanDecision
 from cake_moe.mxfp4_moe import _decide, _wrapper
@@ -39,7 +40,7 @@ def test_decide_token_counts():
     np = pytest.importorskip("numpy")
     w = CakeMxfp4MoEWrapper(**CONTRACT, **EP8)
     assert w.decide(np.int64(16384)) == w.decide(16384)
-    for bad in (0, -3, 2.0, True, "8", None):
+    for bad in (0, -3, 2.0, True, "8", None, torch.tensor(2.5)):
         d = w.decide(bad)
         assert not d.supported and "num_tokens must be an int >= 1" in d.reason and d.forms == ()
 

@@ -1,7 +1,8 @@
 """cake-moe: ahead-of-time compiled GPU kernels for the expert layers of Mixture-of-Experts models.
 
 Families (see docs/architecture.md): number formats (``cake_moe.formats``), ragged BF16 grouped
-GEMM, MXFP4 routed MoE (NVFP4 and StepFun MoE: not built yet). Pure-torch references live in ``cake_moe.reference``.
+GEMM, MXFP4 routed MoE (NVFP4 and StepFun MoE: not built yet). Pure-torch references live in
+``cake_moe.reference``.
 Importing the package loads no kernel and needs no GPU.
 """
 from __future__ import annotations

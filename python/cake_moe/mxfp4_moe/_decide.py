@@ -294,7 +294,10 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     (it never changes a bit of the result); True needs an mma.sync tile form (not one of
     SM90_TILES)."""
     given = num_tokens
-    num_tokens = operator.index(given) if hasattr(type(given), "__index__") and not isinstance(given, bool) else 0
+    try:
+        num_tokens = 0 if isinstance(given, bool) else operator.index(given)
+    except TypeError:
+        num_tokens = 0
     if num_tokens < 1:
         return PlanDecision(False, f"num_tokens must be an int >= 1, got {given!r}", "none", 0, ())
     refusal = token_rows_refusal(num_tokens, top_k, hidden, inter)
