@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 from dataclasses import dataclass
+
+from .. import _validate
 
 ROUTE_FORM = "moe_route"
 DEQUANT_FORM = "fmt_mxfp8_dequantize"
@@ -295,8 +296,8 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     SM90_TILES)."""
     given = num_tokens
     try:
-        num_tokens = 0 if isinstance(given, bool) else operator.index(given)
-    except TypeError:
+        num_tokens = _validate.integer(given, "num_tokens")
+    except ValueError:
         num_tokens = 0
     if num_tokens < 1:
         return PlanDecision(False, f"num_tokens must be an int >= 1, got {given!r}", "none", 0, ())

@@ -18,9 +18,12 @@ def group_bounds(offs: torch.Tensor, leading_zero: bool = False, rows: int | Non
         starts, ends = o[:-1], o[1:]
     else:
         starts, ends = [0] + o[:-1], o
-    cap = (lambda v: v) if rows is None else (lambda v: min(v, rows))
-    bounds = [(cap(max(s, 0)), e) for s, e in zip(starts, ends)]
-    return [(s, cap(max(s, e))) for s, e in bounds]
+    hi = max([0, *o]) if rows is None else rows     # without rows: nothing past the offsets
+    bounds = []
+    for s, e in zip(starts, ends):                   # group_rows.cuh's ragged_group_rows
+        s = min(max(s, 0), hi)
+        bounds.append((s, min(max(e, s), hi)))
+    return bounds
 
 
 def fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, leading_zero: bool = False) -> torch.Tensor:
