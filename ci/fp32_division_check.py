@@ -1,9 +1,11 @@
-"""Exact-rational check of the FMA-corrected FP32 division the NVFP4 kernels may use in place of
-a per-element division (docs/NOTES.md, session 66 "Next" 1): with y = RN(1/b),
+"""Exact-rational check of the FMA-corrected FP32 division the NVFP4 quantize kernel uses in
+place of a per-element division (numerics.cuh `div_by_block_scale`): with y = RN(1/b),
 q0 = RN(a * y), r = fma(-q0, b, a), q = fma(r, y, q0) must equal RN(a / b).
 
 Quantize divides a = fl(x * q) by the block's E4M3 scale (every nonzero code, with a near each
-E2M1 decision point and at random); dequantize divides e2m1 * s by an FP32 global scale.
+E2M1 decision point and at random). The second part, e2m1 * s over random FP32 global scales,
+covers the dequantize direction, which the kernel computes with a per-element division instead
+(the global scale may be any FP32 value, also where 1 / q is subnormal or infinite).
 Runs on the CPU in about a minute: `python ci/fp32_division_check.py`."""
 from __future__ import annotations
 

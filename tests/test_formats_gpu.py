@@ -207,6 +207,32 @@ def test_fp4_rounding_ties_and_neighbours(fmt):
     assert _equal_bytes(got[1], want[1]) and _equal_bytes(got[0], want[0])
 
 
+def test_nvfp4_global_scales_over_the_fp32_range():
+    """SPEC's order (x * q) / s and (e2m1 * s) / q bit for bit, for encode scales far from the
+    usual 448 * 6 / amax (tiny and huge, so products underflow and overflow), with the scale that
+    tells the two groupings apart at an E2M1 decision point (2559.5962, block [3.826623,
+    0.043756906, 0, ...]) and the dequantize one (7, scale 2^-9, element 1.5)."""
+    gen = torch.Generator().manual_seed(11)
+    x = _draw(130, 512, torch.float32, seed=5)
+    x[0, :16] = 0.0
+    x[0, 0], x[0, 1] = 3.826623, 0.043756906
+    scales = [2559.5962, 7.0, 2.0 ** -100, 2.0 ** 100, 3.0e38, 1.5e-45]
+    scales += (torch.rand(10, generator=gen) + 1).mul(torch.exp2(torch.randint(-60, 60, (10,), generator=gen))).tolist()
+    dq = torch.randint(0, 256, (130, 256), generator=gen, dtype=torch.uint8)
+    ds = torch.randint(0, 256, (130, 32), generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    for v in scales:
+        g = torch.tensor([v], dtype=torch.float32)
+        for dtype in (torch.bfloat16, torch.float32):
+            xd = x.to(dtype)
+            want = ref.quantize_nvfp4(xd, g)
+            got = formats.nvfp4_quantize(xd.cuda(), g.cuda(), out=_outputs_like(*want, 0x5A))
+            assert _equal_bytes(got[1], want[1]) and _equal_bytes(got[0], want[0]), f"quantize, q = {v}"
+            want_d = ref.dequantize_nvfp4(dq, ds, g, dtype=dtype)
+            out = torch.full(want_d.shape, _UNWRITTEN, dtype=dtype, device="cuda")
+            got_d = formats.nvfp4_dequantize(dq.cuda(), ds.cuda(), g.cuda(), dtype=dtype, out=out)
+            assert _same_floats(got_d, want_d), f"dequantize, q = {v}"
+
+
 def test_host_never_waits_catches_both_kinds_of_wait():
     """The check itself can fail: on a torch op that syncs, and on a wait torch does not report."""
     x = torch.ones(4, device="cuda")

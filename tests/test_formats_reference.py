@@ -99,6 +99,24 @@ def test_nvfp4_hand_block():
     assert ref.dequantize_nvfp4(q, s, g)[0, :2].tolist() == [6.0, -1.0]
 
 
+def test_nvfp4_follows_specs_order_of_rounding():
+    """SPEC: element e2m1((x * q) / s), dequant (e2m1 * s) / q, each step rounded once. Where the
+    other grouping rounds differently (x * (q / s), e2m1 * (s / q)) the codes and values differ;
+    the expected figures were worked out with exact rationals."""
+    g = torch.tensor([2559.5962])
+    x = torch.zeros(1, 16)
+    x[0, 0], x[0, 1] = 3.826623, 0.043756906       # s saturates at 448
+    q, s = ref.quantize_nvfp4(x, g)
+    assert s.view(torch.uint8).item() == 0x7E
+    # (x1 * q) / s = 0.25000003 -> code 1; x1 * (q / s) is 0.25 exactly and ties to code 0
+    assert q[0, 0].item() == (1 << 4) | 7
+    one_scale = torch.tensor([[0x01]], dtype=torch.uint8).view(torch.float8_e4m3fn)   # s = 2^-9
+    codes = torch.tensor([[0x03, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.uint8)           # element 0 = 1.5
+    got = ref.dequantize_nvfp4(codes, one_scale, torch.tensor([7.0]))[0, 0]
+    assert got.item() == 0.0004185267898719758          # RN(1.5 * 2^-9 / 7)
+    assert got.item() != 0.00041852681897580624         # 1.5 * RN(2^-9 / 7)
+
+
 def test_swizzle_matches_spec_formula_and_round_trips():
     rows, cols = 200, 7
     s = torch.randint(0, 255, (rows, cols), dtype=torch.uint8)

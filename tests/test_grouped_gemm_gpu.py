@@ -382,6 +382,39 @@ def test_operands_past_two_to_the_31_elements():
     assert ref.rel_rms(dw[1], want) < BUDGET, "wgrad of the group past 2^31 elements"
 
 
+_OVERLAPPING_GROUPS_CHECK = """
+import torch, cake_moe
+E, rows, guard = 1 << 22, (1 << 27) + (1 << 21), 1 << 16
+offs = torch.zeros(E, dtype=torch.int32, device="cuda")
+offs[0:8192:2] = rows      # groups 0, 2, .., 8190 each span every row: 2^32 + 2^26 tiles of 128 rows
+a = torch.randn(rows, 8, device="cuda").to(torch.bfloat16)
+w = torch.randn(E, 8, 8, device="cuda").to(torch.bfloat16)
+for prepare in (cake_moe.prepare_grouped_gemm_fwd, cake_moe.prepare_grouped_gemm_dgrad):
+    buf = torch.full((guard + rows + guard, 8), float("nan"), dtype=torch.bfloat16, device="cuda")
+    launch = prepare(a, w, offs, out=buf[guard:guard + rows])
+    launch.launch()
+    torch.cuda.synchronize()
+    written = int((~buf.isnan()).sum())
+    assert written == 0, f"{launch.form} wrote {written} values"
+    print(launch.form)
+    del launch, buf
+"""
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_overlapping_groups_past_two_to_the_31_tiles_write_nothing(portable):
+    """Malformed offsets whose groups overlap can add up to more tiles than 32 bits count (here
+    2^32 + 2^26, in 4096 groups that each span all 2^27 + 2^21 rows). The kernels run no tile
+    then: a wrapped tile prefix decoded into negative row starts (the portable form wrote before
+    `out`). Nothing may be written, inside `out` or in the guard rows either side."""
+    env = dict(os.environ, CAKE_MOE_GG_FORCE_PORTABLE="1" if portable else "0")
+    out = subprocess.run([sys.executable, "-c", _OVERLAPPING_GROUPS_CHECK], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    forms = out.stdout.split()
+    assert len(forms) == 2 and all(("portable" in f) == portable for f in forms), forms
+
+
 def test_bounds_refused_before_launch():
     with pytest.raises(ValueError, match="rows exceed"):
         cake_moe.check_grouped_dims(7168, 2048, num_groups=8, max_rows=2**31)

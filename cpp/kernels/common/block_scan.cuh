@@ -43,6 +43,16 @@ __device__ __forceinline__ void block_inclusive_scan(T* table, int32_t n, T* chu
   __syncthreads();
 }
 
+// After block_inclusive_scan of uint32 per-slot counts of at most 2^31 each (unsigned, so a sum
+// past it wraps without undefined behaviour): whether any prefix reached 2^31. The first prefix
+// that does lies in [2^31, 2^32 - 1], below any wrap, so its top bit finds it even where later
+// entries wrapped back below. Collective, like the scan.
+__device__ __forceinline__ bool block_any_prefix_reaches_2_31(const uint32_t* table, int32_t n) {
+  bool hit = false;
+  for (int32_t idx = threadIdx.x; idx < n; idx += blockDim.x) hit |= (table[idx] >> 31) != 0u;
+  return __syncthreads_or(hit) != 0;
+}
+
 // The first index i of an inclusive prefix table[0, n) with table[i] > value (binary search;
 // value must be below table[n - 1]): which slot a linear work index falls in.
 __device__ __forceinline__ int32_t first_slot_above(const int32_t* table, int32_t n, int32_t value) {

@@ -71,17 +71,32 @@ __device__ __forceinline__ uint32_t e2m1_rne_bits(float v) {
 
 // Eight E2M1 codes in a word (element i in nibble i), accumulated as sum_i (bits_i + 8 sign_i)
 // 16^i with multiply-adds and the 2^23 offsets removed once (0x4B000000 * sum 16^i mod 2^32).
+// `mag[i]` is rounded (its sign ignored), `sign_of[i]` gives the sign: the NVFP4 quotient loses
+// the sign of a zero and its overflowed values are NaN (rounded to 6 like the quotient).
 // The sign comes from a multiply-high (x >> 31 = umulhi(x, 2)): every step stays on the FMA
 // pipe, which issues at twice the rate of the ALU pipe on sm_90.
-__device__ __forceinline__ uint32_t e2m1_pack8(const float (&y)[8]) {
+__device__ __forceinline__ uint32_t e2m1_pack8(const float (&mag)[8], const float (&sign_of)[8]) {
   constexpr uint32_t kOffsets = 0x4B000000u * 0x11111111u;
   uint32_t w = 0;
 #pragma unroll
   for (int i = 7; i >= 0; --i) {
-    const uint32_t sign = __umulhi(__float_as_uint(y[i]), 2u);
-    w = w * 16u + (sign * 8u + e2m1_rne_bits(y[i]));
+    const uint32_t sign = __umulhi(__float_as_uint(sign_of[i]), 2u);
+    w = w * 16u + (sign * 8u + e2m1_rne_bits(mag[i]));
   }
   return w - kOffsets;
+}
+
+// |RN(a / s)| for an E4M3 block scale s (|s| in [2^-9, 448]) with inv = RN(1 / s), without a
+// division: q0 = RN(a * inv) corrected once by the exact remainder fma(-q0, s, a) (Markstein) is
+// the correctly rounded quotient while q0 is finite and normal (`python ci/fp32_division_check.py`
+// checks it with exact rationals near every E2M1 decision point, for every E4M3 scale). Outside
+// that range E2M1 rounding gives the same code anyway: an infinite q0 (|a / s| > 2^119) makes the
+// result NaN, which rounds to 6 as the quotient does, and a subnormal q0 means |a / s| < 2^-125,
+// which rounds to 0. The sign is not kept for zeros: callers take it from the element.
+__device__ __forceinline__ float div_by_block_scale(float a, float s, float inv) {
+  const float q0 = __fmul_rn(a, inv);
+  const float r = __fmaf_rn(-q0, s, a);
+  return __fmaf_rn(r, inv, q0);
 }
 
 __device__ __forceinline__ float e2m1_decode(uint32_t code) {

@@ -1,6 +1,6 @@
 // Dequantization of MXFP8 / MXFP4 / NVFP4 to BF16 or FP32: value = element * scale, computed
-// in FP32 (MX: exact; NVFP4: e2m1 * (s / q) with the ratio rounded once per block), then rounded
-// once to the output type.
+// in FP32 (MX: exact; NVFP4: (e2m1 * s) / q in SPEC's order, the product exact and the quotient
+// rounded once), then rounded once to the output type.
 #pragma once
 #include "common/numerics.cuh"
 #include "common/ptx/grid_dependency.cuh"
@@ -32,9 +32,12 @@ __device__ __forceinline__ void dequantize_chunk(const DequantizeArgs& a, int64_
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) v[i] = __fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s);
     } else {
-      const float d = __fdiv_rn(e4m3_decode(code), *a.global_scale);  // s / q, once per block
+      // a division per element: q is any FP32 value (a reciprocal with a correction step would
+      // need its own cases where 1 / q is subnormal or infinite), and the kernel is bound by its
+      // writes (2 or 4 output bytes per element)
+      const float s = e4m3_decode(code), g = *a.global_scale;
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) v[i] = __fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), d);
+      for (int i = 0; i < kChunk; ++i) v[i] = __fdiv_rn(__fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s), g);
     }
   }
   store_chunk<Out>(a.out, c, v);

@@ -17,11 +17,11 @@ namespace detail {
 constexpr float kInv448 = 1.0f / 448.0f;  // rounded once to FP32, as in the reference
 
 // Encodes one chunk and returns its packed element bytes (FP8: 8 bytes in a uint2; FP4: 4 bytes
-// in .x). `scale_code` is the block's scale byte, `to_elem` the factor into the element range
-// (2^(127 - code) for MX, q / s for NVFP4; 0 for blocks that encode as zeros).
+// in .x). `scale_code` is the block's scale byte and `factor` what block_scale derived from it
+// (0 for blocks that encode as zeros); `nv_global` is NVFP4's encode scale q.
 template <Fmt F>
 __device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan, uint32_t scale_code,
-                                              float to_elem) {
+                                              float factor, float nv_global) {
   using namespace numerics;
   uint32_t w[2] = {0u, 0u};
   if constexpr (F == Fmt::kMxfp8) {
@@ -29,35 +29,44 @@ __device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan
     if (scale_code == 0u) return make_uint2(0u, 0u);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      w[i / 2] |= e4m3_encode2(__fmul_rn(v[2 * i], to_elem), __fmul_rn(v[2 * i + 1], to_elem)) << (16 * (i % 2));
+      w[i / 2] |= e4m3_encode2(__fmul_rn(v[2 * i], factor), __fmul_rn(v[2 * i + 1], factor)) << (16 * (i % 2));
   } else {
     // FP4: a NaN block, an all-zero MX block (code 0) and an NVFP4 block with s == 0 are zeros
-    if (nan || to_elem == 0.0f) return make_uint2(0u, 0u);
+    if (nan || factor == 0.0f) return make_uint2(0u, 0u);
     float y[kChunk];
+    if constexpr (F == Fmt::kNvfp4) {
+      // SPEC's order: (x * q) / s, each step rounded once; the signs are the elements' own
+      const float s = e4m3_decode(scale_code);
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) y[i] = __fmul_rn(v[i], to_elem);
-    w[0] = e2m1_pack8(y);
+      for (int i = 0; i < kChunk; ++i) y[i] = div_by_block_scale(__fmul_rn(v[i], nv_global), s, factor);
+      w[0] = e2m1_pack8(y, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) y[i] = __fmul_rn(v[i], factor);   // exact: a power of two
+      w[0] = e2m1_pack8(y, y);
+    }
   }
   return make_uint2(w[0], w[1]);
 }
 
-// The scale byte of a block and the factor that maps its elements into the element range
-// (0 for blocks that encode as zeros: NaN, all-zero, NVFP4 s == 0).
+// The scale byte of a block and the factor its elements are encoded with: 2^(127 - code) for MX
+// (a multiply), RN(1 / s) for NVFP4 (div_by_block_scale's reciprocal); 0 for blocks that encode
+// as zeros (NaN, all-zero, NVFP4 s == 0).
 template <Fmt F>
 __device__ __forceinline__ void block_scale(float amax, int32_t rule, float nv_global, uint32_t& code,
-                                            float& to_elem) {
+                                            float& factor) {
   using namespace numerics;
   const bool nan = amax != amax;
   if constexpr (F == Fmt::kNvfp4) {
-    // s = e4m3((amax * q) / 6); elements are x * (q / s), the ratio rounded once per block
+    // s = e4m3((amax * q) / 6)
     code = nan ? uint32_t(kE4m3Nan) : e4m3_encode(__fdiv_rn(__fmul_rn(amax, nv_global), 6.0f));
     const float s = nan ? 0.0f : e4m3_decode(code);
-    to_elem = s == 0.0f ? 0.0f : __fdiv_rn(nv_global, s);
+    factor = s == 0.0f ? 0.0f : __frcp_rn(s);
   } else {
     constexpr int emax = F == Fmt::kMxfp8 ? kE4m3Emax : kE2m1Emax;
     const float t = F == Fmt::kMxfp8 ? __fmul_rn(amax, kInv448) : __fdiv_rn(amax, 6.0f);
     code = nan ? kUe8m0Nan : (rule == int32_t(ScaleRule::kOcpFloor) ? ue8m0_ocp_floor(amax, emax) : ue8m0_round_up(t));
-    to_elem = ue8m0_to_elem(code);
+    factor = ue8m0_to_elem(code);
   }
 }
 
@@ -141,7 +150,7 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
   constexpr int kPasses = (kUnroll + kLanes - 1) / kLanes;
   const int lane = int(threadIdx.x % 32u), j = lane % kLanes, group_lane0 = lane - j;
   uint32_t code[kUnroll];
-  float to_elem[kUnroll];
+  float factor[kUnroll];
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     const int mine = pass * kLanes + j;  // the iteration this lane decides (>= kUnroll: unused)
@@ -150,8 +159,8 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
     for (int k = 1; k < kLanes; ++k)
       if (pass * kLanes + k < kUnroll && j == k) m = amax[pass * kLanes + k];
     uint32_t my_code;
-    float my_to_elem;
-    detail::block_scale<F>(m, a.scale_rule, nv_global, my_code, my_to_elem);
+    float my_factor;
+    detail::block_scale<F>(m, a.scale_rule, nv_global, my_code, my_factor);
     const int64_t c = first + int64_t(mine) * blockDim.x;
     if (mine < kUnroll && c < chunks) {
       const uint32_t r = a.chunks_per_row.div(uint32_t(c));
@@ -162,7 +171,7 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
     for (int k = 0; k < kLanes; ++k) {
       if (pass * kLanes + k < kUnroll) {
         code[pass * kLanes + k] = __shfl_sync(0xFFFFFFFFu, my_code, group_lane0 + k);
-        to_elem[pass * kLanes + k] = __shfl_sync(0xFFFFFFFFu, my_to_elem, group_lane0 + k);
+        factor[pass * kLanes + k] = __shfl_sync(0xFFFFFFFFu, my_factor, group_lane0 + k);
       }
     }
   }
@@ -171,7 +180,8 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t c = first + int64_t(u) * blockDim.x;
-    if (c < chunks) detail::store_elements<F>(a.q, c, detail::encode_chunk<F>(v[u], amax[u] != amax[u], code[u], to_elem[u]));
+    if (c < chunks)
+      detail::store_elements<F>(a.q, c, detail::encode_chunk<F>(v[u], amax[u] != amax[u], code[u], factor[u], nv_global));
   }
   if constexpr (kSwizzled) detail::zero_scale_padding(a.scale, a.rows, cols_sf);
 }

@@ -77,18 +77,24 @@ struct RaggedTileScheduler {
     span = num_groups > 0 ? (num_groups + kTableSize - 1) / kTableSize : 1;
     num_slots = (num_groups + span - 1) / span;
 
-    // 1) tile count of every slot
+    // 1) tile count of every slot, capped at 2^31: valid offsets give fewer tiles than that in
+    // all (max_grouped_rows, checked on the host), so a count past it can only come from
+    // malformed offsets whose groups overlap (each may span every row). Counted and scanned as
+    // uint32, so that sums past 2^31 wrap without undefined behaviour and can be detected.
+    uint32_t* scan = reinterpret_cast<uint32_t*>(smem_table);
     for (int32_t j = threadIdx.x; j < num_slots; j += blockDim.x) {
       const int32_t e_end = min(num_groups, (j + 1) * span);
-      int32_t count = 0;
-      for (int32_t e = j * span; e < e_end; ++e) count += group_m_tiles(e) * n_tiles_n;
-      smem_table[j] = count;
+      int64_t count = 0;
+      for (int32_t e = j * span; e < e_end; ++e) count += int64_t(group_m_tiles(e)) * n_tiles_n;
+      scan[j] = count < (int64_t(1) << 31) ? uint32_t(count) : 0x80000000u;
     }
     __syncthreads();
 
-    // 2) inclusive scan of the slot counts
-    block_inclusive_scan(smem_table, num_slots, chunk_total);
-    total_tiles = num_slots > 0 ? smem_table[num_slots - 1] : 0;
+    // 2) inclusive scan of the slot counts. A prefix at 2^31 or past it is such a caller error:
+    // then no tile runs, rather than tiles decoded from a wrapped prefix (negative row starts).
+    block_inclusive_scan(scan, num_slots, reinterpret_cast<uint32_t*>(chunk_total));
+    const bool wrapped = block_any_prefix_reaches_2_31(scan, num_slots);
+    total_tiles = num_slots > 0 && !wrapped ? smem_table[num_slots - 1] : 0;
   }
 
   // Map a linear tile index in [0, total_tiles) to its tile.

@@ -144,7 +144,10 @@ struct WgradScheduler {
     }
     __syncthreads();
 
-    // 4) inclusive scan of the packed counts
+    // 4) inclusive scan of the packed counts. No wrap to guard, even with overlapping groups:
+    // a group's first chunk adds tiles_nk units, E * tiles_nk stays below 2^31 (the host's
+    // check_grouped_dims), and the chunk length bounds the later chunks to about
+    // workers * kSplitQ units in all (kb_chunk_max >= tiles_nk * R / (workers * kSplitQ * 64)).
     block_inclusive_scan(smem_table, num_slots, chunk_total);
     total_units = num_slots > 0 ? static_cast<int32_t>(static_cast<uint32_t>(smem_table[num_slots - 1])) : 0;
   }

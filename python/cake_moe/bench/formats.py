@@ -1,7 +1,9 @@
-"""Quantizer throughput against the device-to-device copy bandwidth measured in the same run.
+"""Quantizer and FP4 dequantizer throughput against the device-to-device copy bandwidth measured
+in the same run.
 
-Bytes counted per quantizer: input read + elements written + scales written. Inputs are random
-normal BF16 (never zeros), 256 MiB by default.
+Bytes counted per quantizer: input read + elements written + scales written; per dequantizer:
+elements and scales read + output written (in the input's dtype). Inputs are random normal
+(never zeros), 256 MiB by default.
 """
 from __future__ import annotations
 
@@ -15,12 +17,18 @@ from . import timing
 
 def _cases(x: torch.Tensor):
     g = formats.nvfp4_global_scale(x)
+    q4, s4 = formats.mxfp4_quantize(x)
+    qn, sn = formats.nvfp4_quantize(x, g)
     return {
         "mxfp8_quantize": (lambda: formats.mxfp8_quantize(x), x.numel() * (x.element_size() + 1 + 1 / 32)),
         "mxfp8_quantize_swizzled": (lambda: formats.mxfp8_quantize(x, swizzled=True),
                                     x.numel() * (x.element_size() + 1 + 1 / 32)),
         "mxfp4_quantize": (lambda: formats.mxfp4_quantize(x), x.numel() * (x.element_size() + 0.5 + 1 / 32)),
         "nvfp4_quantize": (lambda: formats.nvfp4_quantize(x, g), x.numel() * (x.element_size() + 0.5 + 1 / 16)),
+        "mxfp4_dequantize": (lambda: formats.mxfp4_dequantize(q4, s4, dtype=x.dtype),
+                             x.numel() * (0.5 + 1 / 32 + x.element_size())),
+        "nvfp4_dequantize": (lambda: formats.nvfp4_dequantize(qn, sn, g, dtype=x.dtype),
+                             x.numel() * (0.5 + 1 / 16 + x.element_size())),
     }
 
 

@@ -191,7 +191,8 @@ def quantize_mx(x: torch.Tensor, fmt: str, *, scale_rule: str = ROUND_UP, swizzl
 
 
 def quantize_nvfp4(x: torch.Tensor, global_scale, *, swizzled: bool = False):
-    """NVFP4 quantization with encode scale `global_scale` (q; dequant is e2m1 * s / q).
+    """NVFP4 quantization with encode scale `global_scale` (q; dequant is e2m1 * s / q), in
+    SPEC's order: s = e4m3((amax * q) / 6), element e2m1((x * q) / s), each step rounded once.
 
     Returns (q uint8 [..., K/2] packed, scale float8_e4m3fn [rows, K/16] or flat swizzled).
     """
@@ -203,9 +204,8 @@ def quantize_nvfp4(x: torch.Tensor, global_scale, *, swizzled: bool = False):
     s_code = e4m3_encode((amax * g) / torch.tensor(6.0, device=b.device)).int()
     s_code = torch.where(nan, torch.full_like(s_code, 0x7F), s_code)
     s = e4m3_decode(s_code.to(torch.uint8))
-    r = g / torch.where(s == 0, torch.ones_like(s), s)  # q / s, rounded once per block
-    zero_block = (s == 0) | nan | (r == 0)
-    c = e2m1_encode(b * r.unsqueeze(-1))
+    zero_block = (s == 0) | nan
+    c = e2m1_encode((b * g) / torch.where(zero_block, torch.ones_like(s), s).unsqueeze(-1))
     c = torch.where(zero_block.unsqueeze(-1), torch.zeros_like(c), c)
     scale = _finish_scale(s_code, b.shape[0], swizzled).view(torch.float8_e4m3fn)
     return _pack_fp4(c, x.shape), scale
@@ -233,14 +233,14 @@ def dequantize_mx(q: torch.Tensor, scale: torch.Tensor, fmt: str, *, swizzled: b
 
 def dequantize_nvfp4(q: torch.Tensor, scale: torch.Tensor, global_scale, *, swizzled: bool = False,
                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Inverse of quantize_nvfp4: e2m1 * (s / q) in FP32 (the ratio rounded once per block; not
-    SPEC's (e2m1 * s) / q in the last bit: docs/formats.md), then cast to `dtype`."""
+    """Inverse of quantize_nvfp4: (e2m1 * s) / q in FP32 (the product exact, the quotient rounded
+    once), then cast to `dtype`."""
     vals = e2m1_decode(_unpack_fp4(q))
     shape = vals.shape
     b = vals.reshape(math.prod(shape[:-1]), shape[-1] // 16, 16)
     s = e4m3_decode(_linear_scale(scale, b.shape[0], b.shape[1], swizzled))
     g = torch.as_tensor(global_scale, dtype=torch.float32, device=b.device).reshape(())
-    return (b * (s / g).unsqueeze(-1)).reshape(shape).to(dtype)
+    return ((b * s.unsqueeze(-1)) / g).reshape(shape).to(dtype)
 
 
 def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
