@@ -233,6 +233,26 @@ def test_nvfp4_global_scales_over_the_fp32_range():
             assert _same_floats(got_d, want_d), f"dequantize, q = {v}"
 
 
+def test_nvfp4_block_scales_at_every_e4m3_decision_point():
+    """s = e4m3((amax * q) / 6) where the quotient decides: each block's amax is 6x a midpoint
+    of two consecutive E4M3 values (0 .. 448, and 464 where it saturates) or an FP32 ulp either
+    side, so every scale code and every rounding tie of the division by 6 is met; the elements
+    then divide by every scale."""
+    codes = torch.arange(0, 127, dtype=torch.uint8)
+    grid = torch.cat([codes.view(torch.float8_e4m3fn).float(), torch.tensor([464.0])])
+    mids = (grid[:-1] + grid[1:]) * 3.0                     # 6x the midpoints, exact in FP32
+    amax = torch.cat([mids, torch.nextafter(mids, torch.tensor(1e9)), torch.nextafter(mids, torch.tensor(0.0))])
+    gen = torch.Generator().manual_seed(3)
+    for g in (1.0, 0.5, 2.0 ** 20, 3.0):
+        x = (torch.rand(amax.numel(), 16, generator=gen) * 2 - 1) * (amax / g).unsqueeze(1)
+        x[:, 0] = amax / g          # for q a power of two, amax * q is the point itself
+        gt = torch.tensor([g])
+        want = ref.quantize_nvfp4(x, gt)
+        got = formats.nvfp4_quantize(x.cuda(), gt.cuda(), out=_outputs_like(*want, 0x5A))
+        assert _equal_bytes(got[1], want[1]), f"scales differ (q = {g})"
+        assert _equal_bytes(got[0], want[0]), f"elements differ (q = {g})"
+
+
 def test_host_never_waits_catches_both_kinds_of_wait():
     """The check itself can fail: on a torch op that syncs, and on a wait torch does not report."""
     x = torch.ones(4, device="cuda")

@@ -71,8 +71,8 @@ __device__ __forceinline__ uint32_t e2m1_rne_bits(float v) {
 
 // Eight E2M1 codes in a word (element i in nibble i), accumulated as sum_i (bits_i + 8 sign_i)
 // 16^i with multiply-adds and the 2^23 offsets removed once (0x4B000000 * sum 16^i mod 2^32).
-// `mag[i]` is rounded (its sign ignored), `sign_of[i]` gives the sign: the NVFP4 quotient loses
-// the sign of a zero and its overflowed values are NaN (rounded to 6 like the quotient).
+// `mag[i]` is rounded (its sign ignored), `sign_of[i]` gives the sign: NVFP4's quotients that
+// overflowed are NaN (rounded to 6 like the quotient), so their sign comes from the element.
 // The sign comes from a multiply-high (x >> 31 = umulhi(x, 2)): every step stays on the FMA
 // pipe, which issues at twice the rate of the ALU pipe on sm_90.
 __device__ __forceinline__ uint32_t e2m1_pack8(const float (&mag)[8], const float (&sign_of)[8]) {
@@ -86,17 +86,16 @@ __device__ __forceinline__ uint32_t e2m1_pack8(const float (&mag)[8], const floa
   return w - kOffsets;
 }
 
-// |RN(a / s)| for an E4M3 block scale s (|s| in [2^-9, 448]) with inv = RN(1 / s), without a
-// division: q0 = RN(a * inv) corrected once by the exact remainder fma(-q0, s, a) (Markstein) is
-// the correctly rounded quotient while q0 is finite and normal (`python ci/fp32_division_check.py`
-// checks it with exact rationals near every E2M1 decision point, for every E4M3 scale). Outside
-// that range E2M1 rounding gives the same code anyway: an infinite q0 (|a / s| > 2^119) makes the
-// result NaN, which rounds to 6 as the quotient does, and a subnormal q0 means |a / s| < 2^-125,
-// which rounds to 0. The sign is not kept for zeros: callers take it from the element.
-__device__ __forceinline__ float div_by_block_scale(float a, float s, float inv) {
-  const float q0 = __fmul_rn(a, inv);
-  const float r = __fmaf_rn(-q0, s, a);
-  return __fmaf_rn(r, inv, q0);
+// RN(a / b) from y = RN(1 / b): q0 = RN(a * y) corrected once by the exact residual (Markstein)
+// is the correctly rounded quotient wherever y, q0 and the quotient are finite and normal
+// (`python ci/fp32_division_check.py` checks it with exact rationals at the points where the
+// callers' rounding decides). The residual is taken as q0 * b - a and subtracted, so a zero a
+// keeps its sign (a - q0 * b would give +0 for a = -0). Callers own the ranges: an infinite q0
+// gives NaN.
+__device__ __forceinline__ float div_by_reciprocal(float a, float b, float y) {
+  const float q0 = __fmul_rn(a, y);
+  const float neg_r = __fmaf_rn(q0, b, -a);
+  return __fmaf_rn(-neg_r, y, q0);
 }
 
 __device__ __forceinline__ float e2m1_decode(uint32_t code) {

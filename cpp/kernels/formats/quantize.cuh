@@ -15,18 +15,19 @@ namespace cake_moe::formats {
 namespace detail {
 
 constexpr float kInv448 = 1.0f / 448.0f;  // rounded once to FP32, as in the reference
+constexpr float kInv6 = 1.0f / 6.0f;      // RN(1 / 6): div_by_reciprocal's reciprocal of 6
 
 // Encodes one chunk and returns its packed element bytes (FP8: 8 bytes in a uint2; FP4: 4 bytes
-// in .x). `scale_code` is the block's scale byte and `factor` what block_scale derived from it
-// (0 for blocks that encode as zeros); `nv_global` is NVFP4's encode scale q.
+// in .x). `carried` is what block_scale passes on besides `factor` (0 for blocks that encode as
+// zeros): the scale byte for MX, the scale s as FP32 bits for NVFP4; `nv_global` is NVFP4's q.
 template <Fmt F>
-__device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan, uint32_t scale_code,
-                                              float factor, float nv_global) {
+__device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan, uint32_t carried, float factor,
+                                              float nv_global) {
   using namespace numerics;
   uint32_t w[2] = {0u, 0u};
   if constexpr (F == Fmt::kMxfp8) {
     if (nan) return make_uint2(0x7F7F7F7Fu, 0x7F7F7F7Fu);
-    if (scale_code == 0u) return make_uint2(0u, 0u);
+    if (carried == 0u) return make_uint2(0u, 0u);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       w[i / 2] |= e4m3_encode2(__fmul_rn(v[2 * i], factor), __fmul_rn(v[2 * i + 1], factor)) << (16 * (i % 2));
@@ -35,10 +36,12 @@ __device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan
     if (nan || factor == 0.0f) return make_uint2(0u, 0u);
     float y[kChunk];
     if constexpr (F == Fmt::kNvfp4) {
-      // SPEC's order: (x * q) / s, each step rounded once; the signs are the elements' own
-      const float s = e4m3_decode(scale_code);
+      // SPEC's order: (x * q) / s, each step rounded once. The division is exact for every
+      // E4M3 s where x * q / s stays below 2^119; past that the quotient is NaN and E2M1
+      // rounding saturates it to 6, as the true quotient; the sign is the element's own.
+      const float s = __uint_as_float(carried);
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) y[i] = div_by_block_scale(__fmul_rn(v[i], nv_global), s, factor);
+      for (int i = 0; i < kChunk; ++i) y[i] = div_by_reciprocal(__fmul_rn(v[i], nv_global), s, factor);
       w[0] = e2m1_pack8(y, v);
     } else {
 #pragma unroll
@@ -49,25 +52,37 @@ __device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan
   return make_uint2(w[0], w[1]);
 }
 
-// The scale byte of a block and the factor its elements are encoded with: 2^(127 - code) for MX
-// (a multiply), RN(1 / s) for NVFP4 (div_by_block_scale's reciprocal); 0 for blocks that encode
-// as zeros (NaN, all-zero, NVFP4 s == 0).
+// A block's scale byte `code`, the factor its elements are encoded with (2^(127 - code) for MX,
+// a multiply; RN(1 / s) for NVFP4, div_by_reciprocal's reciprocal; 0 for blocks that encode as
+// zeros: NaN, all-zero, NVFP4 s == 0) and what encode_chunk needs besides (`carried`).
 template <Fmt F>
 __device__ __forceinline__ void block_scale(float amax, int32_t rule, float nv_global, uint32_t& code,
-                                            float& factor) {
+                                            float& factor, uint32_t& carried) {
   using namespace numerics;
   const bool nan = amax != amax;
   if constexpr (F == Fmt::kNvfp4) {
-    // s = e4m3((amax * q) / 6)
-    code = nan ? uint32_t(kE4m3Nan) : e4m3_encode(__fdiv_rn(__fmul_rn(amax, nv_global), 6.0f));
+    // s = e4m3((amax * q) / 6). From 2^20 on (and for inf / NaN) p itself rounds to the same
+    // E4M3 code as p / 6 (both saturate), and keeps the division's range finite.
+    const float p = __fmul_rn(amax, nv_global);
+    code = nan ? uint32_t(kE4m3Nan) : e4m3_encode(fabsf(p) < 0x1p20f ? div_by_reciprocal(p, 6.0f, kInv6) : p);
     const float s = nan ? 0.0f : e4m3_decode(code);
     factor = s == 0.0f ? 0.0f : __frcp_rn(s);
+    carried = __float_as_uint(s);
   } else {
     constexpr int emax = F == Fmt::kMxfp8 ? kE4m3Emax : kE2m1Emax;
     const float t = F == Fmt::kMxfp8 ? __fmul_rn(amax, kInv448) : __fdiv_rn(amax, 6.0f);
     code = nan ? kUe8m0Nan : (rule == int32_t(ScaleRule::kOcpFloor) ? ue8m0_ocp_floor(amax, emax) : ue8m0_round_up(t));
     factor = ue8m0_to_elem(code);
+    carried = code;
   }
+}
+
+// MXFP8 requantization elsewhere (the family-B epilogue) needs only the byte and the factor.
+template <Fmt F>
+__device__ __forceinline__ void block_scale(float amax, int32_t rule, float nv_global, uint32_t& code,
+                                            float& factor) {
+  uint32_t carried;
+  block_scale<F>(amax, rule, nv_global, code, factor, carried);
 }
 
 template <Fmt F>
@@ -149,7 +164,7 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
   // the group. One scale computation per warp instruction stream serves kLanes iterations.
   constexpr int kPasses = (kUnroll + kLanes - 1) / kLanes;
   const int lane = int(threadIdx.x % 32u), j = lane % kLanes, group_lane0 = lane - j;
-  uint32_t code[kUnroll];
+  uint32_t carried[kUnroll];
   float factor[kUnroll];
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
@@ -158,19 +173,25 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
 #pragma unroll
     for (int k = 1; k < kLanes; ++k)
       if (pass * kLanes + k < kUnroll && j == k) m = amax[pass * kLanes + k];
-    uint32_t my_code;
+    uint32_t my_code, my_carried;
     float my_factor;
-    detail::block_scale<F>(m, a.scale_rule, nv_global, my_code, my_factor);
+    detail::block_scale<F>(m, a.scale_rule, nv_global, my_code, my_factor, my_carried);
     const int64_t c = first + int64_t(mine) * blockDim.x;
     if (mine < kUnroll && c < chunks) {
-      const uint32_t r = a.chunks_per_row.div(uint32_t(c));
-      const uint32_t sc = a.chunks_per_row.mod(uint32_t(c), r) / kLanes;
-      a.scale[kSwizzled ? swizzled_scale_offset(r, sc, round_up(cols_sf, 4)) : r * cols_sf + sc] = uint8_t(my_code);
+      int64_t at;
+      if constexpr (kSwizzled) {
+        const uint32_t r = a.chunks_per_row.div(uint32_t(c));
+        const uint32_t sc = a.chunks_per_row.mod(uint32_t(c), r) / kLanes;
+        at = swizzled_scale_offset(r, sc, round_up(cols_sf, 4));
+      } else {
+        at = uint32_t(c) / kLanes;  // row-major [rows, cols_sf]: a row is kLanes * cols_sf chunks
+      }
+      a.scale[at] = uint8_t(my_code);
     }
 #pragma unroll
     for (int k = 0; k < kLanes; ++k) {
       if (pass * kLanes + k < kUnroll) {
-        code[pass * kLanes + k] = __shfl_sync(0xFFFFFFFFu, my_code, group_lane0 + k);
+        carried[pass * kLanes + k] = __shfl_sync(0xFFFFFFFFu, my_carried, group_lane0 + k);
         factor[pass * kLanes + k] = __shfl_sync(0xFFFFFFFFu, my_factor, group_lane0 + k);
       }
     }
@@ -181,7 +202,7 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t c = first + int64_t(u) * blockDim.x;
     if (c < chunks)
-      detail::store_elements<F>(a.q, c, detail::encode_chunk<F>(v[u], amax[u] != amax[u], code[u], factor[u], nv_global));
+      detail::store_elements<F>(a.q, c, detail::encode_chunk<F>(v[u], amax[u] != amax[u], carried[u], factor[u], nv_global));
   }
   if constexpr (kSwizzled) detail::zero_scale_padding(a.scale, a.rows, cols_sf);
 }
