@@ -6,12 +6,26 @@
 
 namespace cake_moe {
 
+// a += b, or with kCap > 0 a = min(a + b, kCap) (block_inclusive_scan's saturating form).
+template <typename T, T kCap>
+__device__ __forceinline__ void scan_accumulate(T& a, T b) {
+  if constexpr (kCap == T(0)) {
+    a += b;
+  } else {
+    a = min(a + b, kCap);
+  }
+}
+
 // table[0, n) in shared memory becomes its inclusive prefix sum (n <= 32 * 32). Warps scan
 // 32-entry chunks with shuffles, warp 0 scans the chunk totals (`chunk_total`: 32 entries of
 // shared memory), and the totals are added back. Every thread of the block must call it: it
 // synchronises the block, also before returning.
-template <typename T>
+//
+// kCap > 0 (unsigned T, entries at most kCap, kCap + kCap not wrapping): the sums saturate at
+// kCap instead, so a total past it reads as kCap, whatever the order of the additions.
+template <typename T, T kCap = T(0)>
 __device__ __forceinline__ void block_inclusive_scan(T* table, int32_t n, T* chunk_total) {
+  static_assert(kCap == T(0) || (T(-1) > T(0) && kCap <= T(-1) / 2), "saturation needs an unsigned T, 2 kCap in range");
   const int32_t lane = threadIdx.x & 31;
   const int32_t warp = threadIdx.x >> 5;
   const int32_t num_warps = blockDim.x >> 5;
@@ -22,7 +36,7 @@ __device__ __forceinline__ void block_inclusive_scan(T* table, int32_t n, T* chu
 #pragma unroll
     for (int32_t d = 1; d < 32; d <<= 1) {
       const T up = __shfl_up_sync(0xffffffffu, v, d);
-      if (lane >= d) v += up;
+      if (lane >= d) scan_accumulate<T, kCap>(v, up);
     }
     if (idx < n) table[idx] = v;
     if (lane == 31) chunk_total[c] = v;
@@ -34,23 +48,18 @@ __device__ __forceinline__ void block_inclusive_scan(T* table, int32_t n, T* chu
 #pragma unroll
     for (int32_t d = 1; d < 32; d <<= 1) {
       const T up = __shfl_up_sync(0xffffffffu, v, d);
-      if (lane >= d) v += up;
+      if (lane >= d) scan_accumulate<T, kCap>(v, up);
     }
-    chunk_total[lane] = v - own;
+    if constexpr (kCap == T(0)) {
+      chunk_total[lane] = v - own;
+    } else {
+      const T before = __shfl_up_sync(0xffffffffu, v, 1);  // v - own would undo a saturation
+      chunk_total[lane] = lane > 0 ? before : T(0);
+    }
   }
   __syncthreads();
-  for (int32_t idx = threadIdx.x; idx < n; idx += blockDim.x) table[idx] += chunk_total[idx >> 5];
+  for (int32_t idx = threadIdx.x; idx < n; idx += blockDim.x) scan_accumulate<T, kCap>(table[idx], chunk_total[idx >> 5]);
   __syncthreads();
-}
-
-// After block_inclusive_scan of uint32 per-slot counts of at most 2^31 each (unsigned, so a sum
-// past it wraps without undefined behaviour): whether any prefix reached 2^31. The first prefix
-// that does lies in [2^31, 2^32 - 1], below any wrap, so its top bit finds it even where later
-// entries wrapped back below. Collective, like the scan.
-__device__ __forceinline__ bool block_any_prefix_reaches_2_31(const uint32_t* table, int32_t n) {
-  bool hit = false;
-  for (int32_t idx = threadIdx.x; idx < n; idx += blockDim.x) hit |= (table[idx] >> 31) != 0u;
-  return __syncthreads_or(hit) != 0;
 }
 
 // The first index i of an inclusive prefix table[0, n) with table[i] > value (binary search;

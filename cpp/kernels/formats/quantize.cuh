@@ -134,15 +134,14 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
   const float nv_global = F == Fmt::kNvfp4 ? *a.global_scale : 0.0f;
 
   // All loads first: kUnroll independent 16/32-byte loads in flight per thread.
-  float v[kUnroll][kChunk];
+  InputChunk<In> in[kUnroll];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t c = first + int64_t(u) * blockDim.x;
     if (c < chunks) {
-      load_chunk<In>(a.x, c, v[u]);
+      in[u].load(a.x, c);
     } else {
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) v[u][i] = 0.0f;
+      in[u].zero();
     }
   }
 
@@ -152,9 +151,7 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
   float amax[kUnroll];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    amax[u] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) amax[u] = max_abs_nan(amax[u], v[u][i]);
+    amax[u] = in[u].amax();
 #pragma unroll
     for (int m = 1; m < kLanes; m <<= 1) amax[u] = max_abs_nan(amax[u], __shfl_xor_sync(0xFFFFFFFFu, amax[u], m));
   }
@@ -201,8 +198,11 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t c = first + int64_t(u) * blockDim.x;
-    if (c < chunks)
-      detail::store_elements<F>(a.q, c, detail::encode_chunk<F>(v[u], amax[u] != amax[u], carried[u], factor[u], nv_global));
+    if (c < chunks) {
+      float v[kChunk];
+      in[u].values(v);
+      detail::store_elements<F>(a.q, c, detail::encode_chunk<F>(v, amax[u] != amax[u], carried[u], factor[u], nv_global));
+    }
   }
   if constexpr (kSwizzled) detail::zero_scale_padding(a.scale, a.rows, cols_sf);
 }

@@ -41,6 +41,8 @@ struct RaggedTileScheduler {
   static_assert(kBM > 0 && kBN > 0 && kRasterN >= 0, "positive tile shape, raster width (0: no bands)");
   static_assert(kTableSize % 32 == 0 && kTableSize / 32 <= 32,
                 "the two-level scan handles at most 32 chunks of 32 slots");
+  // Tile counts saturate here: a total this large is refused (valid problems stay below it).
+  static constexpr uint32_t kTileCap = 0x7FFFFFFFu;
   // Shared memory the scheduler needs: the slot table plus 32 chunk totals.
   static constexpr uint32_t kSmemBytes = (kTableSize + 32) * sizeof(int32_t);
 
@@ -77,24 +79,21 @@ struct RaggedTileScheduler {
     span = num_groups > 0 ? (num_groups + kTableSize - 1) / kTableSize : 1;
     num_slots = (num_groups + span - 1) / span;
 
-    // 1) tile count of every slot, capped at 2^31: valid offsets give fewer tiles than that in
-    // all (max_grouped_rows, checked on the host), so a count past it can only come from
-    // malformed offsets whose groups overlap (each may span every row). Counted and scanned as
-    // uint32, so that sums past 2^31 wrap without undefined behaviour and can be detected.
-    uint32_t* scan = reinterpret_cast<uint32_t*>(smem_table);
+    // 1) tile count of every slot and 2) their inclusive scan, both saturating at kTileCap:
+    // valid offsets give fewer tiles in all (max_grouped_rows, checked on the host), so a total
+    // that reaches it comes from malformed offsets whose groups overlap (each may span every
+    // row). Then no tile runs, rather than tiles decoded from a wrapped prefix (negative row
+    // starts). A group's own count fits: it is at most the tiles of all the operand's rows.
+    uint32_t* counts = reinterpret_cast<uint32_t*>(smem_table);
     for (int32_t j = threadIdx.x; j < num_slots; j += blockDim.x) {
       const int32_t e_end = min(num_groups, (j + 1) * span);
-      int64_t count = 0;
-      for (int32_t e = j * span; e < e_end; ++e) count += int64_t(group_m_tiles(e)) * n_tiles_n;
-      scan[j] = count < (int64_t(1) << 31) ? uint32_t(count) : 0x80000000u;
+      uint32_t count = 0;
+      for (int32_t e = j * span; e < e_end; ++e) count = min(count + uint32_t(group_m_tiles(e) * n_tiles_n), kTileCap);
+      counts[j] = count;
     }
     __syncthreads();
-
-    // 2) inclusive scan of the slot counts. A prefix at 2^31 or past it is such a caller error:
-    // then no tile runs, rather than tiles decoded from a wrapped prefix (negative row starts).
-    block_inclusive_scan(scan, num_slots, reinterpret_cast<uint32_t*>(chunk_total));
-    const bool wrapped = block_any_prefix_reaches_2_31(scan, num_slots);
-    total_tiles = num_slots > 0 && !wrapped ? smem_table[num_slots - 1] : 0;
+    block_inclusive_scan<uint32_t, kTileCap>(counts, num_slots, reinterpret_cast<uint32_t*>(chunk_total));
+    total_tiles = num_slots > 0 && counts[num_slots - 1] < kTileCap ? smem_table[num_slots - 1] : 0;
   }
 
   // Map a linear tile index in [0, total_tiles) to its tile.
