@@ -24,7 +24,9 @@ def max_grouped_rows(n: int, k: int, num_groups: int = 0) -> int:
     """The largest packed row count (sum over groups) whose fwd, dgrad and wgrad stay inside
     the kernels' 32-bit index ranges for weights [E, n, k]."""
     tiles_per_block_row = _ceil(max(n, k), _MIN_TILE)
-    by_tiles = (_INT32_MAX // tiles_per_block_row - num_groups) * _MIN_TILE
+    # fewer than 2^31 - 1 tiles: the device schedulers refuse a total that reaches it (their
+    # counts saturate there, so that malformed offsets cannot wrap them)
+    by_tiles = ((_INT32_MAX - 1) // tiles_per_block_row - num_groups) * _MIN_TILE
     return max(0, min(_MAX_DIM, by_tiles))   # (rows round up to whole tiles in 32 bits)
 
 
