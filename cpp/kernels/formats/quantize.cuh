@@ -37,8 +37,9 @@ __device__ __forceinline__ uint2 encode_chunk(const float (&v)[kChunk], bool nan
     float y[kChunk];
     if constexpr (F == Fmt::kNvfp4) {
       // SPEC's order: (x * q) / s, each step rounded once. The division is exact for every
-      // E4M3 s where x * q / s stays below 2^119; past that the quotient is NaN and E2M1
-      // rounding saturates it to 6, as the true quotient; the sign is the element's own.
+      // E4M3 s where x * q / s lies in [2^-126, 2^119]; past the top the quotient is NaN and
+      // E2M1 rounding saturates it to 6, as the true one; below, it rounds to 0 either way.
+      // The sign is the element's own (that of (x * q) / s, as q and s share theirs).
       const float s = __uint_as_float(carried);
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) y[i] = div_by_reciprocal(__fmul_rn(v[i], nv_global), s, factor);
