@@ -209,14 +209,18 @@ def test_fp4_rounding_ties_and_neighbours(fmt):
 
 def test_nvfp4_global_scales_over_the_fp32_range():
     """SPEC's order (x * q) / s and (e2m1 * s) / q bit for bit, for encode scales far from the
-    usual 448 * 6 / amax (tiny and huge, so products underflow and overflow), with the scale that
-    tells the two groupings apart at an E2M1 decision point (2559.5962, block [3.826623,
-    0.043756906, 0, ...]) and the dequantize one (7, scale 2^-9, element 1.5)."""
+    usual 448 * 6 / amax (tiny and huge, so products underflow and overflow; the dequantizer's
+    reciprocal path ends at 2^-100 and 2^100, and scales just inside and outside those ends
+    that are not powers of two exercise its correction and its IEEE fallback), with the scale
+    that tells the two groupings apart at an E2M1 decision point (2559.5962, block [3.826623,
+    0.043756906, 0, ...]: FP32 input only, BF16 rounds it off the point) and the dequantize one
+    (7, scale 2^-9, element 1.5)."""
     gen = torch.Generator().manual_seed(11)
     x = _draw(130, 512, torch.float32, seed=5)
     x[0, :16] = 0.0
     x[0, 0], x[0, 1] = 3.826623, 0.043756906
-    scales = [2559.5962, 7.0, 2.0 ** -100, 2.0 ** 100, 3.0e38, 1.5e-45]
+    scales = [2559.5962, 7.0, 2.0 ** -100, 2.0 ** 100, 3.0e38, 1.5e-45,
+              1.37 * 2.0 ** -100, 1.73 * 2.0 ** 99, 1.37 * 2.0 ** -101, 1.73 * 2.0 ** 100]
     scales += (torch.rand(10, generator=gen) + 1).mul(torch.exp2(torch.randint(-60, 60, (10,), generator=gen))).tolist()
     dq = torch.randint(0, 256, (130, 256), generator=gen, dtype=torch.uint8)
     ds = torch.randint(0, 256, (130, 32), generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn)
@@ -234,9 +238,10 @@ def test_nvfp4_global_scales_over_the_fp32_range():
 
 
 def test_nvfp4_block_scales_at_every_e4m3_decision_point():
-    """s = e4m3((amax * q) / 6) where the quotient decides: each block's amax is 6x a midpoint
+    """s = e4m3((amax * q) / 6) where E4M3 rounding decides: each block's amax is 6x a midpoint
     of two consecutive E4M3 values (0 .. 448, and 464 where it saturates) or an FP32 ulp either
-    side, so every scale code and every rounding tie of the division by 6 is met; the elements
+    side, so every scale code and every E4M3 tie is met after the division by 6 (the division's
+    own correction is checked with exact rationals by ci/fp32_division_check.py); the elements
     then divide by every scale."""
     codes = torch.arange(0, 127, dtype=torch.uint8)
     grid = torch.cat([codes.view(torch.float8_e4m3fn).float(), torch.tensor([464.0])])

@@ -117,6 +117,17 @@ def test_nvfp4_follows_specs_order_of_rounding():
     assert got.item() != 0.00041852681897580624         # 1.5 * RN(2^-9 / 7)
 
 
+def test_nvfp4_global_scale_stays_finite():
+    """448 * 6 / amax overflows for amax below ~7.9e-36; the scale stops at the largest finite
+    FP32 value, so that zeros in the block stay zeros (0 * inf would be NaN)."""
+    x = torch.zeros(1, 16)
+    x[0, 0] = 1e-38
+    g = ref.nvfp4_global_scale(x)
+    assert g.item() == torch.finfo(torch.float32).max
+    q, _ = ref.quantize_nvfp4(x, g)
+    assert (q[0, 1:] == 0).all() and (q[0, 0] & 0xF0) == 0      # the zeros encode as +0
+
+
 def test_swizzle_matches_spec_formula_and_round_trips():
     rows, cols = 200, 7
     s = torch.randint(0, 255, (rows, cols), dtype=torch.uint8)

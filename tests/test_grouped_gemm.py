@@ -101,6 +101,19 @@ def test_check_grouped_dims():
         cake_moe.check_grouped_dims(4096, 4096, num_groups=16, max_rows=limit + 1)
 
 
+def test_max_grouped_rows_keeps_the_tile_total_under_the_device_cap():
+    """The device schedulers run nothing once fwd / dgrad tiles reach 2^31 - 2^20 (scheduler.cuh
+    kTileCap): no problem max_grouped_rows admits may get there, in the smallest tiles (64) with
+    every group adding a partial tile."""
+    from cake_moe.grouped_gemm._ops import _MAX_TILES
+    assert _MAX_TILES == 2**31 - 2**20
+    for n, k, e in ((8, 8, 1), (64, 4096, 2), (7168, 2048, 8), (4096, 4096, 16), (8, 8, 2**20),
+                    (2**20, 64, 1000), (200, 264, 1200)):
+        rows = cake_moe.max_grouped_rows(n, k, e)
+        tiles = (-(-rows // 64) + e) * -(-max(n, k) // 64)
+        assert tiles < _MAX_TILES, (n, k, e, rows, tiles)
+
+
 def test_integer_arguments_take_numpy_integers_and_refuse_floats():
     np = pytest.importorskip("numpy")
     cake_moe.check_grouped_dims(np.int64(4096), np.int32(2048), num_groups=np.int64(8), max_rows=np.int64(65536))

@@ -41,8 +41,10 @@ struct RaggedTileScheduler {
   static_assert(kBM > 0 && kBN > 0 && kRasterN >= 0, "positive tile shape, raster width (0: no bands)");
   static_assert(kTableSize % 32 == 0 && kTableSize / 32 <= 32,
                 "the two-level scan handles at most 32 chunks of 32 slots");
-  // Tile counts saturate here: a total this large is refused (valid problems stay below it).
-  static constexpr uint32_t kTileCap = 0x7FFFFFFFu;
+  // Tile counts saturate here and a total this large is refused (valid problems stay below it:
+  // max_grouped_rows). 2^20 below 2^31: the CTAs' loops step their int32 tile index by the grid
+  // past the total (and the sm_90a split tail adds up to half a grid of units) without wrapping.
+  static constexpr uint32_t kTileCap = (1u << 31) - (1u << 20);
   // Shared memory the scheduler needs: the slot table plus 32 chunk totals.
   static constexpr uint32_t kSmemBytes = (kTableSize + 32) * sizeof(int32_t);
 
@@ -80,9 +82,8 @@ struct RaggedTileScheduler {
     num_slots = (num_groups + span - 1) / span;
 
     // 1) tile count of every slot and 2) their inclusive scan, both saturating at kTileCap:
-    // valid offsets give fewer tiles in all (max_grouped_rows, checked on the host), so a total
-    // that reaches it comes from malformed offsets whose groups overlap (each may span every
-    // row). Then no tile runs, rather than tiles decoded from a wrapped prefix (negative row
+    // valid offsets give fewer tiles in all, so a total that reaches it comes from malformed
+    // offsets whose groups overlap (each may span every row). Then no tile runs, rather than tiles decoded from a wrapped prefix (negative row
     // starts). A group's own count fits: it is at most the tiles of all the operand's rows.
     uint32_t* counts = reinterpret_cast<uint32_t*>(smem_table);
     for (int32_t j = threadIdx.x; j < num_slots; j += blockDim.x) {

@@ -12,6 +12,9 @@ from ..reference import grouped_gemm as ref
 _INT32_MAX = 2**31 - 1
 _MAX_DIM = 2**31 - 256  # rows, N, K: 32-bit indices with a tile of headroom (portable_params.hpp)
 _MIN_TILE = 64  # smallest tile edge of any form: bounds the tile counts kernels index in int32
+# fwd / dgrad tile totals the device schedulers serve (scheduler.cuh kTileCap: their counts
+# saturate there, so that malformed offsets cannot wrap them, with room for the loop indices)
+_MAX_TILES = 2**31 - 2**20
 _OPS = {"fwd": 0, "dgrad": 1, "wgrad": 2}
 _VARIANTS = {"det": 0, "fast": 1}
 
@@ -24,9 +27,8 @@ def max_grouped_rows(n: int, k: int, num_groups: int = 0) -> int:
     """The largest packed row count (sum over groups) whose fwd, dgrad and wgrad stay inside
     the kernels' 32-bit index ranges for weights [E, n, k]."""
     tiles_per_block_row = _ceil(max(n, k), _MIN_TILE)
-    # fewer than 2^31 - 1 tiles: the device schedulers refuse a total that reaches it (their
-    # counts saturate there, so that malformed offsets cannot wrap them)
-    by_tiles = ((_INT32_MAX - 1) // tiles_per_block_row - num_groups) * _MIN_TILE
+    # fewer than _MAX_TILES tiles: the device schedulers refuse a total that reaches it
+    by_tiles = ((_MAX_TILES - 1) // tiles_per_block_row - num_groups) * _MIN_TILE
     return max(0, min(_MAX_DIM, by_tiles))   # (rows round up to whole tiles in 32 bits)
 
 

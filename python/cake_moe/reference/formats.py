@@ -12,12 +12,9 @@ Conventions
   For subnormal t (amax below ~2^-117) the code is 1.
 - OCP floor rule: code = floor(log2 amax) - emax + 127 clamped to [1, 254] (0 when amax == 0),
   emax = 8 (E4M3) or 2 (E2M1); elements saturate.
-- NVFP4: s = e4m3_rn_satfinite((amax * q) / 6); r = q / s (one FP32 division per block);
-  element e2m1_rn(x * r); a block with s == 0 (or r == 0) is zeros. Dequantization is
-  e2m1 * (s / q), the ratio again rounded once per block: a division per block, not per element.
-  (SPEC §3's left-to-right (x * q) / s and (e2m1 * s) / q round the quotient once; these orders
-  can differ from it near an E2M1 decision point and in a dequantized value's last bit:
-  docs/formats.md.)
+- NVFP4 (SPEC §3's order, left to right): s = e4m3_rn_satfinite((amax * q) / 6); element
+  e2m1_rn((x * q) / s), the product and the quotient each rounded once; a block with s == 0 is
+  zeros. Dequantization is (e2m1 * s) / q (the product exact, the quotient rounded once).
 - NaN policy: a block containing a NaN gets the NaN scale (UE8M0 0xFF, or E4M3 0x7F for NVFP4)
   and elements 0x7F (MXFP8, the E4M3 NaN) or 0 (FP4, which has no NaN); dequantizing it gives NaN.
   Infinities saturate: +-inf in a block sets the largest scale and encodes as the format's max.
@@ -245,7 +242,9 @@ def dequantize_nvfp4(q: torch.Tensor, scale: torch.Tensor, global_scale, *, swiz
 
 def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     """The usual NVFP4 encode scale 448 * 6 / amax(x) as an FP32 [1] tensor, amax over the finite
-    elements (infinities saturate, as in the quantizer; 1 if none is nonzero, or x is empty)."""
+    elements (infinities saturate, as in the quantizer; 1 if none is nonzero, or x is empty),
+    at most the largest finite FP32 value (an amax below ~7.9e-36 would make it infinite)."""
     a = x.float().abs().reshape(-1)
     amax = torch.where(torch.isfinite(a), a, 0.0).amax().reshape(1) if a.numel() else a.new_zeros(1)
-    return torch.where(amax > 0, (E4M3_MAX * E2M1_MAX) / amax, torch.ones_like(amax))
+    scale = torch.where(amax > 0, (E4M3_MAX * E2M1_MAX) / amax, torch.ones_like(amax))
+    return scale.clamp(max=torch.finfo(torch.float32).max)
