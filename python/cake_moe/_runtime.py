@@ -54,13 +54,20 @@ def device_arch(index: int) -> str:
     return ext().device_arch(index)
 
 
+def unserved_reason(index: int) -> str | None:
+    """Why CUDA device ``index`` cannot run this build's kernels (no kernels for its arch), or None."""
+    arch = device_arch(index)
+    if arch in built_arches():
+        return None
+    return (f"this cake-moe build has kernels for sm_{', sm_'.join(built_arches())}, but cuda:{index} "
+            f"({torch.cuda.get_device_name(index)}) is sm_{arch}; rebuild with CAKE_MOE_CUDA_ARCHS including {arch}")
+
+
 def require_served(device: torch.device, what: str) -> None:
     """NotImplementedError when this build has no kernels for the device's arch."""
-    arch = device_arch(device.index if device.index is not None else torch.cuda.current_device())
-    if arch not in built_arches():
-        raise NotImplementedError(
-            f"{what}: this cake-moe build has kernels for sm_{', sm_'.join(built_arches())}, but {device} is "
-            f"sm_{arch}; rebuild with CAKE_MOE_CUDA_ARCHS including {arch}")
+    why = unserved_reason(device.index if device.index is not None else torch.cuda.current_device())
+    if why:
+        raise NotImplementedError(f"{what}: {why}")
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU-only builds

@@ -56,10 +56,9 @@ def cmd_bench(args) -> int:
     if not torch.cuda.is_available():
         print("cake-moe bench needs a CUDA GPU (none visible)")
         return 2
-    arch = _runtime.device_arch(torch.cuda.current_device())
-    if arch not in _runtime.built_arches():
-        print(f"cake-moe bench: {torch.cuda.get_device_name()} is sm_{arch}; this build has kernels for "
-              f"sm_{', sm_'.join(_runtime.built_arches())}")
+    why = _runtime.unserved_reason(torch.cuda.current_device())
+    if why:
+        print(f"cake-moe bench: {why}")
         return 2
     if args.what == "mxfp4-moe" and args.tiles:   # before any weights are made
         from .bench import mxfp4_moe as bench_moe

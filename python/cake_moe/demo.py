@@ -152,21 +152,12 @@ def _same(a, b) -> bool:
     return all(torch.equal(p.view(torch.uint8).cpu(), q.view(torch.uint8).cpu()) for p, q in zip(a, b))
 
 
-def _unserved_gpu() -> str | None:
-    """Why the visible GPU cannot run this build's kernels, or None."""
-    arch = _runtime.device_arch(torch.cuda.current_device())
-    if arch in _runtime.built_arches():
-        return None
-    return (f"{torch.cuda.get_device_name()} is sm_{arch}; this build has kernels for "
-            f"sm_{', sm_'.join(_runtime.built_arches())}")
-
-
 def main(tokens: int | None = None) -> int:
     if tokens is not None and tokens < 1:
         raise ValueError(f"tokens must be a positive int, got {tokens}")
     gpu = torch.cuda.is_available()
     torch.manual_seed(0)
-    why = _unserved_gpu() if gpu else None
+    why = _runtime.unserved_reason(torch.cuda.current_device()) if gpu else None
     if why:
         print(f"cake-moe demo: {why}; running the pure-torch reference on the CPU instead")
         gpu = False
