@@ -211,6 +211,63 @@ def test_autograd_on_cpu_matches_reference():
     assert ref.rel_rms(w.grad, ref.wgrad(g[:rows], x.detach(), offs)) < 6e-3
 
 
+def _nan_empty(monkeypatch):
+    """torch.empty hands back NaN-filled floating tensors (as a caching allocator may hand back
+    the blocks of freed activations), so that a row left unwritten shows."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", poisoned)
+
+
+@pytest.mark.parametrize("compiled_op", [False, True])
+def test_grouped_mm_zeroes_the_rows_no_group_covers(monkeypatch, compiled_op):
+    """grouped_mm's y and x.grad are exact zeros in the rows past the last group end (no expert
+    reads them: their gradient is zero); the direct ops leave a fresh output's rows there as
+    allocated, and zero them on request."""
+    x, w, g, offs = _cpu_problem([3, 0, 5], n=16, k=32)       # rows 8.. are in no group
+    _nan_empty(monkeypatch)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = torch.ops.cake_moe.grouped_mm(xr, wr, offs, "det") if compiled_op else cake_moe.grouped_mm(xr, wr, offs)
+    y.backward(g)
+    for t in (y.detach(), xr.grad):
+        assert torch.equal(t[8:], torch.zeros_like(t[8:])) and torch.isfinite(t[:8]).all()
+    assert torch.equal(xr.grad[:8], cake_moe.grouped_gemm_dgrad(g, w, offs)[:8])
+    assert cake_moe.grouped_gemm_dgrad(g, w, offs)[8:].isnan().all()      # as allocated
+    assert torch.ops.cake_moe.grouped_gemm_dgrad(g, w, offs, True)[8:].eq(0).all()
+
+
+@pytest.mark.parametrize("op", ["fwd", "dgrad"])
+def test_zero_unrouted_rows_on_request(op):
+    """prepare_*(zero_unrouted_rows=True) zeroes the rows past the last group end (clamped
+    into the rows; all of them with no group) at every launch, into a caller's out too, and
+    leaves the groups' rows to the GEMM."""
+    x, w, g, offs = _cpu_problem([3, 0, 5], n=16, k=32)
+    a, cols = (x, w.shape[1]) if op == "fwd" else (g, w.shape[2])
+    prepare = getattr(cake_moe, f"prepare_grouped_gemm_{op}")
+    out = torch.full((a.shape[0], cols), float("nan"), dtype=torch.bfloat16)
+    launch = prepare(a, w, offs, out, zero_unrouted_rows=True)
+    plain = prepare(a, w, offs)
+    assert torch.equal(launch.launch()[:8], plain.launch()[:8]) and out[8:].eq(0).all()
+    for last, zero_from in ((6, 6), (-3, 0), (99, a.shape[0])):   # new offsets, read at each launch
+        out.fill_(float("nan"))
+        offs[-1] = last
+        launch.launch()
+        want = plain.launch()
+        covered = torch.zeros(a.shape[0], dtype=torch.bool)
+        for start, end in ref.group_bounds(offs, rows=a.shape[0]):
+            covered[start:end] = True
+        assert torch.equal(out[covered], want[covered])
+        assert out[zero_from:][~covered[zero_from:]].eq(0).all() and out[:zero_from][~covered[:zero_from]].isnan().all()
+    empty = prepare(a, w[:0], torch.zeros(0, dtype=torch.int32), zero_unrouted_rows=True)
+    empty.out.fill_(float("nan"))
+    assert empty.launch().eq(0).all()
+    with pytest.raises(ValueError, match="zero_unrouted_rows must be True or False"):
+        prepare(a, w, offs, zero_unrouted_rows=1)
+
+
 def test_eager_grouped_mm_is_the_function_with_the_ops_results():
     """Eager grouped_mm runs the autograd Function (not the torch.library op and its dispatch)
     and gives the op's results and gradients."""

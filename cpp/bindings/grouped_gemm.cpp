@@ -61,7 +61,7 @@ grouped_gemm::Problem problem(int op, int variant, int device, std::uintptr_t a,
                               std::uintptr_t b, int64_t b_row_stride, int64_t b_expert_stride, std::uintptr_t out,
                               std::uintptr_t offs, bool leading_zero, int32_t num_groups, int32_t n, int32_t k,
                               int64_t rows, bool out_f32, std::uintptr_t workspace, int64_t workspace_bytes,
-                              const std::string& form) {
+                              const std::string& form, bool zero_unrouted_rows) {
   grouped_gemm::Problem p = shape(op, variant, num_groups, n, k, rows, out_f32);
   if (device < 0) throw ValueError("device index must be >= 0");
   p.device = device;
@@ -74,6 +74,7 @@ grouped_gemm::Problem problem(int op, int variant, int device, std::uintptr_t a,
   p.b_expert_stride = p.op != grouped_gemm::Op::kWgrad ? outer_stride(b_expert_stride, "b") : 0;
   p.offs_leading_zero = leading_zero;
   p.form = form;
+  p.zero_unrouted_rows = zero_unrouted_rows;
   if (workspace) {
     if (workspace_bytes < 0) throw ValueError("workspace_bytes must be >= 0");
     p.workspace = address<void>(workspace, 256, "workspace");
@@ -104,9 +105,10 @@ void bind_grouped_gemm(nb::module_& m) {
         [](int op, int variant, int device, std::uintptr_t a, int64_t a_row_stride, std::uintptr_t b,
            int64_t b_row_stride, int64_t b_expert_stride, std::uintptr_t out, std::uintptr_t offs, bool leading_zero,
            int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32, std::uintptr_t workspace,
-           int64_t workspace_bytes, const std::string& form) {
+           int64_t workspace_bytes, const std::string& form, bool zero_unrouted_rows) {
           auto p = problem(op, variant, device, a, a_row_stride, b, b_row_stride, b_expert_stride, out, offs,
-                           leading_zero, num_groups, n, k, rows, out_f32, workspace, workspace_bytes, form);
+                           leading_zero, num_groups, n, k, rows, out_f32, workspace, workspace_bytes, form,
+                           zero_unrouted_rows);
           auto plan = std::make_unique<GroupedGemmPlan>();
           plan->launch = grouped_gemm::prepare(p);
           return plan;
@@ -114,7 +116,8 @@ void bind_grouped_gemm(nb::module_& m) {
         nb::arg("op"), nb::arg("variant"), nb::arg("device"), nb::arg("a"), nb::arg("a_row_stride"), nb::arg("b"),
         nb::arg("b_row_stride"), nb::arg("b_expert_stride"), nb::arg("out"), nb::arg("offs"),
         nb::arg("leading_zero"), nb::arg("num_groups"), nb::arg("n"), nb::arg("k"), nb::arg("rows"),
-        nb::arg("out_f32"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("form") = "");
+        nb::arg("out_f32"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("form") = "",
+        nb::arg("zero_unrouted_rows") = false);
 
   m.def("grouped_gemm_workspace_bytes",
         [](int op, int variant, int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32, int device,

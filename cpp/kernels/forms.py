@@ -145,6 +145,15 @@ def _grouped_gemm_portable_forms() -> list[Form]:
             for op, kernels in ops.items()]
 
 
+def _grouped_gemm_unrouted_rows_form() -> Form:
+    """Zeroes the rows of a fwd / dgrad output that no group covers (grouped_mm runs it before
+    its GEMMs, so that y and x.grad are defined there); generic CUDA for every arch."""
+    return Form("gg_unrouted_rows", "grouped_gemm", "grouped_gemm/unrouted_rows.cuh", "cake_moe::UnroutedRowsParams",
+                (Kernel("cake_gg_zero_unrouted_rows", "cake_moe::zero_unrouted_rows", threads=256),),
+                {"op": "zero_unrouted_rows"},
+                prelude="static_assert(cake_moe::kUnroutedRowsThreads == 256);")
+
+
 def _moe_engine_forms() -> list[Form]:
     """Routing bookkeeping and the slot-order finalize, shared by the routed-MoE families."""
     return [
@@ -210,4 +219,5 @@ def _mxfp4_moe_forms() -> list[Form]:
 
 
 FORMS: list[Form] = [*_format_forms(), *_grouped_gemm_sm90_forms(), *_grouped_gemm_sm90_wgrad_forms(),
-                     *_grouped_gemm_portable_forms(), *_moe_engine_forms(), *_mxfp4_moe_forms()]
+                     *_grouped_gemm_portable_forms(), _grouped_gemm_unrouted_rows_form(),
+                     *_moe_engine_forms(), *_mxfp4_moe_forms()]

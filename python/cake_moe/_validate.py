@@ -41,6 +41,13 @@ def integer(value, name: str) -> int:
     raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
 
 
+def boolean(value, name: str) -> bool:
+    """``value`` if it is a bool: a truthy string or None is refused rather than guessed at."""
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+
 def shape(t: torch.Tensor, name: str, expected: tuple[int, ...]) -> None:
     if tuple(t.shape) != tuple(expected):
         raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")

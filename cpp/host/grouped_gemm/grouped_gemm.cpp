@@ -7,6 +7,7 @@
 #include "host/grouped_gemm/portable_bf16_grouped_gemm.hpp"
 #include "host/grouped_gemm/sm90_bf16_grouped_gemm.hpp"
 #include "host/grouped_gemm/sm90_bf16_grouped_gemm_wgrad.hpp"
+#include "host/grouped_gemm/unrouted_rows.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/errors.hpp"
 
@@ -65,11 +66,9 @@ std::unique_ptr<Launch> prepare_form(const Problem& p) {
   throw ValueError("form '" + p.form + "' does not serve grouped GEMM " + op + " on sm_" +
                    runtime::device_arch(p.device) + " (see `cake-moe info`)");
 }
-}  // namespace
 
-std::unique_ptr<Launch> prepare(const Problem& p) {
-  check_bounds(p);
-  if (p.rows == 0 || p.num_groups == 0) return nullptr;  // Python zero-fills an empty wgrad
+// The GEMM of a problem with rows and groups.
+std::unique_ptr<Launch> prepare_gemm(const Problem& p) {
   if (!p.form.empty()) return prepare_form(p);
   if (native_sm90(p.device)) {
     if (p.op == Op::kWgrad) return make_sm90_wgrad_launch(p, use_sm90_wgrad_pair(p.rows, p.num_groups, p.out_f32));
@@ -78,6 +77,17 @@ std::unique_ptr<Launch> prepare(const Problem& p) {
                                                 runtime::device_sm_count(p.device)));
   }
   return make_portable_launch(p);
+}
+
+}  // namespace
+
+std::unique_ptr<Launch> prepare(const Problem& p) {
+  check_bounds(p);
+  if (p.zero_unrouted_rows && p.op == Op::kWgrad) throw ValueError("zero_unrouted_rows applies to fwd and dgrad");
+  if (p.rows == 0) return nullptr;
+  if (p.num_groups == 0 && !p.zero_unrouted_rows) return nullptr;  // Python zero-fills an empty wgrad
+  std::unique_ptr<Launch> gemm = p.num_groups == 0 ? nullptr : prepare_gemm(p);
+  return p.zero_unrouted_rows ? with_unrouted_rows_zeroed(std::move(gemm), p) : std::move(gemm);
 }
 
 }  // namespace cake_moe::grouped_gemm

@@ -8,7 +8,8 @@
 namespace cake_moe::grouped_gemm {
 
 // Validates what keeps the launch memory-safe (Python validated the rest) and binds the form.
-// Returns nullptr when there is nothing to launch (no rows for fwd/dgrad).
+// Returns nullptr when there is nothing to launch (no rows; or no group, unless the problem
+// zeroes the rows no group covers).
 std::unique_ptr<Launch> prepare(const Problem& p);
 
 // Scratch bytes the wgrad of this problem needs in `workspace` (0 for fwd/dgrad).

@@ -31,6 +31,7 @@ struct Problem {
   void* workspace = nullptr;       // wgrad split-K scratch, from workspace_bytes()
   int64_t workspace_bytes = 0;
   int device = 0;
+  bool zero_unrouted_rows = false; // fwd / dgrad: zero the output's rows past the last group end first
   std::string form;                // empty: the heuristic picks; else a form name to force
 };
 

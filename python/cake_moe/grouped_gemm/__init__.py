@@ -10,7 +10,9 @@ dgrad       ``dX[g_e] = G[g_e] @ W[e]``                 ``[sum_m, K]`` bf16
 wgrad       ``dW[e] = G[g_e]^T @ X[g_e]``               ``[E, N, K]`` bf16 or fp32
 ==========  =========================================  ===========================
 
-Rows past the last group end are not written. ``det`` (default) reduces every output in a fixed
+Rows past the last group end are not written (in a fresh output they hold the allocator's
+bytes, as with ``torch._grouped_mm``; ``prepare_*(..., zero_unrouted_rows=True)`` zeroes them),
+except by :func:`grouped_mm`, whose output and x.grad are zero there. ``det`` (default) reduces every output in a fixed
 order; ``fast`` may differ in the weight gradient only (see :func:`cake_moe.configure`).
 """
 from __future__ import annotations
@@ -84,7 +86,9 @@ def grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, out
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: str | None = None) -> torch.Tensor:
     """Autograd grouped GEMM: ``y = grouped_gemm_fwd(x, w, offs)``; the backward computes x.grad
-    with dgrad and w.grad with wgrad in w's dtype, running the variant of this forward."""
+    with dgrad and w.grad with wgrad in w's dtype, running the variant of this forward. Rows of
+    x past the last group end get zero in y and in x.grad (``torch._grouped_mm`` leaves both
+    uninitialized there)."""
     _tensors(x=x, w=w, offs=offs)
     v = _config.grouped_gemm_variant(variant)
     if _compiling():

@@ -183,22 +183,33 @@ def _out(out, shape, dtype, device, inputs):
     return out
 
 
-def _cpu_launch(op, out, compute, offs=None, leading_zero: bool = False):
+def _cpu_launch(op, out, compute, offs=None, leading_zero: bool = False, zero_unrouted: bool = False):
     """CPU tensors: the FP64 reference, rounded once. fwd / dgrad (``offs`` given) write only
-    the groups' rows, read from offs at each launch (NaN and Inf results included)."""
+    the groups' rows, read from offs at each launch (NaN and Inf results included), after
+    zeroing the rows past the last group end if ``zero_unrouted`` (as the device does)."""
     def run():
         res = compute()
         if offs is None:
             out.copy_(res)
-        else:
-            for start, end in ref.group_bounds(offs, leading_zero, out.shape[0]):
-                out[start:end] = res[start:end].to(out.dtype)
+            return out
+        bounds = ref.group_bounds(offs, leading_zero, out.shape[0])
+        if zero_unrouted:
+            out[_last_end(offs, bounds, out.shape[0]):] = 0
+        for start, end in bounds:
+            out[start:end] = res[start:end].to(out.dtype)
         return out
     return GroupedGemmLaunch(op, None, out.device, out, (), cpu=run)
 
 
-def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str) -> GroupedGemmLaunch:
+def _last_end(offs: torch.Tensor, bounds: list, rows: int) -> int:
+    """Where the rows no group covers start: offs' last entry clamped into [0, rows], or 0 with
+    no group (unrouted_rows.cuh reads the same)."""
+    return min(max(int(offs[-1]), 0), rows) if bounds else 0
+
+
+def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str, zero_unrouted_rows) -> GroupedGemmLaunch:
     """fwd (a = x [sum_m, K]) and dgrad (a = g [sum_m, N]) against w [E, N, K]."""
+    zero = _validate.boolean(zero_unrouted_rows, "zero_unrouted_rows")
     _bf16(a, a_name, 2)
     _bf16(w, "w", 3, a.device)
     e, n, k = w.shape
@@ -210,29 +221,32 @@ def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str) -> Groupe
     out = _out(out, (a.shape[0], out_cols), torch.bfloat16, a.device, [(a_name, a), ("w", w), ("offs", offs)])
     if a.device.type != "cuda":
         reference = ref.fwd if op == "fwd" else ref.dgrad
-        return _cpu_launch(op, out, lambda: reference(a, w, offs, lz), offs, lz)
+        return _cpu_launch(op, out, lambda: reference(a, w, offs, lz), offs, lz, zero)
     _runtime.require_served(a.device, f"grouped_gemm_{op}")
     plan = _runtime.ext().grouped_gemm_prepare(_OPS[op], 0, a.device.index, a.data_ptr(), _outer(a, 0), w.data_ptr(),
                                                _outer(w, 1), _outer(w, 0), out.data_ptr(), offs.data_ptr(), lz, e, n,
-                                               k, a.shape[0], False, 0, 0, form)
+                                               k, a.shape[0], False, 0, 0, form, zero_unrouted_rows=zero)
     return GroupedGemmLaunch(op, plan, a.device, out, (a, w, offs))
 
 
 def prepare_grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None,
-                             *, form: str = "") -> GroupedGemmLaunch:
+                             *, form: str = "", zero_unrouted_rows: bool = False) -> GroupedGemmLaunch:
     """Y[g_e] = X[g_e] @ W[e]^T: x [sum_m, K], w [E, N, K] bf16, offs int32 [E] or [E+1].
 
-    ``form`` forces a kernel form by name (``cake-moe info`` lists them; for tuning and
-    benchmarks); by default the heuristic picks one for the device and the problem.
+    Rows past the last group end are not written, so in a fresh output they hold whatever the
+    allocator held; ``zero_unrouted_rows=True`` sets them to zero at each launch (one small
+    kernel before the GEMM; :func:`grouped_mm` always does). ``form`` forces a kernel form by
+    name (``cake-moe info`` lists them; for tuning and benchmarks); by default the heuristic
+    picks one for the device and the problem.
     """
-    return _prepare_rows_op("fwd", x, "x", w, offs, out, form)
+    return _prepare_rows_op("fwd", x, "x", w, offs, out, form, zero_unrouted_rows)
 
 
 def prepare_grouped_gemm_dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None,
-                               *, form: str = "") -> GroupedGemmLaunch:
+                               *, form: str = "", zero_unrouted_rows: bool = False) -> GroupedGemmLaunch:
     """dX[g_e] = G[g_e] @ W[e]: g [sum_m, N], w [E, N, K] (read in place) -> dx [sum_m, K].
-    ``form``: as in :func:`prepare_grouped_gemm_fwd`."""
-    return _prepare_rows_op("dgrad", g, "g", w, offs, out, form)
+    ``form`` and ``zero_unrouted_rows``: as in :func:`prepare_grouped_gemm_fwd`."""
+    return _prepare_rows_op("dgrad", g, "g", w, offs, out, form, zero_unrouted_rows)
 
 
 def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None,
@@ -354,14 +368,16 @@ def _one_shot(key: tuple, tensors: tuple, out, prepare, per_stream: bool = False
 # one-shot implementations (eager) and torch.library ops
 # ---------------------------------------------------------------------------------------------
 
-def fwd_impl(x, w, offs, out=None):
-    return _one_shot(("fwd",), (x, w, offs), out,
-                     lambda t, o: prepare_grouped_gemm_fwd(t[0], t[1], t[2], o))
+def fwd_impl(x, w, offs, out=None, zero_unrouted_rows=False):
+    return _one_shot(("fwd", zero_unrouted_rows), (x, w, offs), out,
+                     lambda t, o: prepare_grouped_gemm_fwd(t[0], t[1], t[2], o,
+                                                           zero_unrouted_rows=zero_unrouted_rows))
 
 
-def dgrad_impl(g, w, offs, out=None):
-    return _one_shot(("dgrad",), (g, w, offs), out,
-                     lambda t, o: prepare_grouped_gemm_dgrad(t[0], t[1], t[2], o))
+def dgrad_impl(g, w, offs, out=None, zero_unrouted_rows=False):
+    return _one_shot(("dgrad", zero_unrouted_rows), (g, w, offs), out,
+                     lambda t, o: prepare_grouped_gemm_dgrad(t[0], t[1], t[2], o,
+                                                             zero_unrouted_rows=zero_unrouted_rows))
 
 
 def wgrad_impl(g, x, offs, num_groups, out_dtype, variant, out=None):
@@ -374,10 +390,12 @@ def wgrad_impl(g, x, offs, num_groups, out_dtype, variant, out=None):
 
 def _grouped_mm_grads(ctx, grad, dgrad, wgrad):
     """grouped_mm's backward: x.grad by dgrad, w.grad by wgrad in w's dtype, with the forward's
-    variant; ``dgrad`` / ``wgrad`` are the eager implementations or their torch.library ops."""
+    variant; ``dgrad`` / ``wgrad`` are the eager implementations or their torch.library ops.
+    x.grad is zero in the rows no group covers (no expert reads them), not left as the
+    allocator's bytes: a NaN there would reach whatever sums over x's rows upstream."""
     x, w, offs = ctx.saved_tensors
     grad = grad.contiguous()
-    dx = dgrad(grad, w, offs) if ctx.needs_input_grad[0] else None
+    dx = dgrad(grad, w, offs, zero_unrouted_rows=True) if ctx.needs_input_grad[0] else None
     variant = _config.inherited_variant(ctx.variant)
     dw = wgrad(grad, x, offs, w.shape[0], w.dtype, variant) if ctx.needs_input_grad[1] else None
     return dx, dw, None, None
@@ -392,7 +410,7 @@ class GroupedMM(torch.autograd.Function):
     def forward(ctx, x, w, offs, variant):
         ctx.save_for_backward(x, w, offs)
         ctx.variant = variant
-        return fwd_impl(x, w, offs)
+        return fwd_impl(x, w, offs, zero_unrouted_rows=True)
 
     @staticmethod
     def backward(ctx, grad):
@@ -407,8 +425,9 @@ def _register() -> None:
         return fwd_impl(x, w, offs)
 
     @lib.custom_op("cake_moe::grouped_gemm_dgrad", mutates_args=())
-    def grouped_gemm_dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        return dgrad_impl(g, w, offs)
+    def grouped_gemm_dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
+                           zero_unrouted_rows: bool = False) -> torch.Tensor:
+        return dgrad_impl(g, w, offs, zero_unrouted_rows=zero_unrouted_rows)
 
     @lib.custom_op("cake_moe::grouped_gemm_wgrad", mutates_args=())
     def grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, num_groups: int,
@@ -417,7 +436,7 @@ def _register() -> None:
 
     @lib.custom_op("cake_moe::grouped_mm", mutates_args=())
     def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: str) -> torch.Tensor:
-        return fwd_impl(x, w, offs)
+        return fwd_impl(x, w, offs, zero_unrouted_rows=True)
 
     # out= forms for compiled code: they write the caller's tensor (rows past the last group end
     # stay untouched, as in eager calls) and return nothing
@@ -438,7 +457,8 @@ def _register() -> None:
         op.register_fake(lambda *args: None)
 
     grouped_gemm_fwd.register_fake(lambda x, w, offs: x.new_empty((x.shape[0], w.shape[1])))
-    grouped_gemm_dgrad.register_fake(lambda g, w, offs: g.new_empty((g.shape[0], w.shape[2])))
+    grouped_gemm_dgrad.register_fake(
+        lambda g, w, offs, zero_unrouted_rows=False: g.new_empty((g.shape[0], w.shape[2])))
     grouped_gemm_wgrad.register_fake(
         lambda g, x, offs, num_groups, out_dtype, variant: g.new_empty((num_groups, g.shape[1], x.shape[1]),
                                                                        dtype=out_dtype))
