@@ -466,6 +466,28 @@ def test_cpu_plan_runs_the_reference(name, regime, weights_dtype):
     assert torch.equal(plan.run(), reference(case, bank))
 
 
+def test_cpu_plan_picks_up_weights_written_in_place():
+    """As on the GPU, a CPU plan reads the bound prepared weights at each run: another bank
+    copied into them gives that bank's reference."""
+    from .mxfp4_moe_cases import GENERAL, make_case, random_weights, reference
+    geom = GENERAL["h256_e8_k2"]
+    banks = [random_weights(geom, seed=seed, device="cpu") for seed in (3, 11)]
+    prepared = [prepare_cake_mxfp4_weights(b["w1"], b["w1_scale"], b["w2"], b["w2_scale"]) for b in banks]
+    case = make_case(geom, 5, "balanced", seed=4, device="cpu")
+    args, kw = geom.wrapper_args()
+    moe = CakeMxfp4MoEWrapper(*args, **kw, device="cpu")
+    plan = moe.plan(case.x, case.x_sf, case.topk_ids, case.topk_weights, prepared[0], beta=case.beta,
+                    linear_beta=case.linear_beta, workspace=torch.empty(moe.get_workspace_size(5), dtype=torch.uint8),
+                    output=torch.empty(5, geom.hidden, dtype=torch.bfloat16))
+    first = reference(case, banks[0])
+    assert torch.equal(plan.run(), first)
+    for key, t in prepared[0].items():
+        if isinstance(t, torch.Tensor):
+            t.copy_(prepared[1][key])
+    second = reference(case, banks[1])
+    assert not torch.equal(first, second) and torch.equal(plan.run(), second)
+
+
 def test_cpu_wrapper_refuses_other_devices():
     with pytest.raises(ValueError, match="CUDA device or the CPU"):
         CakeMxfp4MoEWrapper(E, K, H, I, device="meta")

@@ -33,21 +33,22 @@ def register(plan) -> int:
 class ReferencePlan:
     """Stands in for the extension's plan when the wrapper's device is the CPU: ``run`` writes
     the FP64 reference of the layer (``cake_moe.reference.moe.mxfp4_situ_moe``) for the bound
-    tensors into the bound output. The canonical weights are recovered once, at plan time."""
+    tensors into the bound output. The canonical weights are recovered from the bound prepared
+    ones at each run, so weights written in place are picked up as by the GPU plan."""
 
     forms = "cpu-reference"
 
     def __init__(self, *, x, x_sf, topk_ids, topk_weights, w1, w1_sf, w2, w2_sf, beta, linear_beta, output,
                  num_experts: int, num_local_experts: int, local_expert_offset: int):
-        prepared = dict(layout=LAYOUT, w1=w1, w1_sf=w1_sf, w2=w2, w2_sf=w2_sf)
-        self._weights = unprepare_cake_mxfp4_weights(prepared)
+        self._prepared = dict(layout=LAYOUT, w1=w1, w1_sf=w1_sf, w2=w2, w2_sf=w2_sf)
         self._inputs = (x, x_sf, topk_ids, topk_weights)
         self._beta, self._linear_beta, self._output = beta, linear_beta, output
         self._layout = (num_experts, num_local_experts, local_expert_offset)
 
     def run(self, stream: int) -> None:
         num_experts, num_local, offset = self._layout
-        out = ref.mxfp4_situ_moe(*self._inputs, *self._weights, beta=self._beta, linear_beta=self._linear_beta,
+        weights = unprepare_cake_mxfp4_weights(self._prepared)
+        out = ref.mxfp4_situ_moe(*self._inputs, *weights, beta=self._beta, linear_beta=self._linear_beta,
                                  num_experts=num_experts, num_local_experts=num_local, local_expert_offset=offset)
         self._output.copy_(out)
 
