@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import cake_moe
-from cake_moe import _config
+from cake_moe import _config, _runtime
 from cake_moe.reference import grouped_gemm as ref
 
 from .grouped_gemm_cases import bf16, offsets
@@ -99,6 +99,17 @@ def test_check_grouped_dims():
     cake_moe.check_grouped_dims(4096, 4096, num_groups=16, max_rows=limit)
     with pytest.raises(ValueError, match="exceed"):
         cake_moe.check_grouped_dims(4096, 4096, num_groups=16, max_rows=limit + 1)
+    with pytest.raises(ValueError, match="max_rows must be >= 0"):
+        cake_moe.check_grouped_dims(8, 8, max_rows=-1)
+    # max_grouped_rows checks its arguments as check_grouped_dims does
+    for args, match in (((0, 0), "multiple of 8"), ((7, 7), "multiple of 8"), ((-8, 8), "multiple of 8"),
+                        (("8", 8), "N must be an integer"), ((8, 8, -5), "num_groups must be in"),
+                        ((8, 2**31 - 8), "32-bit column")):
+        with pytest.raises(ValueError, match=match):
+            cake_moe.max_grouped_rows(*args)
+    x, g = torch.randn(6, 16, dtype=torch.bfloat16), torch.randn(6, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="num_groups must be in"):
+        cake_moe.grouped_gemm_wgrad(g, x, torch.tensor([2, 6], dtype=torch.int32), num_groups=-1)
 
 
 def test_max_grouped_rows_keeps_the_tile_total_under_the_device_cap():
@@ -129,6 +140,15 @@ def test_integer_arguments_take_numpy_integers_and_refuse_floats():
     assert torch.equal(dw, cake_moe.grouped_gemm_wgrad(g, x, offs, num_groups=2))
 
 
+_BYTES = torch.zeros(1 << 16, dtype=torch.uint8)
+
+
+def _aligned_bytes(n: int) -> torch.Tensor:
+    """n bytes at the start of one 256-byte aligned buffer (calls share it, so they overlap)."""
+    start = -_BYTES.data_ptr() % 256
+    return _BYTES[start:start + n]
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x[:, :60].contiguous(), w, o), "K="),
     (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x, w, o.to(torch.int64)), "dtype"),
@@ -144,11 +164,31 @@ def test_integer_arguments_take_numpy_integers_and_refuse_floats():
     (lambda x, w, g, o: cake_moe.grouped_mm_bf16(x, w[0], o), "3-D"),
     (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x.t(), w, o), "x must have contiguous rows"),
     (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x, w, o, out=x[:, :32]), "contiguous"),
+    # the CPU path refuses what the GPU build would
+    (lambda x, w, g, o: cake_moe.prepare_grouped_gemm_fwd(x, w, o, form=123), "form must be a str"),
+    (lambda x, w, g, o: cake_moe.prepare_grouped_gemm_fwd(x, w, o, form="bogus"), "not a grouped GEMM fwd form"),
+    (lambda x, w, g, o: cake_moe.prepare_grouped_gemm_dgrad(g, w, o, form="gg_portable_fwd"), "dgrad form"),
+    (lambda x, w, g, o: cake_moe.prepare_grouped_gemm_wgrad(g, x, o, form="gg_sm90_fwd_128x128"), "wgrad form"),
+    (lambda x, w, g, o: cake_moe.prepare_grouped_gemm_wgrad(g, x, o, workspace="abc"), "workspace must be a"),
+    (lambda x, w, g, o: cake_moe.prepare_grouped_gemm_wgrad(g, x, o, workspace=torch.zeros(16)), "workspace must have"),
+    (lambda x, w, g, o: cake_moe.prepare_grouped_gemm_wgrad(g, x, o, out=_aligned_bytes(2 * 3 * 32 * 64).view(
+        torch.bfloat16).view(3, 32, 64), workspace=_aligned_bytes(256)), "overlap"),
 ])
 def test_bad_arguments(call, match):
     x, w, g, offs = _cpu_problem([2, 5, 1])
     with pytest.raises(ValueError, match=match):
         call(x, w, g, offs)
+
+
+def test_named_forms_run_the_reference_on_the_cpu():
+    """A form this build has (for its op) is accepted on the CPU, where the reference runs."""
+    x, w, g, offs = _cpu_problem([2, 5, 1])
+    want = cake_moe.prepare_grouped_gemm_fwd(x, w, offs).launch()
+    built = {f["name"] for f in _runtime.manifest()["forms"]}
+    for form in sorted({"gg_portable_fwd", "gg_sm90_fwd_128x128"} & built):
+        launch = cake_moe.prepare_grouped_gemm_fwd(x, w, offs, form=form)
+        assert launch.form == "cpu-reference" and torch.equal(launch.launch()[:8], want[:8])
+    assert cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, form="gg_portable_wgrad").form == "cpu-reference"
 
 
 def test_variant_resolution():

@@ -23,18 +23,8 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def max_grouped_rows(n: int, k: int, num_groups: int = 0) -> int:
-    """The largest packed row count (sum over groups) whose fwd, dgrad and wgrad stay inside
-    the kernels' 32-bit index ranges for weights [E, n, k]."""
-    tiles_per_block_row = _ceil(max(n, k), _MIN_TILE)
-    # fewer than _MAX_TILES tiles: the device schedulers refuse a total that reaches it
-    by_tiles = ((_MAX_TILES - 1) // tiles_per_block_row - num_groups) * _MIN_TILE
-    return max(0, min(_MAX_DIM, by_tiles))   # (rows round up to whole tiles in 32 bits)
-
-
-def check_grouped_dims(n: int, k: int, *, num_groups: int | None = None, max_rows: int | None = None) -> None:
-    """Raise ValueError unless weights [num_groups, n, k] with up to ``max_rows`` packed rows
-    are served by fwd, dgrad and wgrad (N, K positive multiples of 8; 32-bit bounds)."""
+def _dims(n, k, num_groups) -> tuple[int, int, int]:
+    """N, K and E as ints, each in the range the kernels serve (ValueError naming it if not)."""
     n, k = _validate.integer(n, "N"), _validate.integer(k, "K")
     for name, v in (("N", n), ("K", k)):
         if v <= 0 or v % 8:
@@ -42,15 +32,37 @@ def check_grouped_dims(n: int, k: int, *, num_groups: int | None = None, max_row
         if v > _MAX_DIM:
             raise ValueError(f"{name} = {v} exceeds {_MAX_DIM}, the largest the kernels' 32-bit column indices serve")
     e = 0 if num_groups is None else _validate.integer(num_groups, "num_groups")
-    if max_rows is not None:
-        max_rows = _validate.integer(max_rows, "max_rows")
     if e < 0 or e > _INT32_MAX // 4:
         raise ValueError(f"num_groups must be in [0, {_INT32_MAX // 4}], got {e}")
     if e * _ceil(n, _MIN_TILE) * _ceil(k, _MIN_TILE) > _INT32_MAX:
         raise ValueError(f"{e} groups of {n}x{k} weights exceed the 2^31 weight-gradient tiles")
+    return n, k, e
+
+
+def _max_rows(n: int, k: int, e: int) -> int:
+    tiles_per_block_row = _ceil(max(n, k), _MIN_TILE)
+    # fewer than _MAX_TILES tiles: the device schedulers refuse a total that reaches it
+    by_tiles = ((_MAX_TILES - 1) // tiles_per_block_row - e) * _MIN_TILE
+    return max(0, min(_MAX_DIM, by_tiles))   # (rows round up to whole tiles in 32 bits)
+
+
+def max_grouped_rows(n: int, k: int, num_groups: int = 0) -> int:
+    """The largest packed row count (sum over groups) whose fwd, dgrad and wgrad stay inside
+    the kernels' 32-bit index ranges for weights [num_groups, n, k]; ValueError for
+    dimensions no kernel serves (as :func:`check_grouped_dims`)."""
+    return _max_rows(*_dims(n, k, num_groups))
+
+
+def check_grouped_dims(n: int, k: int, *, num_groups: int | None = None, max_rows: int | None = None) -> None:
+    """Raise ValueError unless weights [num_groups, n, k] with up to ``max_rows`` packed rows
+    are served by fwd, dgrad and wgrad (N, K positive multiples of 8; 32-bit bounds)."""
+    n, k, e = _dims(n, k, num_groups)
     if max_rows is not None:
-        limit = max_grouped_rows(n, k, e)
-        if max_rows < 0 or max_rows > limit:
+        max_rows = _validate.integer(max_rows, "max_rows")
+        if max_rows < 0:
+            raise ValueError(f"max_rows must be >= 0, got {max_rows}")
+        limit = _max_rows(n, k, e)
+        if max_rows > limit:
             raise ValueError(f"{max_rows} rows exceed the {limit} rows served for N={n}, K={k}, E={e}")
 
 
@@ -62,6 +74,17 @@ def _offsets(offs, num_groups: int, device: torch.device) -> bool:
     if offs.numel() == num_groups + 1:
         return True
     raise ValueError(f"offs must have E={num_groups} (cumulative ends) or E+1 (m_indptr) entries, got {offs.numel()}")
+
+
+def _form(form, op: str) -> str:
+    """``form`` if it names a grouped-GEMM ``op`` form of this build ('' picks by heuristic);
+    checked on the CPU path too, so that a CPU test refuses what the GPU build would."""
+    if not isinstance(form, str):
+        raise ValueError(f"form must be a str, got {form!r} ({type(form).__name__})")
+    if form and not any(f["name"] == form and f["family"] == "grouped_gemm" and f["params"].get("op") == op
+                        for f in _runtime.manifest()["forms"]):
+        raise ValueError(f"form {form!r} is not a grouped GEMM {op} form of this build (see `cake-moe info`)")
+    return form
 
 
 def _strides_served(t: torch.Tensor) -> bool:
@@ -210,6 +233,7 @@ def _last_end(offs: torch.Tensor, bounds: list, rows: int) -> int:
 def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str, zero_unrouted_rows) -> GroupedGemmLaunch:
     """fwd (a = x [sum_m, K]) and dgrad (a = g [sum_m, N]) against w [E, N, K]."""
     zero = _validate.boolean(zero_unrouted_rows, "zero_unrouted_rows")
+    form = _form(form, op)
     _bf16(a, a_name, 2)
     _bf16(w, "w", 3, a.device)
     e, n, k = w.shape
@@ -273,10 +297,14 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
     n, k = g.shape[1], x.shape[1]
     _validate.tensor(offs, "offs", dtypes=(torch.int32,), ndim=1, device=g.device)
     e = offs.numel() if num_groups is None else _validate.integer(num_groups, "num_groups")
-    lz = _offsets(offs, e, g.device)
     check_grouped_dims(n, k, num_groups=e, max_rows=g.shape[0])
+    lz = _offsets(offs, e, g.device)
     v = _config.grouped_gemm_variant(variant)
+    form = _form(form, "wgrad")
     out = _out(out, (e, n, k), out_dtype, g.device, [("g", g), ("x", x), ("offs", offs)])
+    if workspace is not None and workspace is not _PER_STREAM:
+        _validate.tensor(workspace, "workspace", dtypes=(torch.uint8,), device=g.device, align=256)
+        _validate.no_overlap([("workspace", workspace)], [("g", g), ("x", x), ("offs", offs), ("out", out)])
     if g.device.type != "cuda":
         return _cpu_launch("wgrad", out, lambda: ref.wgrad(g, x, offs, lz))
     _runtime.require_served(g.device, "grouped_gemm_wgrad")
@@ -289,11 +317,10 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
         ws = torch.zeros(nbytes, dtype=torch.uint8, device=g.device) if nbytes else None
     elif workspace is _PER_STREAM:
         ws = _workspace(g.device, nbytes)
-    else:
-        ws = _validate.tensor(workspace, "workspace", dtypes=(torch.uint8,), device=g.device, align=256)
+    else:   # checked above but for its size, which depends on the device
+        ws = workspace
         if ws.numel() < nbytes:
             raise ValueError(f"workspace must hold {nbytes} bytes, got {ws.numel()}")
-        _validate.no_overlap([("workspace", ws)], [("g", g), ("x", x), ("offs", offs), ("out", out)])
     plan = ext.grouped_gemm_prepare(_OPS["wgrad"], _VARIANTS[v], g.device.index, g.data_ptr(), _outer(g, 0),
                                     x.data_ptr(), _outer(x, 0), 0, out.data_ptr(), offs.data_ptr(), lz, e, n, k,
                                     g.shape[0], out_dtype == torch.float32, ws.data_ptr() if ws is not None else 0,
