@@ -76,6 +76,7 @@ def grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, out
     if _compiling():
         v = _config.grouped_gemm_variant(variant)
         if out is not None:
+            _tensors(out=out)
             if out.dtype != out_dtype:
                 raise ValueError(f"out must have dtype {out_dtype} (out_dtype), got {out.dtype}")
             torch.ops.cake_moe.grouped_gemm_wgrad_out(g, x, offs, e, v, out)
