@@ -17,8 +17,9 @@ namespace cake_moe {
 __device__ __forceinline__ void zero_unrouted_rows(const UnroutedRowsParams& p) {
   const int32_t last = p.num_offs > 0 ? __ldg(p.offs + p.num_offs - 1) : 0;
   const int32_t end = min(max(last, 0), p.rows);
-  for (int32_t r = end + int32_t(blockIdx.x); r < p.rows; r += int32_t(gridDim.x)) {
-    uint4* row = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.out) + int64_t(r) * p.row_bytes);
+  // 64-bit rows: rows may reach 2^31 - 256, and one more grid step past the last would wrap
+  for (int64_t r = int64_t(end) + blockIdx.x; r < p.rows; r += gridDim.x) {
+    uint4* row = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.out) + r * p.row_bytes);
     for (int32_t c = int32_t(threadIdx.x); c < p.row_chunks; c += int32_t(blockDim.x)) row[c] = make_uint4(0u, 0u, 0u, 0u);
   }
 }
