@@ -33,6 +33,15 @@ def test_bad_arguments_are_refused_before_any_work(argv):
     assert e.value.code == 2
 
 
+def test_demo_help_says_what_tokens_sets(capsys):
+    from cake_moe import demo
+    with pytest.raises(SystemExit) as e:
+        cli.main(["demo", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "format and grouped_mm steps" in text and f"decode step of {demo.MOE_T} tokens" in text
+
+
 def test_demo_budget_sees_nan():
     from cake_moe import demo
     assert demo._grouped_ok((1e-3, 2e-3, 3e-3))

@@ -223,10 +223,62 @@ def test_nvfp4_global_scale_ignores_infinities():
     (lambda: formats.mxfp8_dequantize(torch.zeros(4, 64, dtype=torch.uint8),
                                       torch.zeros(4, 2, dtype=torch.float8_e4m3fn)), "scale must have dtype"),
     (lambda: _dequantize_into_global_scale(), "overlap"),
+    (lambda: formats.nvfp4_global_scale([1.0]), "x must be a torch.Tensor"),
+    (lambda: formats.nvfp4_global_scale(torch.zeros(4, 16, dtype=torch.uint8)), "x must have a floating-point"),
+    (lambda: formats.scale_numel("fp8", 4, 64, False), "fmt must be one of 'mxfp8', 'mxfp4', 'nvfp4', got 'fp8'"),
+    (lambda: formats.scale_numel("mxfp8", 4, 48, False), r"cols \(mxfp8\) must be a multiple of 32"),
+    (lambda: formats.scale_numel("nvfp4", -1, 64, True), "rows and cols must be >= 0"),
+    (lambda: formats.scale_numel("mxfp4", 4.0, 64, True), "rows must be an integer"),
+    (lambda: formats.scale_numel("mxfp4", 4, 64, 1), "swizzled must be True or False"),
+    (lambda: formats.swizzle_scales(torch.zeros(2, 2, 2, dtype=torch.uint8)), "scale must be 2-D"),
+    (lambda: formats.swizzle_scales([[1, 2]]), "scale must be a torch.Tensor"),
+    (lambda: formats.unswizzle_scales(torch.zeros(512, dtype=torch.uint8), 1.5, 4), "rows must be an integer"),
+    (lambda: formats.unswizzle_scales(torch.zeros(512, dtype=torch.uint8), 1, -4), "rows and cols must be >= 0"),
+    (lambda: formats.unswizzle_scales(None, 1, 4), "flat must be a torch.Tensor"),
 ])
 def test_bad_arguments_raise_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def _swizzled_calls(swizzled):
+    x = torch.randn(4, 64)
+    g = formats.nvfp4_global_scale(x)
+    q8, s8 = formats.mxfp8_quantize(x)
+    q4, s4 = formats.mxfp4_quantize(x)
+    qn, sn = formats.nvfp4_quantize(x, g)
+    return [lambda: formats.mxfp8_quantize(x, swizzled=swizzled),
+            lambda: formats.mxfp4_quantize(x, swizzled=swizzled),
+            lambda: formats.nvfp4_quantize(x, g, swizzled=swizzled),
+            lambda: formats.mxfp8_dequantize(q8, s8, swizzled=swizzled),
+            lambda: formats.mxfp4_dequantize(q4, s4, swizzled=swizzled),
+            lambda: formats.nvfp4_dequantize(qn, sn, g, swizzled=swizzled)]
+
+
+@pytest.mark.parametrize("swizzled", ["no", None, 1, 0])
+def test_swizzled_must_be_a_bool(swizzled):
+    """A truthy string is not taken for True, nor None for False."""
+    for call in _swizzled_calls(swizzled):
+        with pytest.raises(ValueError, match="swizzled must be True or False"):
+            call()
+
+
+def test_scale_layout_helpers_match_the_quantizers():
+    x = torch.randn(130, 96)
+    q, linear = formats.mxfp4_quantize(x)
+    _, flat = formats.mxfp4_quantize(x, swizzled=True)
+    assert torch.equal(formats.swizzle_scales(linear), flat)
+    assert torch.equal(formats.unswizzle_scales(flat, 130, 3), linear)
+    assert formats.scale_numel("mxfp4", 130, 96, True) == flat.numel() == 256 * 4
+    assert formats.scale_numel("mxfp4", 130, 96, False) == linear.numel()
+
+
+def test_every_public_function_is_documented():
+    for name in formats.__all__:
+        obj = getattr(formats, name)
+        if callable(obj):
+            assert obj.__doc__ and obj.__doc__.strip(), f"cake_moe.formats.{name} has no docstring"
+    assert "(e2m1 * s) / global_scale" in formats.nvfp4_dequantize.__doc__
 
 
 def test_fake_implementations_give_shapes():

@@ -92,10 +92,26 @@ def test_wrapper_defaults_and_layouts():
     (dict(intermediate_size=2**19 + 128, intermediate_shard=2**19 + 128), "intermediate_size must be at most"),
     (dict(num_experts=896.0), "num_experts must be an integer"),
     (dict(sm_count=0), "sm_count"), (dict(device="meta"), "CUDA device or the CPU"),
+    (dict(intermediate_size=3072 + 64), "intermediate_size must be a multiple of 128"),   # no shard given
+    (dict(device="bogus"), "device must name a CUDA device or the CPU"),
+    (dict(device=-1), "device must be a CUDA device index >= 0"),
+    (dict(device=1.5), "device must be a torch.device, a device string or a CUDA device index"),
+    (dict(device=True), "device must be a torch.device"),
 ])
 def test_wrapper_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
         CakeMxfp4MoEWrapper(**{**CONTRACT, **kwargs})
+
+
+def test_wrapper_takes_a_cuda_index_as_its_device_string():
+    """device=N is "cuda:N": without a GPU it gives the host-only wrapper "cuda" gives."""
+    by_index, by_name = CakeMxfp4MoEWrapper(**CONTRACT, device=0), CakeMxfp4MoEWrapper(**CONTRACT, device="cuda:0")
+    assert by_index.device == by_name.device == torch.device("cuda", 0)
+    assert (by_index.sm_count, by_index.capability) == (by_name.sm_count, by_name.capability)
+    if not torch.cuda.is_available():
+        assert CakeMxfp4MoEWrapper(**CONTRACT, device=3).device == torch.device("cuda", 3)
+        plain = CakeMxfp4MoEWrapper(**CONTRACT, device="cuda")
+        assert (by_index.device, by_index.sm_count) == (plain.device, plain.sm_count) == (by_name.device, 132)
 
 
 def test_wrapper_takes_numpy_integers():
@@ -132,6 +148,14 @@ def _plan_args(t: int = 5, packed: bool = False) -> tuple[CakeMxfp4MoEWrapper, d
     return w, a
 
 
+def _cpu_wrapper_args(packed: bool = False, t: int = 5):
+    """_plan_args with the wrapper's device set to the tensors' (the CPU) but its kernel path kept:
+    plan() gets past the device check to every other check."""
+    w, a = _plan_args(t=t, packed=packed)
+    w.device = torch.device("cpu")
+    return w, a
+
+
 _MISSING = object()   # a keyword left out of the call
 
 
@@ -158,7 +182,7 @@ _BAD_PLAN = {
     "x 3-D": (_with("x", lambda x: x.view(1, *x.shape)), "x must be 2-D"),
     "x columns": (_with("x", lambda x: torch.cat([x.view(torch.uint8)] * 2, 1).view(torch.float8_e4m3fn)),
                   "hidden_size"),
-    "x no tokens": (_with("x", lambda x: x[:0]), "num_tokens"),
+    "x no tokens": (_with("x", lambda x: x[:0]), "^x: num_tokens"),
     "x non-contiguous": (_with("x", lambda x: x.view(torch.uint8).t().contiguous().t().view(torch.float8_e4m3fn)),
                          "x must be contiguous"),
     "x_sf shape": (_with("x_sf", lambda s: s[:, :4].contiguous()), "x_sf must have shape"),
@@ -192,17 +216,32 @@ _BAD_PLAN = {
 @pytest.mark.parametrize("what", sorted(_BAD_PLAN))
 def test_plan_refuses(what):
     change, match = _BAD_PLAN[what]
-    w, a = _plan_args()
+    w, a = _cpu_wrapper_args()
     change(a)
     with pytest.raises(ValueError, match=match):
         _call(w, a)
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_plan_checks_the_device_last(packed):
-    """Well-formed CPU tensors pass every other check and are refused for their device."""
+_REQUIRED = ("beta None", "linear_beta None", "beta left out", "linear_beta left out")
+
+
+@pytest.mark.parametrize("what,packed", [(None, False), (None, True),
+                                         *((what, False) for what in sorted(set(_BAD_PLAN) - set(_REQUIRED)))])
+def test_plan_checks_the_device_first(what, packed):
+    """CPU tensors given to a CUDA wrapper are refused for their device, well formed or not: a
+    misaligned workspace, a wrong shape or dtype is not reported ahead of the device."""
     w, a = _plan_args(packed=packed)
+    if what is not None:
+        _BAD_PLAN[what][0](a)
     with pytest.raises(ValueError, match=r"x is on cpu, expected cuda:0"):
+        _call(w, a)
+
+
+def test_plan_names_the_tensor_on_another_device():
+    w, a = _cpu_wrapper_args()
+    a["workspace"] = a["workspace"].to("meta")
+    a["output"] = a["output"][:, :128].contiguous()   # a shape error too: the device is reported first
+    with pytest.raises(ValueError, match=r"workspace is on meta, expected cpu"):
         _call(w, a)
 
 
@@ -221,7 +260,7 @@ def test_prepare_records_each_experts_largest_scale_code():
 
 
 def test_plan_checks_the_largest_scale_codes():
-    w, a = _plan_args()
+    w, a = _cpu_wrapper_args()
     prepared = prepare_cake_mxfp4_weights(*byte_bank(E, H, I))
     common = dict(beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"])
     args = (a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"])
@@ -237,8 +276,8 @@ def test_plan_checks_the_largest_scale_codes():
         w.plan(*args, {**prepared, "w1_sf_max": prepared["w1_sf_max"][:2]}, **common)
     with pytest.raises(ValueError, match="w2_sf_max must have dtype"):
         w.plan(*args, {**prepared, "w2_sf_max": prepared["w2_sf_max"].int()}, **common)
-    with pytest.raises(ValueError, match="is on cpu"):   # well formed: refused only for the device
-        w.plan(*args, prepared, **common)
+    with pytest.raises(ValueError, match="is on cpu"):   # well formed: a CUDA wrapper refuses only the device
+        _plan_args()[0].plan(*args, prepared, **common)
 
 
 def test_plan_accepts_the_prepared_dict():
@@ -300,12 +339,6 @@ def fake_ext(monkeypatch):
     return ext
 
 
-def _cpu_wrapper_args(packed: bool = False, t: int = 5):
-    w, a = _plan_args(t=t, packed=packed)
-    w.device = torch.device("cpu")
-    return w, a
-
-
 @pytest.mark.parametrize("packed,kind", [(False, 0), (True, 2)])
 def test_plan_binding_call(fake_ext, packed, kind):
     w, a = _cpu_wrapper_args(packed=packed)
@@ -358,8 +391,9 @@ def test_plan_tile_sync(fake_ext):
     assert fake_ext.calls[-1][1]["tile_sync"] is True and plan.decision.tile_sync
     plan = _call(w, a, tile_sync=False)
     assert fake_ext.calls[-1][1]["tile_sync"] is False and not plan.decision.tile_sync
-    with pytest.raises(ValueError, match="tile_sync needs an mma.sync"):
-        _call(w, a, tile="wg64x4", tile_sync=True)
+    for tile in ("wg64x4", "wg128"):   # the refusal is tile_sync's, not x's
+        with pytest.raises(ValueError, match="^tile_sync needs an mma.sync"):
+            _call(w, a, tile=tile, tile_sync=True)
 
 
 def test_plan_forced_tile(fake_ext):
@@ -374,7 +408,7 @@ def test_plan_refuses_an_sm90_tile_on_another_arch(fake_ext):
     w, a = _cpu_wrapper_args(t=200)
     w.capability = (10, 0)
     torch.cuda.get_device_capability = lambda device: (10, 0)  # fake_ext's monkeypatch restores it
-    with pytest.raises(ValueError, match="sm_90a form"):
+    with pytest.raises(ValueError, match="^tile 'wg128' is an sm_90a form"):
         _call(w, a, tile="wg128")
     assert _call(w, a) is not None and fake_ext.calls[-1][1]["gemm1_tile"] == "n64"
 

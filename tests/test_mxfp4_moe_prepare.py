@@ -158,6 +158,7 @@ def _badbyte_bank(what: str):
         "intermediate size": (w1[:, :128], w1s[:, :128], w2[:, :, :32], w2s[:, :, :2]),
         "w2 device": (w1, w1s, w2.to("meta"), w2s),
         "w1 not a tensor": (w1.numpy(), w1s, w2, w2s),
+        "no experts": (w1[:0], w1s[:0], w2[:0], w2s[:0]),
     }[what]
 
 
@@ -166,7 +167,7 @@ def _badbyte_bank(what: str):
     ("w2 shape", "w2 must have shape"), ("w2_scale shape", "w2_scale must have shape"),
     ("w1_scale shape", "w1_scale must have shape"), ("hidden size", "hidden size H"),
     ("intermediate size", "intermediate size I"), ("w2 device", "w2 is on meta"),
-    ("w1 not a tensor", "w1 must be a torch.Tensor"),
+    ("w1 not a tensor", "w1 must be a torch.Tensor"), ("no experts", "w1 must hold at least one expert"),
 ])
 def test_prepare_refuses(what, match):
     with pytest.raises(ValueError, match=match):
@@ -178,3 +179,20 @@ def test_unprepare_refuses_what_prepare_did_not_make():
         unprepare_cake_mxfp4_weights({"w1": None})
     with pytest.raises(ValueError, match="layout"):
         unprepare_cake_mxfp4_weights(byte_bank(1, 128, 128))
+
+
+def test_unprepare_names_the_missing_keys():
+    with pytest.raises(ValueError, match=r"missing the key\(s\) 'w1', 'w1_sf', 'w2', 'w2_sf'"):
+        unprepare_cake_mxfp4_weights({"layout": "cake_mma_v3"})
+    prepared = prepare_cake_mxfp4_weights(*byte_bank(1, 128, 128))
+    del prepared["w2_sf"]
+    with pytest.raises(ValueError, match=r"missing the key\(s\) 'w2_sf' "):
+        unprepare_cake_mxfp4_weights(prepared)
+
+
+def test_unprepare_refuses_a_bank_without_experts():
+    prepared = {**prepare_cake_mxfp4_weights(*byte_bank(1, 128, 128)), "num_local_experts": 0}
+    for key in ("w1", "w1_sf", "w2", "w2_sf"):
+        prepared[key] = prepared[key][:0]
+    with pytest.raises(ValueError, match=r"prepared\['w1'\] must hold at least one expert"):
+        unprepare_cake_mxfp4_weights(prepared)

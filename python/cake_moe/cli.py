@@ -123,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="build, forms, checksums and the current device").set_defaults(fn=cmd_info)
     d = sub.add_parser("demo", help="run the default MoE layer pieces on the GPU, check and time them")
-    d.add_argument("--tokens", type=_positive, default=None, help="token count (default 4096 on GPU, 64 on CPU)")
+    d.add_argument("--tokens", type=_positive, default=None,
+                   help="token count of the format and grouped_mm steps (default 4096 on GPU, 64 on CPU); the "
+                        "MXFP4 MoE step is always a decode step of 8 tokens")
     d.set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmarks against their anchors, JSON + markdown")
     b.add_argument("what", choices=["formats", "grouped-gemm", "mxfp4-moe"])

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from ..reference.formats import (OCP_FLOOR, ROUND_UP, nvfp4_global_scale, swizzle_scales,
-                                 unswizzle_scales)
+from .. import _validate
+from ..reference import formats as _ref
+from ..reference.formats import OCP_FLOOR, ROUND_UP
 from . import _ops
 from ._ops import scale_numel
 
@@ -30,7 +31,7 @@ _RULES = {ROUND_UP: 0, OCP_FLOOR: 1}
 def _rule(scale_rule: str) -> int:
     try:
         return _RULES[scale_rule]
-    except KeyError:
+    except (KeyError, TypeError):   # TypeError: an unhashable value
         raise ValueError(f"scale_rule must be {ROUND_UP!r} or {OCP_FLOOR!r}, got {scale_rule!r}") from None
 
 
@@ -50,7 +51,7 @@ def mxfp8_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str =
 
     Returns ``(q, scale)``: q float8_e4m3fn with x's shape; scale uint8.
     """
-    return _call("mxfp8_quantize", x, swizzled, _rule(scale_rule), out=out)
+    return _call("mxfp8_quantize", x, _validate.boolean(swizzled, "swizzled"), _rule(scale_rule), out=out)
 
 
 def mxfp4_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str = ROUND_UP,
@@ -59,7 +60,7 @@ def mxfp4_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str =
 
     Returns ``(q, scale)``: q uint8 ``[..., K/2]``; scale uint8 UE8M0.
     """
-    return _call("mxfp4_quantize", x, swizzled, _rule(scale_rule), out=out)
+    return _call("mxfp4_quantize", x, _validate.boolean(swizzled, "swizzled"), _rule(scale_rule), out=out)
 
 
 def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, *, swizzled: bool = False,
@@ -69,20 +70,65 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, *, swizzled: boo
 
     Returns ``(q, scale)``: q uint8 ``[..., K/2]``; scale float8_e4m3fn.
     """
-    return _call("nvfp4_quantize", x, global_scale, swizzled, out=out)
+    return _call("nvfp4_quantize", x, global_scale, _validate.boolean(swizzled, "swizzled"), out=out)
 
 
 def mxfp8_dequantize(q: torch.Tensor, scale: torch.Tensor, *, swizzled: bool = False,
                      dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None) -> torch.Tensor:
-    return _call("mxfp8_dequantize", q, scale, swizzled, dtype, out=out)
+    """MXFP8 dequantization: each element of q times its block's UE8M0 scale 2^(code - 127).
+
+    q float8_e4m3fn (or its bytes as uint8) ``[..., K]``, K % 32 == 0; scale uint8 ``[rows, K/32]``,
+    or flat in the 128x4 layout with ``swizzled=True``. Returns ``dtype`` (bf16 or fp32)
+    ``[..., K]``, into ``out`` if given.
+    """
+    return _call("mxfp8_dequantize", q, scale, _validate.boolean(swizzled, "swizzled"), dtype, out=out)
 
 
 def mxfp4_dequantize(q: torch.Tensor, scale: torch.Tensor, *, swizzled: bool = False,
                      dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None) -> torch.Tensor:
-    return _call("mxfp4_dequantize", q, scale, swizzled, dtype, out=out)
+    """MXFP4 dequantization: each E2M1 element times its block's UE8M0 scale 2^(code - 127).
+
+    q uint8 ``[..., K/2]`` (two elements per byte, low nibble first), K % 32 == 0; scale uint8
+    ``[rows, K/32]``, or flat in the 128x4 layout with ``swizzled=True``. Returns ``dtype`` (bf16
+    or fp32) ``[..., K]``, into ``out`` if given.
+    """
+    return _call("mxfp4_dequantize", q, scale, _validate.boolean(swizzled, "swizzled"), dtype, out=out)
 
 
 def nvfp4_dequantize(q: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, *,
                      swizzled: bool = False, dtype: torch.dtype = torch.bfloat16,
                      out: torch.Tensor | None = None) -> torch.Tensor:
-    return _call("nvfp4_dequantize", q, scale, global_scale, swizzled, dtype, out=out)
+    """NVFP4 dequantization: value = (e2m1 * s) / global_scale, with s the block's E4M3 scale and
+    ``global_scale`` the FP32 encode scale the quantizer was given (one element on q's device).
+
+    q uint8 ``[..., K/2]`` (two elements per byte, low nibble first), K % 16 == 0; scale
+    float8_e4m3fn (or its bytes as uint8) ``[rows, K/16]``, or flat in the 128x4 layout with
+    ``swizzled=True``. Returns ``dtype`` (bf16 or fp32) ``[..., K]``, into ``out`` if given.
+    """
+    return _call("nvfp4_dequantize", q, scale, global_scale, _validate.boolean(swizzled, "swizzled"), dtype, out=out)
+
+
+def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
+    """The usual NVFP4 encode scale 448 * 6 / amax(x) as an FP32 [1] tensor on x's device (amax
+    over the finite elements; 1 if none is nonzero or x is empty), at most the largest finite FP32 value."""
+    _validate.tensor(x, "x", contiguous=False)
+    if not x.is_floating_point():
+        raise ValueError(f"x must have a floating-point dtype, got {x.dtype}")
+    return _ref.nvfp4_global_scale(x)
+
+
+def swizzle_scales(scale: torch.Tensor) -> torch.Tensor:
+    """Linear ``[rows, cols]`` scales -> flat bytes in the 128x4 layout (rows padded to 128, cols
+    to 4, padding zero), of scale's dtype."""
+    _validate.tensor(scale, "scale", ndim=2, contiguous=False)
+    return _ref.swizzle_scales(scale)
+
+
+def unswizzle_scales(flat: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Inverse of :func:`swizzle_scales`: the flat 128x4-layout scales of ``rows`` x ``cols`` ->
+    linear ``[rows, cols]``."""
+    _validate.tensor(flat, "flat", contiguous=False)
+    rows, cols = _validate.integer(rows, "rows"), _validate.integer(cols, "cols")
+    if rows < 0 or cols < 0:
+        raise ValueError(f"rows and cols must be >= 0, got {rows} and {cols}")
+    return _ref.unswizzle_scales(flat, rows, cols)

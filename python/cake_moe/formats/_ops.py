@@ -23,13 +23,25 @@ def _round_up(x: int, m: int) -> int:
 
 
 def scale_numel(fmt: str, rows: int, cols: int, swizzled: bool) -> int:
-    """Bytes of the scale tensor for ``rows`` x ``cols`` elements in format ``fmt``."""
+    """Bytes of the scale tensor for ``rows`` x ``cols`` elements in format ``fmt`` (``"mxfp8"``,
+    ``"mxfp4"`` or ``"nvfp4"``; ``cols`` a multiple of its block)."""
+    if not isinstance(fmt, str) or fmt not in _BLOCK:
+        raise ValueError(f"fmt must be one of {', '.join(repr(f) for f in _BLOCK)}, got {fmt!r}")
+    rows, cols = _validate.integer(rows, "rows"), _validate.integer(cols, "cols")
+    if rows < 0 or cols < 0:
+        raise ValueError(f"rows and cols must be >= 0, got {rows} and {cols}")
+    _validate.multiple(cols, _BLOCK[fmt], f"cols ({fmt})")
+    return _scale_numel(fmt, rows, cols, _validate.boolean(swizzled, "swizzled"))
+
+
+def _scale_numel(fmt: str, rows: int, cols: int, swizzled: bool) -> int:
     n = cols // _BLOCK[fmt]
     return _round_up(rows, 128) * _round_up(n, 4) if swizzled else rows * n
 
 
 def _scale_shape(fmt: str, rows: int, cols: int, swizzled: bool) -> tuple[int, ...]:
-    return (scale_numel(fmt, rows, cols, swizzled),) if swizzled else (rows, cols // _BLOCK[fmt])
+    # the callers have checked their arguments (and may be tracing: no checks that could specialize)
+    return (_scale_numel(fmt, rows, cols, swizzled),) if swizzled else (rows, cols // _BLOCK[fmt])
 
 
 def _geometry(x: torch.Tensor, fmt: str) -> tuple[int, int]:

@@ -172,6 +172,8 @@ def _check_bank(w1, w1_scale, w2, w2_scale, names: tuple[str, str, str, str]) ->
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D [L, rows, bytes], got shape {tuple(t.shape)}")
     num_local, two_i, half_h = w1.shape
+    if num_local < 1:   # the wrapper serves num_local_experts >= 1
+        raise ValueError(f"{names[0]} must hold at least one expert (L = shape[0] >= 1), got shape {tuple(w1.shape)}")
     if two_i % 2:
         raise ValueError(f"{names[0]} must have 2*I rows (up then gate), got {two_i}")
     hidden, inter = 2 * half_h, two_i // 2
@@ -229,7 +231,12 @@ def unprepare_cake_mxfp4_weights(prepared: dict) -> tuple[torch.Tensor, torch.Te
     """The exact inverse of :func:`prepare_cake_mxfp4_weights`: (w1, w1_scale, w2, w2_scale)."""
     if not isinstance(prepared, dict) or prepared.get("layout") != LAYOUT:
         raise ValueError(f"prepared must be the dict returned by prepare_cake_mxfp4_weights (layout {LAYOUT!r})")
-    w1, w1_sf, w2, w2_sf = (prepared[k] for k in ("w1", "w1_sf", "w2", "w2_sf"))
+    keys = ("w1", "w1_sf", "w2", "w2_sf")
+    missing = [k for k in keys if k not in prepared]
+    if missing:
+        raise ValueError(f"prepared is missing the key(s) {', '.join(map(repr, missing))} "
+                         f"(the dict of prepare_cake_mxfp4_weights holds {', '.join(keys)})")
+    w1, w1_sf, w2, w2_sf = (prepared[k] for k in keys)
     _check_bank(w1, w1_sf, w2, w2_sf, ("prepared['w1']", "prepared['w1_sf']", "prepared['w2']", "prepared['w2_sf']"))
     return (_from_prepared(w1, "w1"),
             _permute_rows(w1_sf, "w1", inverse=True),

@@ -156,7 +156,8 @@ class CakeMxfp4MoEWrapper:
             if v > MAX_DIM:
                 raise ValueError(f"{name} must be at most {MAX_DIM} (the kernels' 32-bit row coordinates), got {v}")
         _validate.multiple(h, 128, "hidden_size")
-        _validate.multiple(shard, 128, "intermediate_shard")
+        # the argument the caller gave: the shard defaults to intermediate_size
+        _validate.multiple(shard, 128, "intermediate_size" if intermediate_shard is None else "intermediate_shard")
         if i % shard:
             raise ValueError(f"intermediate_size ({i}) must be a multiple of intermediate_shard ({shard})")
         if offset + num_local > e:
@@ -180,7 +181,25 @@ class CakeMxfp4MoEWrapper:
     def _resolve_device(device: torch.device | str | int | None) -> torch.device:
         if device is None:
             return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
-        dev = torch.device(device)
+        if isinstance(device, torch.device):
+            dev = device
+        elif isinstance(device, str):
+            try:
+                dev = torch.device(device)
+            except (RuntimeError, ValueError):
+                raise ValueError(f"device must name a CUDA device or the CPU ('cuda', 'cuda:N', 'cpu'), "
+                                 f"got {device!r}") from None
+        else:
+            # an index is a CUDA device's, as "cuda:N" (torch.device(N) asks for an accelerator, and there
+            # may be none on a host-only machine)
+            try:
+                index = _validate.integer(device, "device")
+            except ValueError:
+                raise ValueError(f"device must be a torch.device, a device string or a CUDA device index, got "
+                                 f"{device!r} ({type(device).__name__})") from None
+            if index < 0:
+                raise ValueError(f"device must be a CUDA device index >= 0, got {device!r}")
+            dev = torch.device("cuda", index)
         if dev.type == "cpu":
             return torch.device("cpu")
         if dev.type != "cuda":
@@ -245,7 +264,7 @@ class CakeMxfp4MoEWrapper:
         return tuple(w1[name] for name in _WEIGHT_NAMES) + tuple(w1.get(name) for name in _CODE_MAX_NAMES)
 
     def _check_tensors(self, tensors: dict, num_tokens: int) -> None:
-        """dtype, shape, contiguity and alignment of every argument (no device check)."""
+        """dtype, shape, contiguity and alignment of every argument (plan() checks the devices first)."""
         t, h, k = num_tokens, self.hidden_size, self.top_k
         num_local, shard = self.num_local_experts, self.intermediate_shard
         specs = {   # name: (dtypes, shape, byte alignment)
@@ -305,26 +324,31 @@ class CakeMxfp4MoEWrapper:
         if beta is None or linear_beta is None:
             raise ValueError(f"{'beta' if beta is None else 'linear_beta'} is required (fp32 [num_local_experts]; "
                              "the SiTU defaults are 4 and 25)")
+        pw = self._weights(w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max)
+        tensors: dict[str, torch.Tensor | None] = {
+            "x": x, "x_sf": x_sf, "topk_ids": topk_ids, "topk_weights": topk_weights, **pw._asdict(),
+            "beta": beta, "linear_beta": linear_beta, "workspace": workspace, "output": output}
+        # the device first: a tensor on another device is the cause of whatever else looks wrong with it
+        # (a non-tensor is refused by its own check below)
+        for name, t in tensors.items():
+            if isinstance(t, torch.Tensor) and t.device != self.device:
+                raise ValueError(f"{name} is on {t.device}, expected {self.device} (the wrapper's device)")
         _validate.tensor(x, "x", dtypes=(torch.float8_e4m3fn,), ndim=2, align=16)
         num_tokens = x.shape[0]
         if x.shape[1] != self.hidden_size:
             raise ValueError(f"x must have hidden_size={self.hidden_size} columns, got shape {tuple(x.shape)}")
         decision = self.decide(num_tokens, tile=tile, tile_sync=tile_sync)
         if not decision.supported:
-            raise ValueError(f"x: {decision.reason}")
+            # a refused token count is x's (T = x.shape[0]); a refused tile or tile_sync names itself
+            tokens_refused = (num_tokens < 1 or _decide.token_rows_refusal(num_tokens, self.top_k, self.hidden_size,
+                                                                           self.intermediate_shard))
+            raise ValueError(f"x: {decision.reason}" if tokens_refused else decision.reason)
         if num_tokens * self.top_k > _INT32_MAX:
             raise ValueError(f"x: T * top_k = {num_tokens * self.top_k} routes exceed the int32 route index")
-        pw = self._weights(w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max)
-        tensors: dict[str, torch.Tensor | None] = {
-            "x": x, "x_sf": x_sf, "topk_ids": topk_ids, "topk_weights": topk_weights, **pw._asdict(),
-            "beta": beta, "linear_beta": linear_beta, "workspace": workspace, "output": output}
         self._check_tensors(tensors, num_tokens)
         present = [(name, t) for name, t in tensors.items() if t is not None]
         _validate.no_overlap([("output", output), ("workspace", workspace)],
                              [(name, t) for name, t in present if name not in ("output", "workspace")])
-        for name, t in present:
-            if t.device != self.device:
-                raise ValueError(f"{name} is on {t.device}, expected {self.device} (the wrapper's device)")
         inputs = (x, x_sf, topk_ids, topk_weights)
         keep = tuple(t for _, t in present)
         if self._reference:
