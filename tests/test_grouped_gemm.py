@@ -162,7 +162,7 @@ def _aligned_bytes(n: int) -> torch.Tensor:
     (lambda x, w, g, o: cake_moe.grouped_mm([1.0], w, o), "x must be a torch.Tensor"),
     (lambda x, w, g, o: cake_moe.grouped_mm_bf16(x, None, o), "b must be a torch.Tensor"),
     (lambda x, w, g, o: cake_moe.grouped_mm_bf16(x, w[0], o), "3-D"),
-    (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x.t(), w, o), "x must have contiguous rows"),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x.t(), w, o), "x must have a unit stride along its last axis"),
     (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x, w, o, out=x[:, :32]), "contiguous"),
     # the CPU path refuses what the GPU build would
     (lambda x, w, g, o: cake_moe.prepare_grouped_gemm_fwd(x, w, o, form=123), "form must be a str"),
@@ -306,6 +306,28 @@ def test_zero_unrouted_rows_on_request(op):
     assert empty.launch().eq(0).all()
     with pytest.raises(ValueError, match="zero_unrouted_rows must be True or False"):
         prepare(a, w, offs, zero_unrouted_rows=1)
+
+
+def test_only_grouped_mm_is_differentiable_and_only_once():
+    """The CPU path behaves as the kernels: the direct ops' results carry no autograd graph, and
+    grouped_mm's backward cannot be differentiated again (an error, not second-order gradients
+    silently missing on the GPU)."""
+    x, w, g, offs = _cpu_problem([3, 0, 5], n=16, k=32)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    assert not cake_moe.grouped_gemm_fwd(xr, wr, offs).requires_grad
+    assert not cake_moe.grouped_gemm_wgrad(g, xr, offs).requires_grad
+    for call in (cake_moe.grouped_mm, lambda *a: torch.ops.cake_moe.grouped_mm(*a, "det")):
+        y = call(xr, wr, offs)
+        (gx,) = torch.autograd.grad(y.float().sum(), xr, create_graph=True)
+        assert torch.equal(gx, torch.autograd.grad(call(xr, wr, offs).float().sum(), xr)[0])
+        with pytest.raises(RuntimeError, match="double backward is not supported"):
+            (gx.float().square().sum() + 0 * y.float().sum()).backward()
+
+
+def test_refusals_say_what_to_do_with_a_transposed_operand():
+    x, w, g, offs = _cpu_problem([3, 0, 5], n=16, k=32)
+    with pytest.raises(ValueError, match=r"unit stride along its last axis.*\.contiguous\(\)"):
+        cake_moe.grouped_mm(x, w.transpose(1, 2).contiguous().transpose(1, 2), offs)
 
 
 def test_eager_grouped_mm_is_the_function_with_the_ops_results():

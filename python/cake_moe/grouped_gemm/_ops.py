@@ -106,6 +106,10 @@ def _strides_served(t: torch.Tensor) -> bool:
 def _bf16(t, name: str, ndim: int, device=None) -> torch.Tensor:
     _validate.tensor(t, name, dtypes=(torch.bfloat16,), ndim=ndim, device=device, contiguous=False, align=16)
     if not _strides_served(t):
+        if t.stride(-1) != 1 and t.shape[-1] > 1:   # no call copies these: the layout is the caller's to choose
+            raise ValueError(f"{name} must have a unit stride along its last axis (contiguous rows), got strides "
+                             f"{t.stride()} for shape {tuple(t.shape)}: call .contiguous() on a transposed view "
+                             "(w is [E, N, K], the layout torch._grouped_mm reads as w.transpose(-2, -1))")
         raise ValueError(f"{name} must have contiguous rows that start 16-byte multiples apart without overlap, got "
                          f"strides {t.stride()} for shape {tuple(t.shape)} (a prepared launch binds it in place; "
                          "the one-shot ops copy such a tensor first)")
@@ -211,7 +215,10 @@ def _cpu_launch(op, out, compute, offs=None, leading_zero: bool = False, zero_un
     the groups' rows, read from offs at each launch (NaN and Inf results included), after
     zeroing the rows past the last group end if ``zero_unrouted`` (as the device does)."""
     def run():
-        res = compute()
+        with torch.no_grad():   # as the kernels: the result carries no autograd graph (grouped_mm has one)
+            return write(compute())
+
+    def write(res):
         if offs is None:
             out.copy_(res)
             return out
@@ -302,8 +309,9 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
     v = _config.grouped_gemm_variant(variant)
     form = _form(form, "wgrad")
     out = _out(out, (e, n, k), out_dtype, g.device, [("g", g), ("x", x), ("offs", offs)])
-    if workspace is not None and workspace is not _PER_STREAM:
-        _validate.tensor(workspace, "workspace", dtypes=(torch.uint8,), device=g.device, align=256)
+    if workspace is not None and workspace is not _PER_STREAM:   # (the CPU path never uses it: any alignment)
+        _validate.tensor(workspace, "workspace", dtypes=(torch.uint8,), device=g.device,
+                         align=256 if g.device.type == "cuda" else 0)
         _validate.no_overlap([("workspace", workspace)], [("g", g), ("x", x), ("offs", offs), ("out", out)])
     if g.device.type != "cuda":
         return _cpu_launch("wgrad", out, lambda: ref.wgrad(g, x, offs, lz))
@@ -421,11 +429,28 @@ def _grouped_mm_grads(ctx, grad, dgrad, wgrad):
     x.grad is zero in the rows no group covers (no expert reads them), not left as the
     allocator's bytes: a NaN there would reach whatever sums over x's rows upstream."""
     x, w, offs = ctx.saved_tensors
-    grad = grad.contiguous()
-    dx = dgrad(grad, w, offs, zero_unrouted_rows=True) if ctx.needs_input_grad[0] else None
-    variant = _config.inherited_variant(ctx.variant)
-    dw = wgrad(grad, x, offs, w.shape[0], w.dtype, variant) if ctx.needs_input_grad[1] else None
+    with torch.no_grad():
+        grad = grad.contiguous()
+        dx = dgrad(grad, w, offs, zero_unrouted_rows=True) if ctx.needs_input_grad[0] else None
+        variant = _config.inherited_variant(ctx.variant)
+        dw = wgrad(grad, x, offs, w.shape[0], w.dtype, variant) if ctx.needs_input_grad[1] else None
+    if torch.is_grad_enabled():   # create_graph=True
+        dx, dw = _not_differentiable(dx, dw)
     return dx, dw, None, None
+
+
+def _not_differentiable(*grads):
+    """The gradients, marked to raise if differentiated: the kernels record no graph, so a
+    double backward would otherwise see constants and silently drop the second-order terms
+    (@once_differentiable marks its results only when the incoming gradient requires grad)."""
+    live = [t for t in grads if t is not None]
+    if not live:
+        return grads
+    err = torch._C._functions.DelayedError(b"grouped_mm's backward cannot be differentiated (double backward is "
+                                           b"not supported)", len(live))
+    marked = err(*[t.detach().requires_grad_() for t in live])
+    marked = iter(marked if isinstance(marked, tuple) else (marked,))
+    return tuple(None if t is None else next(marked) for t in grads)
 
 
 class GroupedMM(torch.autograd.Function):

@@ -317,6 +317,14 @@ class CakeMxfp4MoEWrapper:
         (see :meth:`decide`). Each form is repeatable to the bit; the sm_90a wgmma forms give
         the same bits as each other, the mma.sync forms sum K in other orders and agree with
         them to rounding; ``tile_sync`` changes no bit.
+
+        The four weight tensors must be the prepared ones: the canonical bank has the same
+        shapes and dtypes (only the row order differs), so nothing can refuse it, and it gives
+        wrong results; pass the dict to have its layout checked. The plan binds the tensors'
+        memory: write new values in place, never ``set_`` or ``resize_`` a bound tensor. Plans
+        that share a workspace must not run at the same time (on two streams), and
+        :meth:`Mxfp4MoEPlan.last_tile` reads the workspace, so it describes the last run of any
+        plan bound to it.
         """
         if _capturing():
             raise RuntimeError("CakeMxfp4MoEWrapper.plan() cannot run during CUDA graph capture: plan outside "
