@@ -1,6 +1,6 @@
 """Number-format kernels: MXFP8, MXFP4 and NVFP4 quantize / dequantize (SPEC §3).
 
-Every function takes an optional ``out=`` (``(q, scale)`` for quantizers, one tensor for
+Every quantizer and dequantizer takes an optional ``out=`` (``(q, scale)`` for quantizers, one tensor for
 dequantizers) to write into caller-owned memory. CUDA tensors run the compiled kernels (bit-identical to ``cake_moe.reference.formats``); CPU
 tensors run that reference. Scales come back linear ``[rows, K/block]`` or, with
 ``swizzled=True``, flat in the 128x4 layout Blackwell block-scaled MMA reads.

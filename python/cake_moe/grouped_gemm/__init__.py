@@ -11,7 +11,7 @@ wgrad       ``dW[e] = G[g_e]^T @ X[g_e]``               ``[E, N, K]`` bf16 or fp
 ==========  =========================================  ===========================
 
 Rows past the last group end are not written (in a fresh output they hold the allocator's
-bytes, as with ``torch._grouped_mm``; ``prepare_*(..., zero_unrouted_rows=True)`` zeroes them),
+bytes, as with ``torch._grouped_mm``; ``prepare_grouped_gemm_fwd/dgrad(..., zero_unrouted_rows=True)`` zeroes them),
 except by :func:`grouped_mm`, whose output and x.grad are zero there. ``det`` (default) reduces every output in a fixed
 order; ``fast`` may differ in the weight gradient only (see :func:`cake_moe.configure`).
 """
