@@ -67,8 +67,9 @@ Loaded load() {
   resolve(gpa, d.LaunchKernelEx, "cuLaunchKernelEx", 11060, err);
   resolve(gpa, d.TensorMapEncodeTiled, "cuTensorMapEncodeTiled", 12000, err);
   resolve(gpa, d.TensorMapReplaceAddress, "cuTensorMapReplaceAddress", 12000, err);
-  std::string optional_error;  // only the CAKE_MOE_SYNC_CHECK debug mode needs this one
+  std::string optional_error;  // only the CAKE_MOE_SYNC_CHECK debug mode needs these
   resolve(gpa, d.StreamSynchronize, "cuStreamSynchronize", 2000, optional_error);
+  resolve(gpa, d.StreamIsCapturing, "cuStreamIsCapturing", 10000, optional_error);
   resolve(gpa, d.KernelGetFunction, "cuKernelGetFunction", 12000, err);
   resolve(gpa, d.OccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters", 11080, err);
   if (!err.empty()) return out;

@@ -28,6 +28,7 @@ struct Driver {
   decltype(&::cuTensorMapEncodeTiled) TensorMapEncodeTiled = nullptr;
   decltype(&::cuTensorMapReplaceAddress) TensorMapReplaceAddress = nullptr;
   decltype(&::cuStreamSynchronize) StreamSynchronize = nullptr;
+  decltype(&::cuStreamIsCapturing) StreamIsCapturing = nullptr;
   decltype(&::cuKernelGetFunction) KernelGetFunction = nullptr;
   decltype(&::cuOccupancyMaxActiveClusters) OccupancyMaxActiveClusters = nullptr;
   int version = 0;  // cuDriverGetVersion, e.g. 13000

@@ -20,6 +20,15 @@ CUlaunchAttribute cluster_attribute(const LaunchConfig& cfg) {
   a.value.clusterDim.z = cfg.cluster[2] ? cfg.cluster[2] : 1;
   return a;
 }
+
+// Whether `stream` is being captured into a CUDA graph: CAKE_MOE_SYNC_CHECK's synchronisation
+// would invalidate the capture there (and report it as a kernel fault), so it skips those.
+bool capturing(CUstream stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const Driver& d = driver();
+  return d.StreamIsCapturing && d.StreamIsCapturing(stream, &status) == CUDA_SUCCESS &&
+         status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
 }  // namespace
 
 void launch(CUkernel kernel, const LaunchConfig& cfg, const void* args, const char* what) {
@@ -51,7 +60,7 @@ void launch(CUkernel kernel, const LaunchConfig& cfg, const void* args, const ch
     const char* v = std::getenv("CAKE_MOE_SYNC_CHECK");
     return v && v[0] == '1';
   }();
-  if (sync_check && driver().StreamSynchronize) {
+  if (sync_check && driver().StreamSynchronize && !capturing(lc.hStream)) {
     const CUresult s = driver().StreamSynchronize(lc.hStream);
     if (s != CUDA_SUCCESS) check(s, std::string("kernel fault in ") + what + " (CAKE_MOE_SYNC_CHECK)");
   }

@@ -42,9 +42,10 @@ class UnroutedRowsZeroed final : public Launch {
     zero_.launch(stream);
     if (gemm_) gemm_->launch(stream);
   }
+  // The GEMM's first: it may throw (a tensor map to encode), and then neither kernel moves.
   void set_output(void* out) override {
-    zero_.params->out = out;
     if (gemm_) gemm_->set_output(out);
+    zero_.params->out = out;
   }
   const std::string& form() const override { return gemm_ ? gemm_->form() : zero_.form; }
 
