@@ -155,6 +155,25 @@ def test_side_stream_and_graph_replay_are_bitwise_equal():
         assert _equal_bytes(q, q0) and _equal_bytes(s, s0)
 
 
+def test_inputs_that_require_grad_and_every_nvfp4_global_scale_layout():
+    """The kernels take addresses (no DLPack import): an input that requires grad, a global
+    scale given as a 0-d tensor or a strided one-element view, and float8 / uint8 views of the
+    same bytes all give the same bits."""
+    x = torch.randn(128, 512, dtype=torch.float32, device="cuda")
+    q0, s0 = formats.mxfp4_quantize(x)
+    q1, s1 = formats.mxfp4_quantize(x.clone().requires_grad_())
+    assert torch.equal(q1, q0) and torch.equal(s1, s0)
+    g = ref.nvfp4_global_scale(x).cuda()
+    nq, ns = formats.nvfp4_quantize(x, g)
+    for g_view in (g.reshape(()), torch.stack([g[0], g[0] * 2])[::2]):
+        q, s = formats.nvfp4_quantize(x, g_view)
+        assert torch.equal(q, nq) and _equal_bytes(s, ns)
+    y = formats.nvfp4_dequantize(nq, ns, g)
+    assert torch.equal(formats.nvfp4_dequantize(nq, ns.view(torch.uint8), g.reshape(())), y)
+    m8, m8s = formats.mxfp8_quantize(x)
+    assert torch.equal(formats.mxfp8_dequantize(m8.view(torch.uint8), m8s), formats.mxfp8_dequantize(m8, m8s))
+
+
 def test_opcheck_and_compile():
     x = torch.randn(64, 256, dtype=torch.bfloat16, device="cuda")
     g = ref.nvfp4_global_scale(x).cuda()

@@ -98,8 +98,9 @@ def _quantize(fmt: str, x: torch.Tensor, global_scale, swizzled: bool, rule: int
     _runtime.require_served(x.device, f"{fmt}_quantize")
     q, scale = _outputs(out, specs, x.device, inputs)
     if x.numel():   # an empty x has empty scales in either layout
-        _runtime.ext().quantize(fmt, x, _runtime.as_bytes(q), _runtime.as_bytes(scale), g, rows, cols, swizzled,
-                                rule, _runtime.stream_handle(x.device))
+        _runtime.ext().quantize(fmt, x.device.index, x.data_ptr(), x.dtype == torch.bfloat16, q.data_ptr(),
+                                scale.data_ptr(), 0 if g is None else g.data_ptr(), rows, cols, swizzled, rule,
+                                _runtime.stream_handle(x.device))
     return q, scale
 
 
@@ -128,8 +129,9 @@ def _dequantize(fmt: str, q: torch.Tensor, scale: torch.Tensor, global_scale, sw
     _runtime.require_served(q.device, f"{fmt}_dequantize")
     (out,) = _outputs(out, [(out_shape, dtype)], q.device, inputs)
     if out.numel():
-        _runtime.ext().dequantize(fmt, _runtime.as_bytes(q), _runtime.as_bytes(scale), g, out, rows, cols, swizzled,
-                                  _runtime.stream_handle(q.device))
+        _runtime.ext().dequantize(fmt, q.device.index, q.data_ptr(), scale.data_ptr(),
+                                  0 if g is None else g.data_ptr(), out.data_ptr(), out.dtype == torch.bfloat16, rows,
+                                  cols, swizzled, _runtime.stream_handle(q.device))
     return out
 
 
