@@ -262,15 +262,15 @@ def _nan_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty", poisoned)
 
 
-@pytest.mark.parametrize("compiled_op", [False, True])
-def test_grouped_mm_zeroes_the_rows_no_group_covers(monkeypatch, compiled_op):
+@pytest.mark.parametrize("via_op", [False, True])
+def test_grouped_mm_zeroes_the_rows_no_group_covers(monkeypatch, via_op):
     """grouped_mm's y and x.grad are exact zeros in the rows past the last group end (no expert
     reads them: their gradient is zero); the direct ops leave a fresh output's rows there as
     allocated, and zero them on request."""
     x, w, g, offs = _cpu_problem([3, 0, 5], n=16, k=32)       # rows 8.. are in no group
     _nan_empty(monkeypatch)
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
-    y = torch.ops.cake_moe.grouped_mm(xr, wr, offs, "det") if compiled_op else cake_moe.grouped_mm(xr, wr, offs)
+    y = torch.ops.cake_moe.grouped_mm(xr, wr, offs, "det") if via_op else cake_moe.grouped_mm(xr, wr, offs)
     y.backward(g)
     for t in (y.detach(), xr.grad):
         assert torch.equal(t[8:], torch.zeros_like(t[8:])) and torch.isfinite(t[:8]).all()
@@ -280,32 +280,50 @@ def test_grouped_mm_zeroes_the_rows_no_group_covers(monkeypatch, compiled_op):
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])
-def test_zero_unrouted_rows_on_request(op):
-    """prepare_*(zero_unrouted_rows=True) zeroes the rows past the last group end (clamped
-    into the rows; all of them with no group) at every launch, into a caller's out too, and
-    leaves the groups' rows to the GEMM."""
-    x, w, g, offs = _cpu_problem([3, 0, 5], n=16, k=32)
+@pytest.mark.parametrize("leading_zero", [False, True])
+def test_zero_unrouted_rows_on_request(op, leading_zero):
+    """prepare_*(zero_unrouted_rows=True) zeroes the rows past the last group end (offs' last
+    entry in both conventions, clamped into the rows; all of them with no group) at every
+    launch, into a caller's out too, and leaves the groups' rows to the GEMM; rows before the
+    first start of an m_indptr that does not begin at 0 (malformed) are left alone."""
+    x, w, g, _ = _cpu_problem([3, 0, 5], n=16, k=32)
+    offs = offsets([3, 0, 5], device="cpu", leading_zero=leading_zero)
     a, cols = (x, w.shape[1]) if op == "fwd" else (g, w.shape[2])
     prepare = getattr(cake_moe, f"prepare_grouped_gemm_{op}")
     out = torch.full((a.shape[0], cols), float("nan"), dtype=torch.bfloat16)
     launch = prepare(a, w, offs, out, zero_unrouted_rows=True)
     plain = prepare(a, w, offs)
     assert torch.equal(launch.launch()[:8], plain.launch()[:8]) and out[8:].eq(0).all()
-    for last, zero_from in ((6, 6), (-3, 0), (99, a.shape[0])):   # new offsets, read at each launch
+    cases = [((-1, 6), 6), ((-1, -3), 0), ((-1, 99), a.shape[0])]   # (index, value), first zeroed row
+    if leading_zero:
+        cases.append(((0, 2), 8))                                     # rows 0-1 in no group, left alone
+    for (index, value), zero_from in cases:                           # new offsets, read at each launch
         out.fill_(float("nan"))
-        offs[-1] = last
+        offs.copy_(offsets([3, 0, 5], device="cpu", leading_zero=leading_zero))
+        offs[index] = value
         launch.launch()
         want = plain.launch()
         covered = torch.zeros(a.shape[0], dtype=torch.bool)
-        for start, end in ref.group_bounds(offs, rows=a.shape[0]):
+        for start, end in ref.group_bounds(offs, leading_zero, rows=a.shape[0]):
             covered[start:end] = True
         assert torch.equal(out[covered], want[covered])
-        assert out[zero_from:][~covered[zero_from:]].eq(0).all() and out[:zero_from][~covered[:zero_from]].isnan().all()
-    empty = prepare(a, w[:0], torch.zeros(0, dtype=torch.int32), zero_unrouted_rows=True)
+        assert out[zero_from:][~covered[zero_from:]].eq(0).all()
+        assert out[:zero_from][~covered[:zero_from]].isnan().all()
+    assert not leading_zero or out[:2].isnan().all()
+    empty = prepare(a, w[:0], torch.zeros(int(leading_zero), dtype=torch.int32), zero_unrouted_rows=True)
     empty.out.fill_(float("nan"))
     assert empty.launch().eq(0).all()
     with pytest.raises(ValueError, match="zero_unrouted_rows must be True or False"):
         prepare(a, w, offs, zero_unrouted_rows=1)
+
+
+def test_opcheck_of_the_zeroing_ops():
+    """The dgrad op with zero_unrouted_rows and the grouped_mm op (its autograd included) pass
+    opcheck with rows past the last group end: those rows are defined (zero) there."""
+    x, w, g, offs = _cpu_problem([3, 0, 5], n=16, k=32)
+    torch.library.opcheck(torch.ops.cake_moe.grouped_gemm_dgrad.default, (g, w, offs, True))
+    torch.library.opcheck(torch.ops.cake_moe.grouped_mm.default,
+                          (x.clone().requires_grad_(), w.clone().requires_grad_(), offs, "det"))
 
 
 def test_only_grouped_mm_is_differentiable_and_only_once():

@@ -548,9 +548,9 @@ def test_grouped_mm_autograd_and_compile():
 @pytest.mark.parametrize("call", ["function", "op"])
 def test_grouped_mm_zeroes_the_rows_no_group_covers(monkeypatch, call):
     """grouped_mm's y and x.grad are exact zeros in the rows past the last group end, even where
-    the allocator hands back NaN blocks (torch.empty poisoned here), step after step (the kept
-    launches move the zeroing kernel to each fresh output); the groups' rows keep the plain
-    GEMMs' bits."""
+    the allocator hands back NaN blocks (torch.empty poisoned here), step after step: from the
+    second step on the one-shot calls run the launches the first kept, pointed at each step's
+    fresh outputs, the zeroing kernel included; the groups' rows keep the plain GEMMs' bits."""
     cake_moe.release()
     sizes = [100, 0, 37, 211]
     x, w, g, offs = _problem(sizes, 64, 128, seed=31, pad=40)
@@ -558,55 +558,67 @@ def test_grouped_mm_zeroes_the_rows_no_group_covers(monkeypatch, call):
     want_y, want_dx = cake_moe.grouped_gemm_fwd(x, w, offs), cake_moe.grouped_gemm_dgrad(g, w, offs)
     empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **k: poison_(empty(*a, **k)))
-    for _ in range(2):
-        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    for step in range(3):
+        xr.grad = wr.grad = None
         y = (cake_moe.grouped_mm(xr, wr, offs) if call == "function"
              else torch.ops.cake_moe.grouped_mm(xr, wr, offs, "det"))
         y.backward(g)
         for got, want in ((y.detach(), want_y), (xr.grad, want_dx)):
-            assert not got[end:].view(torch.int16).any(), "a row in no group is not +0"
-            assert torch.equal(got[:end], want[:end])
+            assert not got[end:].view(torch.int16).any(), (step, "a row past the last group end is not +0")
+            assert torch.equal(got[:end], want[:end]), step
+        if step == 0:
+            plans = _kept_plans()
+        assert _kept_plans() == plans, "a later step prepared a launch of its own"
     assert cake_moe.grouped_gemm_dgrad(g, w, offs)[end:].isnan().all()   # the direct op leaves them
     cake_moe.release()
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])
 @pytest.mark.parametrize("form", ["", "gg_portable"])
-def test_prepared_zero_unrouted_rows_follows_new_offsets(op, form):
+@pytest.mark.parametrize("leading_zero", [False, True])
+@pytest.mark.parametrize("replay", [False, True], ids=["eager", "graph"])
+def test_prepared_zero_unrouted_rows_follows_new_offsets(op, form, leading_zero, replay):
     """zero_unrouted_rows=True: every launch (eager or graph-replayed) zeroes the rows past the
-    current last end, clamped into the rows, before the GEMM (malformed offsets that give a
-    group rows past a smaller last end keep its values), allocating nothing; no group zeroes
-    every row."""
-    x, w, g, offs = _problem([100, 200, 300], 128, 256, seed=33, pad=24)
+    current last end (offs' last entry in both conventions), clamped into the rows, before the
+    GEMM (malformed offsets that give a group rows past a smaller last end keep its values),
+    allocating nothing and writing nothing outside the output (guard rows either side); no
+    group zeroes every row; rows before an m_indptr's nonzero first start are left alone."""
+    x, w, g, _ = _problem([100, 200, 300], 128, 256, seed=33, pad=24)
     a, prepare = (x, cake_moe.prepare_grouped_gemm_fwd) if op == "fwd" else (g, cake_moe.prepare_grouped_gemm_dgrad)
     name = f"{form}_{op}" if form else ""
-    out = poison_(torch.empty(a.shape[0], w.shape[1 if op == "fwd" else 2], dtype=torch.bfloat16, device="cuda"))
-    launch = prepare(a, w, offs, out, form=name, zero_unrouted_rows=True)
+    rows, cols, guard = a.shape[0], w.shape[1 if op == "fwd" else 2], 8
+    buf = poison_(torch.empty(rows + 2 * guard, cols, dtype=torch.bfloat16, device="cuda"))
+    offs = offsets([100, 200, 300], leading_zero=leading_zero)
+    launch = prepare(a, w, offs, buf[guard:guard + rows], form=name, zero_unrouted_rows=True)
     plain = prepare(a, w, offs, form=name)
     launch.launch()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch.launch()
-    rows = a.shape[0]
-    for ends in ([100, 300, 600], [600, 600, 600], [0, 0, 0], [100, 400, 250], [50, 60, -5], [10, 20, rows + 99]):
-        offs.copy_(torch.tensor(ends, dtype=torch.int32))
-        poison_(launch.out)
+    graph = None
+    if replay:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            launch.launch()
+    cases = [[100, 300, 600], [600, 600, 600], [0, 0, 0], [100, 400, 250], [50, 60, -5], [10, 20, rows + 99]]
+    for ends in cases + ([[40, 100, 300, 600]] if leading_zero else []):   # the last: rows 0-39 in no group
+        offs.copy_(torch.tensor(ends if len(ends) == offs.numel() else [0, *ends], dtype=torch.int32))
+        poison_(buf)
         torch.cuda.synchronize()
         before = torch.cuda.memory_stats()["allocation.all.allocated"]
-        graph.replay()
+        graph.replay() if graph is not None else launch.launch()
         torch.cuda.synchronize()
         assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "launch() allocated"
+        assert buf[:guard].isnan().all() and buf[guard + rows:].isnan().all(), (ends, "wrote outside the output")
         poison_(plain.out)
         want = plain.launch()
         covered = torch.zeros(rows, dtype=torch.bool, device="cuda")
-        for start, stop in ref.group_bounds(offs, rows=rows):
+        for start, stop in ref.group_bounds(offs, leading_zero, rows=rows):
             covered[start:stop] = True
         zero_from = min(max(ends[-1], 0), rows)
         assert torch.equal(launch.out[covered], want[covered]), ends
         tail = ~covered & (torch.arange(rows, device="cuda") >= zero_from)
         assert not launch.out[tail].view(torch.int16).any(), (ends, "an uncovered row past the last end is not +0")
         assert launch.out[~covered & ~tail].isnan().all(), (ends, "a row before the last end was zeroed")
-    none = prepare(a, w[:0], offs[:0], form=name, zero_unrouted_rows=True)
+    none = prepare(a, w[:0], offs[:int(leading_zero)], form=name, zero_unrouted_rows=True)
     poison_(none.out)
     assert not none.launch().view(torch.int16).any(), "no group: every row is +0"
 

@@ -1,5 +1,7 @@
-// Bindings of the number-format kernels. Python (cake_moe.formats) validates every argument
-// first; the checks here repeat the ones that keep a launch memory-safe.
+// Bindings of the number-format kernels. Python (cake_moe.formats) validates every tensor
+// (dtype, device, shape, contiguity, alignment, overlap) and passes addresses and the geometry;
+// the checks here are the format name and rule, the geometry's block multiple, alignment and
+// non-null addresses (the host launchers add the 32-bit chunk bounds).
 #include <nanobind/stl/string.h>
 
 #include "bindings/common.hpp"

@@ -21,13 +21,15 @@ CUlaunchAttribute cluster_attribute(const LaunchConfig& cfg) {
   return a;
 }
 
-// Whether `stream` is being captured into a CUDA graph: CAKE_MOE_SYNC_CHECK's synchronisation
-// would invalidate the capture there (and report it as a kernel fault), so it skips those.
+// Whether `stream` may be part of a CUDA graph capture: CAKE_MOE_SYNC_CHECK's synchronisation
+// would invalidate the capture there (and report it as a kernel fault), so it skips those. A
+// failed query counts as capturing (the legacy stream answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+// while another stream captures in global mode).
 bool capturing(CUstream stream) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   const Driver& d = driver();
-  return d.StreamIsCapturing && d.StreamIsCapturing(stream, &status) == CUDA_SUCCESS &&
-         status != CU_STREAM_CAPTURE_STATUS_NONE;
+  if (!d.StreamIsCapturing) return false;
+  return d.StreamIsCapturing(stream, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 }  // namespace
 

@@ -12,8 +12,8 @@
 namespace cake_moe::grouped_gemm {
 namespace {
 
-// Two CTAs per SM, each walking rows: the kernel reads the last end on the device, so the grid
-// is sized for every row, and when nothing lies past the last end each CTA only reads it.
+// Two CTAs per SM, a warp per row: the kernel reads the last end on the device, so the grid is
+// sized for a tail of every row, and when nothing lies past the last end each CTA only reads it.
 constexpr int64_t kCtasPerSm = 2;
 
 class UnroutedRowsZeroed final : public Launch {
@@ -32,7 +32,8 @@ class UnroutedRowsZeroed final : public Launch {
     runtime::ScopedDevice scope(p.device);
     zero_.kernel = runtime::get_kernel(zero_.form, "cake_gg_zero_unrouted_rows", p.device);
     const int64_t ctas = kCtasPerSm * runtime::device_sm_count(p.device);
-    zero_.cfg.grid[0] = unsigned(std::max<int64_t>(1, std::min(ctas, p.rows)));
+    constexpr int64_t kRowsPerCta = kUnroutedRowsThreads / 32;
+    zero_.cfg.grid[0] = unsigned(std::max<int64_t>(1, std::min(ctas, (p.rows + kRowsPerCta - 1) / kRowsPerCta)));
     zero_.cfg.block[0] = kUnroutedRowsThreads;
   }
 

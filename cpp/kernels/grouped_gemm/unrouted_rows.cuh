@@ -1,7 +1,7 @@
-// Rows of a fwd / dgrad output that no group covers, [last group end, rows), set to zero.
-// grouped_mm runs it before its GEMMs, so that y and x.grad are defined everywhere: the
-// gradient of an input row that no expert reads is zero (a fresh output's rows would otherwise
-// keep whatever the allocator held, and a NaN there poisons whatever sums over the rows later).
+// Rows of a fwd / dgrad output past the last group end, [last end, rows), set to zero.
+// grouped_mm runs it before its GEMMs, so that y and x.grad are defined there: the gradient of
+// an input row that no expert reads is zero (a fresh output's rows would otherwise keep
+// whatever the allocator held, and a NaN there poisons whatever sums over the rows later).
 // Generic CUDA (every arch); the GEMM kernels are untouched.
 #pragma once
 #include <cstdint>
@@ -17,10 +17,14 @@ namespace cake_moe {
 __device__ __forceinline__ void zero_unrouted_rows(const UnroutedRowsParams& p) {
   const int32_t last = p.num_offs > 0 ? __ldg(p.offs + p.num_offs - 1) : 0;
   const int32_t end = min(max(last, 0), p.rows);
-  // 64-bit rows: rows may reach 2^31 - 256, and one more grid step past the last would wrap
-  for (int64_t r = int64_t(end) + blockIdx.x; r < p.rows; r += gridDim.x) {
+  // A warp per row, its lanes over the row's 16-byte chunks: no division per store (the kernel
+  // issues little else; rows of fewer than 32 chunks leave lanes idle, a CTA per row left most
+  // of its threads idle); 64-bit row indices (the tail may hold nearly 2^31 rows).
+  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t r = end + warp; r < p.rows; r += warps) {
     uint4* row = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.out) + r * p.row_bytes);
-    for (int32_t c = int32_t(threadIdx.x); c < p.row_chunks; c += int32_t(blockDim.x)) row[c] = make_uint4(0u, 0u, 0u, 0u);
+    for (int32_t c = int32_t(threadIdx.x & 31u); c < p.row_chunks; c += 32) row[c] = make_uint4(0u, 0u, 0u, 0u);
   }
 }
 

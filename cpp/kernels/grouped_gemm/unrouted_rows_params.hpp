@@ -13,6 +13,7 @@ struct UnroutedRowsParams {
   int32_t num_offs;       // entries of offs (E or E + 1); 0: no group, every row is zeroed
 };
 
-constexpr int kUnroutedRowsThreads = 256;  // __launch_bounds__ in forms.py
+constexpr int kUnroutedRowsThreads = 256;  // __launch_bounds__ in forms.py; a multiple of 32 (a warp per row)
+static_assert(kUnroutedRowsThreads % 32 == 0);
 
 }  // namespace cake_moe

@@ -426,16 +426,17 @@ def wgrad_impl(g, x, offs, num_groups, out_dtype, variant, out=None):
 def _grouped_mm_grads(ctx, grad, dgrad, wgrad):
     """grouped_mm's backward: x.grad by dgrad, w.grad by wgrad in w's dtype, with the forward's
     variant; ``dgrad`` / ``wgrad`` are the eager implementations or their torch.library ops.
-    x.grad is zero in the rows no group covers (no expert reads them), not left as the
+    x.grad is zero in the rows past the last group end (no expert reads them), not left as the
     allocator's bytes: a NaN there would reach whatever sums over x's rows upstream."""
+    if torch.is_grad_enabled():   # create_graph=True (else autograd runs backward without grad)
+        with torch.no_grad():
+            dx, dw, _, _ = _grouped_mm_grads(ctx, grad, dgrad, wgrad)
+        return (*_not_differentiable(dx, dw), None, None)
     x, w, offs = ctx.saved_tensors
-    with torch.no_grad():
-        grad = grad.contiguous()
-        dx = dgrad(grad, w, offs, zero_unrouted_rows=True) if ctx.needs_input_grad[0] else None
-        variant = _config.inherited_variant(ctx.variant)
-        dw = wgrad(grad, x, offs, w.shape[0], w.dtype, variant) if ctx.needs_input_grad[1] else None
-    if torch.is_grad_enabled():   # create_graph=True
-        dx, dw = _not_differentiable(dx, dw)
+    grad = grad.contiguous()
+    dx = dgrad(grad, w, offs, zero_unrouted_rows=True) if ctx.needs_input_grad[0] else None
+    variant = _config.inherited_variant(ctx.variant)
+    dw = wgrad(grad, x, offs, w.shape[0], w.dtype, variant) if ctx.needs_input_grad[1] else None
     return dx, dw, None, None
 
 
@@ -490,6 +491,8 @@ def _register() -> None:
     def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: str) -> torch.Tensor:
         return fwd_impl(x, w, offs, zero_unrouted_rows=True)
 
+    # (the dgrad op takes zero_unrouted_rows for grouped_mm's compiled backward; the fwd op needs
+    # none: the grouped_mm op zeroes its own output)
     # out= forms for compiled code: they write the caller's tensor (rows past the last group end
     # stay untouched, as in eager calls) and return nothing
     @lib.custom_op("cake_moe::grouped_gemm_fwd_out", mutates_args=("out",))
