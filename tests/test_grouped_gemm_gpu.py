@@ -185,6 +185,27 @@ def test_det_bitwise_repeatable_streams_graphs_processes():
     assert out.stdout.split() == [_digest(y0), _digest(d0), _digest(w0)]
 
 
+def _warm_and_capture(launch, replay: bool):
+    """Run ``launch`` once (its kernels load) and, with ``replay``, capture another run: the
+    graph to replay, or None for eager launches."""
+    launch.launch()
+    if not replay:
+        return None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch.launch()
+    return graph
+
+
+def _launch_without_allocating(launch, graph) -> None:
+    """One launch (or replay of ``graph``), checked to allocate nothing."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    graph.replay() if graph is not None else launch.launch()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "launch() allocated"
+
+
 @pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad_det", "wgrad_fast", "wgrad_det_c2"])
 @pytest.mark.parametrize("replay", [False, True], ids=["eager", "graph"])
 def test_prepared_launch_follows_new_offsets_without_allocating(op, replay):
@@ -200,22 +221,13 @@ def test_prepared_launch_follows_new_offsets_without_allocating(op, replay):
         variant = op.split("_")[1]
         launch = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant=variant, form="gg_sm90_" + op)
         assert launch.form == "gg_sm90_" + op
-    launch.launch()
-    graph = None
-    if replay:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            launch.launch()
+    graph = _warm_and_capture(launch, replay)
     for sizes in ([600, 0, 0], [0, 1, 599], [5, 5, 5], [0, 0, 0]):
         offs.copy_(offsets(sizes))
         x.copy_(bf16(*x.shape, seed=sum(sizes[:2])))
         g.copy_(bf16(*g.shape, seed=sum(sizes[:2]) + 1))
         poison_(launch.out)
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_stats()["allocation.all.allocated"]
-        graph.replay() if graph is not None else launch.launch()
-        torch.cuda.synchronize()
-        assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "launch() allocated"
+        _launch_without_allocating(launch, graph)
         if op == "fwd":
             _check_rows(launch.out, ref.fwd(x, w, offs))
         elif op == "dgrad":
@@ -592,21 +604,12 @@ def test_prepared_zero_unrouted_rows_follows_new_offsets(op, form, leading_zero,
     offs = offsets([100, 200, 300], leading_zero=leading_zero)
     launch = prepare(a, w, offs, buf[guard:guard + rows], form=name, zero_unrouted_rows=True)
     plain = prepare(a, w, offs, form=name)
-    launch.launch()
-    graph = None
-    if replay:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            launch.launch()
+    graph = _warm_and_capture(launch, replay)
     cases = [[100, 300, 600], [600, 600, 600], [0, 0, 0], [100, 400, 250], [50, 60, -5], [10, 20, rows + 99]]
     for ends in cases + ([[40, 100, 300, 600]] if leading_zero else []):   # the last: rows 0-39 in no group
         offs.copy_(torch.tensor(ends if len(ends) == offs.numel() else [0, *ends], dtype=torch.int32))
         poison_(buf)
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_stats()["allocation.all.allocated"]
-        graph.replay() if graph is not None else launch.launch()
-        torch.cuda.synchronize()
-        assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "launch() allocated"
+        _launch_without_allocating(launch, graph)
         assert buf[:guard].isnan().all() and buf[guard + rows:].isnan().all(), (ends, "wrote outside the output")
         poison_(plain.out)
         want = plain.launch()
