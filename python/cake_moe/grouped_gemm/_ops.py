@@ -76,14 +76,21 @@ def _offsets(offs, num_groups: int, device: torch.device) -> bool:
     raise ValueError(f"offs must have E={num_groups} (cumulative ends) or E+1 (m_indptr) entries, got {offs.numel()}")
 
 
-def _form(form, op: str) -> str:
-    """``form`` if it names a grouped-GEMM ``op`` form of this build ('' picks by heuristic);
-    checked on the CPU path too, so that a CPU test refuses what the GPU build would."""
+def _form(form, op: str, device: torch.device) -> str:
+    """``form`` if it names a grouped-GEMM ``op`` form of this build ('' picks by heuristic)
+    built for the device's arch; the name is checked on the CPU path too, so that a CPU test
+    refuses what the GPU build would."""
     if not isinstance(form, str):
         raise ValueError(f"form must be a str, got {form!r} ({type(form).__name__})")
-    if form and not any(f["name"] == form and f["family"] == "grouped_gemm" and f["params"].get("op") == op
-                        for f in _runtime.manifest()["forms"]):
+    if not form:
+        return form
+    entry = next((f for f in _runtime.manifest()["forms"]
+                  if f["name"] == form and f["family"] == "grouped_gemm" and f["params"].get("op") == op), None)
+    if entry is None:
         raise ValueError(f"form {form!r} is not a grouped GEMM {op} form of this build (see `cake-moe info`)")
+    if device.type == "cuda" and _runtime.device_arch(device.index) not in entry["arches"]:
+        raise ValueError(f"form {form!r} does not serve grouped GEMM {op} on sm_{_runtime.device_arch(device.index)} "
+                         "(see `cake-moe info`)")
     return form
 
 
@@ -232,7 +239,7 @@ def _cpu_launch(op, out, compute, offs=None, leading_zero: bool = False, zero_un
 
 
 def _last_end(offs: torch.Tensor, bounds: list, rows: int) -> int:
-    """Where the rows no group covers start: offs' last entry clamped into [0, rows], or 0 with
+    """The first row past the last group end: offs' last entry clamped into [0, rows], or 0 with
     no group (unrouted_rows.cuh reads the same)."""
     return min(max(int(offs[-1]), 0), rows) if bounds else 0
 
@@ -240,9 +247,9 @@ def _last_end(offs: torch.Tensor, bounds: list, rows: int) -> int:
 def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str, zero_unrouted_rows) -> GroupedGemmLaunch:
     """fwd (a = x [sum_m, K]) and dgrad (a = g [sum_m, N]) against w [E, N, K]."""
     zero = _validate.boolean(zero_unrouted_rows, "zero_unrouted_rows")
-    form = _form(form, op)
     _bf16(a, a_name, 2)
     _bf16(w, "w", 3, a.device)
+    form = _form(form, op, a.device)
     e, n, k = w.shape
     a_cols, out_cols = (k, n) if op == "fwd" else (n, k)
     if a.shape[1] != a_cols:
@@ -307,7 +314,7 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
     check_grouped_dims(n, k, num_groups=e, max_rows=g.shape[0])
     lz = _offsets(offs, e, g.device)
     v = _config.grouped_gemm_variant(variant)
-    form = _form(form, "wgrad")
+    form = _form(form, "wgrad", g.device)
     out = _out(out, (e, n, k), out_dtype, g.device, [("g", g), ("x", x), ("offs", offs)])
     if workspace is not None and workspace is not _PER_STREAM:   # (the CPU path never uses it: any alignment)
         _validate.tensor(workspace, "workspace", dtypes=(torch.uint8,), device=g.device,
