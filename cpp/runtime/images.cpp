@@ -29,6 +29,16 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// A kernel load's result: a failure inside stream capture (drivers before 12.3 cannot load
+// modules there) says how to avoid it.
+void check_load(CUresult r, const std::string& what) {
+  if (r == CUDA_SUCCESS) return;
+  const bool capture = r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  check(r, capture ? what + " (a kernel's first use inside CUDA graph capture, which drivers before 12.3 do not "
+                            "allow: run the op once before capturing)"
+                   : what);
+}
+
 CUlibrary load_locked(const std::string& form, const std::string& arch, const void* data, std::size_t size) {
   const EmbeddedImage* img = find_image(form, arch);
   if (!img) throw NotImplemented("no kernel image for form " + form + " on sm_" + arch);
@@ -38,8 +48,8 @@ CUlibrary load_locked(const std::string& form, const std::string& arch, const vo
                              img->sha256 + ", image " + got + "; the installed package is corrupted, reinstall it");
   const Driver& d = driver();
   CUlibrary lib = nullptr;
-  check(d.LibraryLoadData(&lib, data, nullptr, nullptr, 0, nullptr, nullptr, 0),
-        "cuLibraryLoadData(" + form + ", sm_" + arch + ")");
+  check_load(d.LibraryLoadData(&lib, data, nullptr, nullptr, 0, nullptr, nullptr, 0),
+             "cuLibraryLoadData(" + form + ", sm_" + arch + ")");
   return lib;
 }
 
@@ -93,7 +103,7 @@ CUkernel get_kernel(const std::string& form, const char* name, int device) {
   {
     ScopedDevice scope(device);
     CUfunction fn = nullptr;
-    check(driver().KernelGetFunction(&fn, k), std::string("cuKernelGetFunction(") + name + ")");
+    check_load(driver().KernelGetFunction(&fn, k), std::string("cuKernelGetFunction(") + name + ")");
   }
   g_kernels.emplace(key, k);
   return k;
