@@ -77,6 +77,18 @@ def token_rows_refusal(num_tokens: int, top_k: int, hidden: int, inter: int) -> 
             "I_shard), not below the 2^35 their 32-bit chunk indices reach; split the batch")
 
 
+def token_count_refusal(num_tokens, top_k: int, hidden: int, inter: int) -> str | None:
+    """Why ``num_tokens`` is not a token count any plan serves (not an int >= 1, or past the
+    GEMMs' 32-bit row indexing), or None."""
+    try:
+        t = _validate.integer(num_tokens, "num_tokens")
+    except ValueError:
+        t = 0
+    if t < 1:
+        return f"num_tokens must be an int >= 1, got {num_tokens!r}"
+    return token_rows_refusal(t, top_k, hidden, inter)
+
+
 # Token rows per tile of every form the table (or a caller's `tile=`) can name.
 BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n8_narrow4": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
                                "wg64x4": 64, "wg32x4": 32, "wg160x3": 160, "wg96x4": 96}
@@ -294,16 +306,10 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile GEMM1 -> GEMM2 sync on or off
     (it never changes a bit of the result); True needs an mma.sync tile form (not one of
     SM90_TILES)."""
-    given = num_tokens
-    try:
-        num_tokens = _validate.integer(given, "num_tokens")
-    except ValueError:
-        num_tokens = 0
-    if num_tokens < 1:
-        return PlanDecision(False, f"num_tokens must be an int >= 1, got {given!r}", "none", 0, ())
-    refusal = token_rows_refusal(num_tokens, top_k, hidden, inter)
+    refusal = token_count_refusal(num_tokens, top_k, hidden, inter)
     if refusal:
         return PlanDecision(False, refusal, "none", 0, ())
+    num_tokens = _validate.integer(num_tokens, "num_tokens")   # a numpy integer as an int
     load = routes_per_expert(num_tokens, top_k, num_experts)
     alt = ""
     if sm90:

@@ -345,12 +345,13 @@ class CakeMxfp4MoEWrapper:
         num_tokens = x.shape[0]
         if x.shape[1] != self.hidden_size:
             raise ValueError(f"x must have hidden_size={self.hidden_size} columns, got shape {tuple(x.shape)}")
+        # a refused token count is x's (T = x.shape[0]); a refused tile or tile_sync names itself
+        refusal = _decide.token_count_refusal(num_tokens, self.top_k, self.hidden_size, self.intermediate_shard)
+        if refusal:
+            raise ValueError(f"x: {refusal}")
         decision = self.decide(num_tokens, tile=tile, tile_sync=tile_sync)
         if not decision.supported:
-            # a refused token count is x's (T = x.shape[0]); a refused tile or tile_sync names itself
-            tokens_refused = (num_tokens < 1 or _decide.token_rows_refusal(num_tokens, self.top_k, self.hidden_size,
-                                                                           self.intermediate_shard))
-            raise ValueError(f"x: {decision.reason}" if tokens_refused else decision.reason)
+            raise ValueError(decision.reason)
         if num_tokens * self.top_k > _INT32_MAX:
             raise ValueError(f"x: T * top_k = {num_tokens * self.top_k} routes exceed the int32 route index")
         self._check_tensors(tensors, num_tokens)
