@@ -25,7 +25,6 @@
 
 #include "common/block_scan.cuh"
 #include "grouped_gemm/group_rows.cuh"
-#include "grouped_gemm/wgrad_params.cuh"
 
 namespace cake_moe {
 namespace sm90 {
@@ -87,9 +86,11 @@ struct WgradScheduler {
            (static_cast<uint64_t>(s > 1 ? tiles_nk : 0) << 32);
   }
 
-  // Collective (all threads of the CTA; contains __syncthreads).
-  __device__ __forceinline__ void init(uint64_t* smem_table, const GroupedGemmWgradParams& p, int32_t workers,
-                                       int32_t slots) {
+  // Collective (all threads of the CTA; contains __syncthreads). Params: the kernel's
+  // GroupedGemmWgradParams, or any type with its offs, num_groups, sum_m_capacity,
+  // offs_has_leading_zero, n and k (the host-side tests run this code on one emulated CTA).
+  template <typename Params>
+  __device__ __forceinline__ void init(uint64_t* smem_table, const Params& p, int32_t workers, int32_t slots) {
     uint64_t* chunk_total = smem_table + kTableSize;
     int64_t* scratch = reinterpret_cast<int64_t*>(chunk_total + 32);
     table = smem_table;
