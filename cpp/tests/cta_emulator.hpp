@@ -1,14 +1,18 @@
-// One CTA of device code run on the host, for ctest on machines without a GPU: every CUDA thread
-// is a fiber (ucontext) of one OS thread, switched only where the device code synchronises
-// (__syncthreads, warp shuffles), so the schedulers' collective set-up and index arithmetic run
-// from their own headers, unchanged, in a deterministic order.
+// Device code run on the host, for ctest on machines without a GPU: a launch's CTAs run one after
+// the other, and every CUDA thread of a CTA is a fiber (ucontext) of one OS thread, switched only
+// where the device code synchronises (__syncthreads, warp shuffles and votes), so the schedulers'
+// and the routing's collective code runs from its own headers, unchanged, in a deterministic order.
+// Atomics are plain read-modify-writes (no fiber switches inside one); __shared__ variables are
+// function statics, shared by a CTA's fibers and left as the previous CTA wrote them.
 //
 // Include it before any device header: it gives the CUDA spellings those headers use (qualifiers,
-// threadIdx / blockDim, __ldg, min / max, the block barrier and the warp shuffles) host meanings.
-// What it does not emulate (atomics, mbarriers, asm) fails to compile, by design.
+// threadIdx / blockIdx / blockDim, __ldg, min / max, the block barrier, warp shuffles, votes and
+// reductions, atomicAdd) host meanings. What it does not emulate (mbarriers, wgmma, TMA, inline
+// PTX outside __CUDA_ARCH__ guards) fails to compile, by design.
 #pragma once
 #include <ucontext.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +26,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __shared__ static
 
 namespace cake_moe::emu {
 
@@ -32,13 +37,20 @@ struct Dim3 {
 class Cta {
  public:
   // Runs body() as every thread of a CTA of `threads` threads (a multiple of 32) to completion.
-  static void run(int threads, const std::function<void()>& body) {
+  static void run(int threads, const std::function<void()>& body) { launch(1, threads, body); }
+
+  // A launch of `blocks` CTAs, run one after the other (kernels that wait for other CTAs of
+  // their own launch deadlock here).
+  static void launch(int blocks, int threads, const std::function<void()>& body) {
     if (threads <= 0 || threads % 32 != 0) fail("a CTA of whole warps");
-    Cta cta(threads, body);
-    Cta* outer = current_cta();
-    current_cta() = &cta;
-    cta.schedule();
-    current_cta() = outer;
+    if (blocks <= 0) fail("a launch of at least one CTA");
+    for (int b = 0; b < blocks; ++b) {
+      Cta cta(threads, b, blocks, body);
+      Cta* outer = current_cta();
+      current_cta() = &cta;
+      cta.schedule();
+      current_cta() = outer;
+    }
   }
 
   static Cta& self() {
@@ -48,6 +60,8 @@ class Cta {
 
   int thread() const { return running_; }
   int threads() const { return threads_; }
+  int block() const { return block_index_; }
+  int blocks() const { return blocks_; }
 
   // __syncthreads: every thread of the CTA.
   void block_barrier() { wait_at(block_); }
@@ -57,25 +71,42 @@ class Cta {
   // exchange's barrier, which every lane reaches only after reading this one.
   template <typename T, typename SrcLane>
   T exchange(T v, SrcLane src_lane) {
-    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= sizeof(uint64_t), "a register-sized value");
-    const int me = running_, warp = me / 32, lane = me % 32;
-    uint64_t* slots = &slot_[size_t(parity_[me]) * threads_];
-    parity_[me] ^= 1;
-    std::memcpy(&slots[me], &v, sizeof(T));
-    wait_at(warps_[warp]);  // every lane has written
+    const uint64_t* slots = publish(v);
     T out;
-    std::memcpy(&out, &slots[warp * 32 + src_lane(lane)], sizeof(T));
+    std::memcpy(&out, &slots[src_lane(running_ % 32)], sizeof(T));
     return out;
   }
 
+  // Every lane's value, in lane order (votes, matches and reductions over the warp).
+  template <typename T>
+  std::array<T, 32> gather(T v) {
+    std::array<T, 32> all;
+    const uint64_t* slots = publish(v);
+    for (size_t l = 0; l < 32; ++l) std::memcpy(&all[l], &slots[l], sizeof(T));
+    return all;
+  }
+
  private:
+  // Writes the lane's value into its warp's next slot set and waits for every lane's: the set.
+  template <typename T>
+  const uint64_t* publish(T v) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= sizeof(uint64_t), "a register-sized value");
+    const int me = running_, warp = me / 32;
+    uint64_t* slots = &slot_[size_t(parity_[me]) * threads_ + size_t(warp) * 32];
+    parity_[me] ^= 1;
+    slots[me % 32] = 0;
+    std::memcpy(&slots[me % 32], &v, sizeof(T));
+    wait_at(warps_[warp]);  // every lane has written
+    return slots;
+  }
+
   struct Barrier {
     int expected = 0, arrived = 0;
     unsigned generation = 0;
   };
 
-  Cta(int threads, const std::function<void()>& body)
-      : threads_(threads), body_(body), fibers_(threads), stacks_(threads), done_(threads, false),
+  Cta(int threads, int block, int blocks, const std::function<void()>& body)
+      : threads_(threads), block_index_(block), blocks_(blocks), body_(body), fibers_(threads), stacks_(threads), done_(threads, false),
         slot_(2 * size_t(threads), 0), parity_(threads, 0), warps_(threads / 32), waiting_(threads) {
     block_.expected = threads;
     for (Barrier& w : warps_) w.expected = 32;
@@ -137,7 +168,7 @@ class Cta {
     }
   }
 
-  int threads_;
+  int threads_, block_index_, blocks_;
   std::function<void()> body_;
   std::vector<ucontext_t> fibers_;
   std::vector<std::unique_ptr<char[]>> stacks_;
@@ -153,13 +184,18 @@ class Cta {
 
 inline Dim3 thread_index() { return Dim3{unsigned(Cta::self().thread()), 0, 0}; }
 inline Dim3 block_dim() { return Dim3{unsigned(Cta::self().threads()), 1, 1}; }
+inline Dim3 block_index() { return Dim3{unsigned(Cta::self().block()), 0, 0}; }
+inline Dim3 grid_dim() { return Dim3{unsigned(Cta::self().blocks()), 1, 1}; }
+inline void full_mask(unsigned mask) {
+  if (mask != 0xffffffffu) std::abort();  // the device code here only uses whole-warp masks
+}
 
 }  // namespace cake_moe::emu
 
 #define threadIdx (::cake_moe::emu::thread_index())
 #define blockDim (::cake_moe::emu::block_dim())
-#define blockIdx (::cake_moe::emu::Dim3{0, 0, 0})
-#define gridDim (::cake_moe::emu::Dim3{1, 1, 1})
+#define blockIdx (::cake_moe::emu::block_index())
+#define gridDim (::cake_moe::emu::grid_dim())
 
 inline void __syncthreads() { ::cake_moe::emu::Cta::self().block_barrier(); }
 
@@ -182,16 +218,47 @@ std::common_type_t<A, B> max(A a, B b) {
 
 template <typename T>
 T __shfl_up_sync(unsigned mask, T v, int delta) {
-  if (mask != 0xffffffffu) std::abort();
+  ::cake_moe::emu::full_mask(mask);
   return ::cake_moe::emu::Cta::self().exchange(v, [delta](int lane) { return lane >= delta ? lane - delta : lane; });
 }
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
-  if (mask != 0xffffffffu) std::abort();
+  ::cake_moe::emu::full_mask(mask);
   return ::cake_moe::emu::Cta::self().exchange(v, [lane_mask](int lane) { return (lane ^ lane_mask) & 31; });
 }
 template <typename T>
 T __shfl_sync(unsigned mask, T v, int src) {
-  if (mask != 0xffffffffu) std::abort();
+  ::cake_moe::emu::full_mask(mask);
   return ::cake_moe::emu::Cta::self().exchange(v, [src](int) { return src & 31; });
+}
+template <typename T>
+unsigned __match_any_sync(unsigned mask, T v) {
+  ::cake_moe::emu::full_mask(mask);
+  const auto all = ::cake_moe::emu::Cta::self().gather(v);
+  unsigned peers = 0;
+  for (int l = 0; l < 32; ++l) peers |= all[size_t(l)] == v ? 1u << l : 0u;
+  return peers;
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  ::cake_moe::emu::full_mask(mask);
+  const auto all = ::cake_moe::emu::Cta::self().gather(predicate != 0);
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l) bits |= all[size_t(l)] ? 1u << l : 0u;
+  return bits;
+}
+inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {
+  ::cake_moe::emu::full_mask(mask);
+  unsigned sum = 0;
+  for (unsigned x : ::cake_moe::emu::Cta::self().gather(v)) sum += x;
+  return sum;
+}
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+
+// No fiber switches inside: a read-modify-write is atomic to the other threads.
+template <typename T>
+T atomicAdd(T* address, T v) {
+  const T old = *address;
+  *address = T(old + v);
+  return old;
 }

@@ -6,7 +6,17 @@
 
 namespace cake_moe::ptx {
 
-__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// Host compilations see no-ops: the host-side tests run kernels on emulated CTAs, one launch
+// after another.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 }  // namespace cake_moe::ptx

@@ -1,0 +1,341 @@
+// The shared MoE engine's routing kernels (moe_route.cuh), run from their own header on emulated
+// CTAs (cta_emulator.hpp: each launch's CTAs one after the other) against the routing SPEC §5
+// and RouteParams describe, written out here: per-expert offsets, every local route on a row of
+// its expert (the few-route path in route order), each row's token, -1 for remote and
+// out-of-range ids, the token-tile lists (one form, the cheaper of two, or the width per
+// expert), their header words, and the GEMMs' lookahead naming the same experts. All three
+// paths: one warp (<= 32 routes), one CTA, and count / scan / place over several CTAs.
+#include "cta_emulator.hpp"  // first: the device header below reads its CUDA spellings
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moe/moe_route.cuh"
+
+using cake_moe::emu::Cta;
+using namespace cake_moe::moe;
+
+static int failures = 0;
+#define EXPECT(cond)                                                   \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond);    \
+      ++failures;                                                      \
+    }                                                                  \
+  } while (0)
+
+namespace {
+
+std::mt19937_64 rng(5142026);
+int64_t uniform(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); }
+
+constexpr int32_t kPoison = 0x5A5A5A5A;  // every output starts as this: a slot left alone shows
+
+struct Routing {
+  std::vector<int32_t> ids;  // [T * k] global ids, or packed routes
+  int32_t top_k = 1, experts = 1, local = 1, offset = 0;
+  bool packed = false;
+  int32_t block_n = 8, alt_block_n = 0, block_cost = 100, alt_block_cost = 100;
+  bool split = false;         // route_scan_split (needs the several-CTA path)
+  int32_t chunk_routes = -1;  // -1: route_chunk_routes(R), as the plans choose
+  int32_t routes() const { return int32_t(ids.size()); }
+};
+
+struct Routed {
+  std::vector<int32_t> offsets, row_token, route_row, header, alt_header, tile_done;
+  std::vector<TokenTile> tiles, alt_tiles;
+  int32_t chunk_routes = 0;
+};
+
+Routed run_routing(const Routing& in) {
+  const int32_t r = in.routes(), l = in.local;
+  const size_t bound = size_t(max_token_tiles(r, l));
+  Routed out;
+  out.offsets.assign(size_t(l) + 1, kPoison);
+  out.row_token.assign(size_t(r), kPoison);
+  out.route_row.assign(size_t(r), kPoison);
+  out.header.assign(kTileHeaderInts, kPoison);
+  out.alt_header.assign(kTileHeaderInts, kPoison);
+  out.tile_done.assign(bound, kPoison);
+  out.tiles.assign(bound, TokenTile{kPoison, kPoison});
+  out.alt_tiles.assign(bound, TokenTile{kPoison, kPoison});
+  std::vector<int32_t> chunk_rows(size_t(kMaxRouteChunks) * l, kPoison);
+  out.chunk_routes = in.chunk_routes >= 0 ? in.chunk_routes : route_chunk_routes(r);
+
+  RouteParams p{};
+  p.topk_ids = in.ids.data();
+  p.offsets = out.offsets.data();
+  p.row_token = out.row_token.data();
+  p.route_row = out.route_row.data();
+  p.tile_count = out.header.data();
+  p.tiles = out.tiles.data();
+  p.tile_done = out.tile_done.data();
+  p.chunk_rows = chunk_rows.data();
+  p.chunk_routes = out.chunk_routes;
+  p.num_routes = r;
+  p.top_k = in.top_k;
+  p.num_experts = in.experts;
+  p.num_local = l;
+  p.local_offset = in.offset;
+  p.packed = in.packed;
+  p.block_n = in.block_n;
+  p.alt_block_n = in.alt_block_n;
+  p.block_cost = in.block_cost;
+  p.alt_block_cost = in.alt_block_cost;
+  p.alt_tile_count = in.split ? out.alt_header.data() : nullptr;
+  p.alt_tiles = in.split ? out.alt_tiles.data() : nullptr;
+
+  if (p.chunk_routes == 0) {
+    Cta::launch(1, kRouteThreads, [&] { route(p); });
+  } else {
+    const int32_t chunks = (r + p.chunk_routes - 1) / p.chunk_routes;
+    Cta::launch(chunks, kRouteThreads, [&] { route_count(p); });
+    Cta::launch(1, kRouteThreads, [&] { in.split ? route_scan_split(p) : route_scan(p); });
+    Cta::launch(chunks, kRouteThreads, [&] { route_place(p); });
+  }
+  return out;
+}
+
+// SPEC §5: a route's local expert, or -1 (remote, or an id outside [0, E)).
+int32_t local_of(const Routing& in, int32_t route) {
+  int64_t id = in.ids[size_t(route)];
+  if (in.packed) id = id >= 0 ? id / 65536 : -((-id + 65535) / 65536);  // the arithmetic shift
+  const int64_t local = id - in.offset;
+  return id >= 0 && id < in.experts && local >= 0 && local < in.local ? int32_t(local) : -1;
+}
+
+int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+// The listing RouteParams describes: 0 all tiles at block_n, 1 all at alt_block_n (the cheaper
+// by tiles x cost, ties to block_n), 2 with the width per expert each expert's full tiles of the
+// wider form and a last tile of at most the narrower form's rows in its list, where that costs
+// less than the cheaper single form by more than kSplitGainPct.
+int32_t expected_listing(const Routing& in, const std::vector<int32_t>& count) {
+  if (in.routes() <= kMaxFewRoutes || in.alt_block_n <= 0) return 0;
+  const bool alt_wider = in.alt_block_n > in.block_n;
+  const int32_t wide = std::max(in.block_n, in.alt_block_n), narrow = std::min(in.block_n, in.alt_block_n);
+  const int64_t wide_cost = alt_wider ? in.alt_block_cost : in.block_cost;
+  const int64_t narrow_cost = alt_wider ? in.block_cost : in.alt_block_cost;
+  int64_t cost = 0, alt_cost = 0, split_cost = 0;
+  for (int32_t c : count) {
+    cost += int64_t(ceil_div(c, in.block_n)) * in.block_cost;
+    alt_cost += int64_t(ceil_div(c, in.alt_block_n)) * in.alt_block_cost;
+    const int32_t rest = c % wide;
+    split_cost += int64_t(c / wide + (rest > narrow)) * wide_cost + int64_t(rest > 0 && rest <= narrow) * narrow_cost;
+  }
+  if (in.split && split_cost * 100 < std::min(cost, alt_cost) * (100 - kSplitGainPct)) return 2;
+  return alt_cost < cost ? 1 : 0;
+}
+
+// The count and choice word; in the first list's header also GEMM1's unit queue and split flags
+// zeroed (the alt pair of the width per expert, persistent wgmma forms, uses neither).
+void check_header(const std::vector<int32_t>& header, int32_t count, int32_t choice, bool counters) {
+  EXPECT(header[0] == count && header[kTileChoiceAt] == choice);
+  bool zeroed = true;
+  for (int32_t i = 1; i < kTileHeaderInts && counters; ++i)
+    zeroed = zeroed && (i == kTileChoiceAt || header[size_t(i)] == 0);
+  EXPECT(zeroed);
+}
+
+void check_list(const std::vector<TokenTile>& got, const std::vector<TokenTile>& want, const int32_t* done) {
+  bool same = true;
+  for (size_t t = 0; t < want.size(); ++t) {
+    same = same && got[t].expert == want[t].expert && got[t].row0 == want[t].row0;
+    if (done != nullptr) same = same && done[t] == 0;
+  }
+  EXPECT(same);
+}
+
+int listings_seen[2][3] = {};  // [split][listing]: the draws reach every listing
+
+void check_routing(const Routing& in, const char* what) {
+  const int failed_before = failures;
+  const Routed out = run_routing(in);
+  const int32_t r = in.routes(), l = in.local;
+  std::vector<int32_t> count(size_t(l), 0);
+  for (int32_t i = 0; i < r; ++i)
+    if (local_of(in, i) >= 0) ++count[size_t(local_of(in, i))];
+  std::vector<int32_t> offsets(size_t(l) + 1, 0);
+  for (int32_t e = 0; e < l; ++e) offsets[size_t(e) + 1] = offsets[size_t(e)] + count[size_t(e)];
+  EXPECT(out.offsets == offsets);
+
+  // every local route on a row of its expert, each row once, its token on it; in route order
+  // inside an expert on the few-route path (the GEMMs' lookahead assumes it)
+  const int32_t rows = offsets[size_t(l)];
+  std::vector<int32_t> rank(size_t(l), 0), seen(size_t(rows), 0);
+  bool rows_ok = true;
+  for (int32_t i = 0; i < r; ++i) {
+    const int32_t e = local_of(in, i), row = out.route_row[size_t(i)];
+    if (e < 0) {
+      rows_ok = rows_ok && row == -1;
+      continue;
+    }
+    const bool in_expert = row >= offsets[size_t(e)] && row < offsets[size_t(e) + 1];
+    rows_ok = rows_ok && in_expert && !seen[size_t(row)]++ && out.row_token[size_t(row)] == i / in.top_k;
+    if (r <= kMaxFewRoutes) rows_ok = rows_ok && row == offsets[size_t(e)] + rank[size_t(e)]++;
+  }
+  EXPECT(rows_ok);
+
+  // the token-tile lists and their header words
+  const int32_t listing = expected_listing(in, count);
+  ++listings_seen[in.split][listing];
+  const bool alt_wider = in.alt_block_n > in.block_n;
+  const int32_t wide = std::max(in.block_n, in.alt_block_n), narrow = std::min(in.block_n, in.alt_block_n);
+  std::vector<TokenTile> first, alt;
+  for (int32_t e = 0; e < l; ++e) {
+    const int32_t c = count[size_t(e)], row0 = offsets[size_t(e)];
+    if (listing == 2) {
+      const int32_t full = c / wide, rest = c - full * wide;
+      std::vector<TokenTile>& wide_list = alt_wider ? alt : first;
+      std::vector<TokenTile>& narrow_list = alt_wider ? first : alt;
+      for (int32_t j = 0; j < full + (rest > narrow); ++j) wide_list.push_back({e, row0 + j * wide});
+      if (rest > 0 && rest <= narrow) narrow_list.push_back({e, row0 + full * wide});
+    } else {
+      const int32_t rows_per_tile = listing == 1 ? in.alt_block_n : in.block_n;
+      std::vector<TokenTile>& list = listing == 1 ? alt : first;
+      for (int32_t j = 0; j < ceil_div(c, rows_per_tile); ++j) list.push_back({e, row0 + j * rows_per_tile});
+    }
+  }
+  if (in.split) {
+    check_header(out.header, int32_t(first.size()), listing == 1 ? 1 : 0, true);  // a pair runs on word 0
+    check_header(out.alt_header, int32_t(alt.size()), listing == 0 ? 1 : 0, false);
+    check_list(out.alt_tiles, alt, nullptr);
+  } else {
+    std::vector<TokenTile>& listed = listing == 1 ? alt : first;
+    check_header(out.header, int32_t(listed.size()), listing, true);
+    first = listed;
+  }
+  check_list(out.tiles, first, out.tile_done.data());
+  if (failures != failed_before)
+    std::printf("  %s: R=%d E=%d L=%d offset=%d packed=%d bn=%d alt=%d split=%d chunk=%d listing %d\n", what, r,
+                in.experts, l, in.offset, int(in.packed), in.block_n, in.alt_block_n, int(in.split),
+                out.chunk_routes, listing);
+
+  // The GEMMs' lookahead (<= 32 routes) names each listed tile's expert from the routes alone.
+  if (r <= kMaxFewRoutes && !in.split) {
+    const RouteLookahead la{in.ids.data(), r, 0, in.experts, l, in.offset, int32_t(in.packed)};
+    std::vector<int32_t> named(first.size() + 2, kPoison), totals(first.size() + 2, kPoison);
+    Cta::run(32, [&] {
+      for (size_t t = 0; t < named.size(); ++t) {
+        int32_t total = -1;
+        const int32_t e = lookahead_tile_expert(la, in.block_n, int32_t(t), &total);
+        if (threadIdx.x == 0) {
+          named[t] = e;
+          totals[t] = total;
+        }
+      }
+    });
+    bool same = true;
+    for (size_t t = 0; t < named.size(); ++t)
+      same = same && named[t] == (t < first.size() ? first[t].expert : -1) && totals[t] == int32_t(first.size());
+    EXPECT(same);
+  }
+}
+
+// Routes of T tokens, k slots each, drawn as the GPU tests draw them.
+enum class Draw { kBalanced, kAllRemote, kOneHot, kSkewed, kDuplicates, kOutOfRange };
+
+Routing draw(Draw how, int32_t tokens, int32_t top_k, int32_t experts, int32_t local, int32_t offset, bool packed) {
+  Routing in;
+  in.top_k = top_k;
+  in.experts = experts;
+  in.local = local;
+  in.offset = offset;
+  in.packed = packed;
+  in.ids.resize(size_t(tokens) * top_k);
+  for (size_t i = 0; i < in.ids.size(); ++i) {
+    int32_t id = int32_t(uniform(0, experts - 1));
+    switch (how) {
+      case Draw::kBalanced: break;
+      case Draw::kAllRemote:  // every id outside [offset, offset + local)
+        id = local == experts ? -1 : int32_t((offset + local + uniform(0, experts - local - 1)) % experts);
+        break;
+      case Draw::kOneHot: id = i % size_t(top_k) == 0 ? offset : id; break;
+      case Draw::kSkewed: id = int32_t(std::min<int64_t>(experts - 1, offset + uniform(0, 3) * uniform(0, 7))); break;
+      case Draw::kDuplicates: id = i % size_t(top_k) == 1 ? in.ids[i - 1] : id; break;
+      case Draw::kOutOfRange: id = uniform(0, 3) == 0 ? int32_t(uniform(0, 1) ? uniform(-40000, -1) : uniform(experts, 40000)) : id; break;
+    }
+    in.ids[i] = packed ? int32_t(uint32_t(id) << 16 | uint32_t(uniform(0, 0xFFFF))) : id;
+  }
+  return in;
+}
+
+void test_routing_paths() {
+  struct Layout { int32_t experts, local, offset, top_k; };
+  const Layout layouts[] = {{896, 112, 336, 16}, {896, 896, 0, 16}, {64, 64, 0, 4}, {40, 1, 7, 2}, {1024, 1024, 0, 32}};
+  const Draw draws[] = {Draw::kBalanced, Draw::kAllRemote, Draw::kOneHot, Draw::kSkewed, Draw::kDuplicates,
+                        Draw::kOutOfRange};
+  const int32_t forms[][2] = {{8, 0}, {32, 64}, {128, 160}, {160, 96}, {64, 32}};  // block_n, alt_block_n
+  // (tokens per layout's top_k): one warp, one CTA, and the several-CTA path at the plans' chunking
+  for (const Layout& lay : layouts)
+    for (int32_t tokens : {1, 2, 3, 64 / lay.top_k + 1, 1025 / lay.top_k + 1}) {
+      for (const Draw how : draws) {
+        const int32_t* f = forms[uniform(0, 4)];
+        Routing in = draw(how, tokens, lay.top_k, lay.experts, lay.local, lay.offset, uniform(0, 1) == 1);
+        in.block_n = f[0];
+        in.alt_block_n = f[1];
+        in.alt_block_cost = int32_t(uniform(60, 160));
+        check_routing(in, "one CTA");
+      }
+    }
+  // several CTAs: forced small chunks (and the plans' own at 16384 routes), one listing or the
+  // width per expert
+  for (const Layout& lay : layouts) {
+    for (const Draw how : draws) {
+      for (const bool split : {false, true}) {
+        const int32_t* f = forms[uniform(1, 4)];
+        Routing in = draw(how, int32_t(uniform(40, 400)), lay.top_k, lay.experts, lay.local, lay.offset,
+                          uniform(0, 1) == 1);
+        in.block_n = f[0];
+        in.alt_block_n = f[1];
+        in.alt_block_cost = int32_t(uniform(60, 160));
+        in.split = split;
+        in.chunk_routes = int32_t(uniform(300, 3000));
+        if (in.routes() > int64_t(in.chunk_routes) * kMaxRouteChunks) in.chunk_routes = ceil_div(in.routes(), kMaxRouteChunks);
+        check_routing(in, "several CTAs");
+      }
+    }
+  }
+  Routing plans = draw(Draw::kBalanced, 1024, 16, 896, 896, 0, false);  // tp8 T = 1024: 16384 routes
+  plans.block_n = 128;
+  plans.alt_block_n = 160;
+  plans.alt_block_cost = 130;
+  plans.split = true;
+  check_routing(plans, "the plans' chunking");
+  EXPECT(route_chunk_routes(plans.routes()) == kRouteChunkMin);
+  EXPECT(listings_seen[0][0] && listings_seen[0][1] && listings_seen[1][0] && listings_seen[1][1] && listings_seen[1][2]);
+}
+
+// The width per expert where it wins by construction: every expert's 200-223 routes take two
+// 160-row tiles (cost 260), three 96-row ones (255), or a 160-row and a 96-row one (215).
+void test_width_per_expert() {
+  Routing in;
+  in.top_k = 1;
+  in.experts = in.local = 24;
+  for (int32_t e = 0; e < in.local; ++e)
+    for (int32_t i = 0; i < 200 + e; ++i) in.ids.push_back(e);
+  std::shuffle(in.ids.begin(), in.ids.end(), rng);
+  in.block_n = 160;
+  in.alt_block_n = 96;
+  in.block_cost = 130;
+  in.alt_block_cost = 85;
+  in.split = true;
+  in.chunk_routes = 1000;
+  std::vector<int32_t> count(24);
+  for (int32_t e = 0; e < 24; ++e) count[size_t(e)] = 200 + e;
+  EXPECT(expected_listing(in, count) == 2);
+  check_routing(in, "width per expert");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string which = argc > 1 ? argv[1] : "all";
+  if (which == "paths" || which == "all") test_routing_paths();
+  if (which == "split" || which == "all") test_width_per_expert();
+  std::printf("%s: %s\n", which.c_str(), failures ? "FAILED" : "ok");
+  return failures ? 1 : 0;
+}
