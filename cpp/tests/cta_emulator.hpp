@@ -7,7 +7,7 @@
 //
 // Include it before any device header: it gives the CUDA spellings those headers use (qualifiers,
 // threadIdx / blockIdx / blockDim, __ldg, min / max, the block barrier, warp shuffles, votes and
-// reductions, atomicAdd) host meanings. What it does not emulate (mbarriers, wgmma, TMA, inline
+// reductions, atomicAdd, uint4) host meanings. What it does not emulate (mbarriers, wgmma, TMA, inline
 // PTX outside __CUDA_ARCH__ guards) fails to compile, by design.
 #pragma once
 #include <ucontext.h>
@@ -253,6 +253,12 @@ inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {
   return sum;
 }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+
+// CUDA's 16-byte vector type (vector_types.h), for the device code's 16-byte stores.
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 
 // No fiber switches inside: a read-modify-write is atomic to the other threads.
