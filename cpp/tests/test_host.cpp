@@ -5,6 +5,8 @@
 #include <set>
 #include <string>
 
+#include "host_test.hpp"
+
 #include "common/fast_divmod.hpp"
 #include "formats/args.hpp"
 #include "host/grouped_gemm/heuristics_sm90.hpp"
@@ -12,14 +14,6 @@
 
 using namespace cake_moe;
 
-static int failures = 0;
-#define EXPECT(cond)                                                   \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond);    \
-      ++failures;                                                      \
-    }                                                                  \
-  } while (0)
 
 static void test_sha256() {
   using runtime::sha256_hex;
@@ -144,6 +138,5 @@ int main(int argc, char** argv) {
   if (which == "geometry" || which == "all") test_geometry();
   if (which == "fastdiv" || which == "all") test_fast_divmod();
   if (which == "gg_tiles" || which == "all") test_grouped_gemm_tiles();
-  std::printf("%s: %s\n", which.c_str(), failures ? "FAILED" : "ok");
-  return failures ? 1 : 0;
+  return cake_moe::host_test::report(which);
 }

@@ -18,21 +18,13 @@
 #include "grouped_gemm/scheduler.cuh"
 #include "grouped_gemm/wgrad_scheduler.cuh"
 
+#include "host_test.hpp"
+
 using cake_moe::emu::Cta;
 
-static int failures = 0;
-#define EXPECT(cond)                                                   \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond);    \
-      ++failures;                                                      \
-    }                                                                  \
-  } while (0)
+using cake_moe::host_test::uniform;
 
 namespace {
-
-std::mt19937_64 rng(20261204);
-int64_t uniform(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); }
 
 // A ragged problem: offsets in either convention, the capacity the groups are clamped to.
 struct Ragged {
@@ -352,6 +344,5 @@ int main(int argc, char** argv) {
     check_wgrad_shape<256, 256, 1024>(60);      // the CTA-pair forms (a unit is 256 rows of N)
     check_wgrad_shape<128, 256, 128>(80);       // the bf16 forms' 128-entry table
   }
-  std::printf("%s: %s\n", which.c_str(), failures ? "FAILED" : "ok");
-  return failures ? 1 : 0;
+  return cake_moe::host_test::report(which);
 }

@@ -13,16 +13,10 @@
 
 #include "grouped_gemm/unrouted_rows.cuh"
 
+#include "host_test.hpp"
+
 using cake_moe::emu::Cta;
 
-static int failures = 0;
-#define EXPECT(cond)                                                   \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond);    \
-      ++failures;                                                      \
-    }                                                                  \
-  } while (0)
 
 namespace {
 
@@ -69,6 +63,5 @@ void test_zeroing() {
 
 int main() {
   test_zeroing();
-  std::printf("unrouted_rows: %s\n", failures ? "FAILED" : "ok");
-  return failures ? 1 : 0;
+  return cake_moe::host_test::report("unrouted_rows");
 }
