@@ -31,9 +31,11 @@ else
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/misc.log" 2>&1
 
-# host-side C++ tests
+# host-side C++ tests (not the device code on emulated CTAs: CI runs those, and no result of
+# theirs depends on the machine)
 if cmake -S . -B build/host-tests -DCAKE_MOE_HOST_TESTS_ONLY=ON -DPython_EXECUTABLE="$(command -v "$PY")" >>"$OUT/misc.log" 2>&1 \
-   && cmake --build build/host-tests -j 16 >>"$OUT/misc.log" 2>&1 && (cd build/host-tests && ctest >>"$OUT/misc.log" 2>&1); then
+   && cmake --build build/host-tests -j 16 --target test_host >>"$OUT/misc.log" 2>&1 \
+   && (cd build/host-tests && ctest -LE emulated >>"$OUT/misc.log" 2>&1); then
   record ctest "ok: $(grep -Eo '[0-9]+% tests passed.*' "$OUT/misc.log")"
 else
   record ctest "FAILED (misc.log)"
