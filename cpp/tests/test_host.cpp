@@ -133,10 +133,10 @@ static void test_grouped_gemm_tiles() {
 
 int main(int argc, char** argv) {
   std::string which = argc > 1 ? argv[1] : "all";
-  if (which == "sha256" || which == "all") test_sha256();
-  if (which == "swizzle" || which == "all") test_swizzle();
-  if (which == "geometry" || which == "all") test_geometry();
-  if (which == "fastdiv" || which == "all") test_fast_divmod();
-  if (which == "gg_tiles" || which == "all") test_grouped_gemm_tiles();
+  if (cake_moe::host_test::selected(which, "sha256")) test_sha256();
+  if (cake_moe::host_test::selected(which, "swizzle")) test_swizzle();
+  if (cake_moe::host_test::selected(which, "geometry")) test_geometry();
+  if (cake_moe::host_test::selected(which, "fastdiv")) test_fast_divmod();
+  if (cake_moe::host_test::selected(which, "gg_tiles")) test_grouped_gemm_tiles();
   return cake_moe::host_test::report(which);
 }

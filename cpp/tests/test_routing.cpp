@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,25 +38,50 @@ struct Routing {
   int32_t routes() const { return int32_t(ids.size()); }
 };
 
+// A buffer the kernels write, poisoned, with poisoned guard elements either side: a write
+// outside it shows as a guard that changed (instead of a corrupted heap).
+template <typename T>
+class Guarded {
+ public:
+  Guarded(size_t n, T poison) : all_(n + 2 * kGuard, poison), n_(n), poison_(poison) {}
+  T* data() { return all_.data() + kGuard; }
+  const T& operator[](size_t i) const { return all_[kGuard + i]; }
+  std::vector<T> inner() const { return {all_.begin() + kGuard, all_.begin() + kGuard + long(n_)}; }
+  bool guards_intact() const {
+    for (size_t i = 0; i < kGuard; ++i)
+      if (std::memcmp(&all_[i], &poison_, sizeof(T)) || std::memcmp(&all_[kGuard + n_ + i], &poison_, sizeof(T)))
+        return false;
+    return true;
+  }
+
+ private:
+  static constexpr size_t kGuard = 64;
+  std::vector<T> all_;
+  size_t n_;
+  T poison_;
+};
+
 struct Routed {
-  std::vector<int32_t> offsets, row_token, route_row, header, alt_header, tile_done;
-  std::vector<TokenTile> tiles, alt_tiles;
+  Routed(int32_t routes, int32_t local)
+      : offsets(size_t(local) + 1, kPoison), row_token(size_t(routes), kPoison), route_row(size_t(routes), kPoison),
+        header(kTileHeaderInts, kPoison), alt_header(kTileHeaderInts, kPoison),
+        tile_done(size_t(max_token_tiles(routes, local)), kPoison),
+        chunk_rows(size_t(kMaxRouteChunks) * size_t(local), kPoison),
+        tiles(size_t(max_token_tiles(routes, local)), TokenTile{kPoison, kPoison}),
+        alt_tiles(size_t(max_token_tiles(routes, local)), TokenTile{kPoison, kPoison}) {}
+  bool guards_intact() const {
+    return offsets.guards_intact() && row_token.guards_intact() && route_row.guards_intact() &&
+           header.guards_intact() && alt_header.guards_intact() && tile_done.guards_intact() &&
+           chunk_rows.guards_intact() && tiles.guards_intact() && alt_tiles.guards_intact();
+  }
+  Guarded<int32_t> offsets, row_token, route_row, header, alt_header, tile_done, chunk_rows;
+  Guarded<TokenTile> tiles, alt_tiles;
   int32_t chunk_routes = 0;
 };
 
 Routed run_routing(const Routing& in) {
   const int32_t r = in.routes(), l = in.local;
-  const size_t bound = size_t(max_token_tiles(r, l));
-  Routed out;
-  out.offsets.assign(size_t(l) + 1, kPoison);
-  out.row_token.assign(size_t(r), kPoison);
-  out.route_row.assign(size_t(r), kPoison);
-  out.header.assign(kTileHeaderInts, kPoison);
-  out.alt_header.assign(kTileHeaderInts, kPoison);
-  out.tile_done.assign(bound, kPoison);
-  out.tiles.assign(bound, TokenTile{kPoison, kPoison});
-  out.alt_tiles.assign(bound, TokenTile{kPoison, kPoison});
-  std::vector<int32_t> chunk_rows(size_t(kMaxRouteChunks) * l, kPoison);
+  Routed out(r, l);
   out.chunk_routes = in.chunk_routes >= 0 ? in.chunk_routes : route_chunk_routes(r);
 
   RouteParams p{};
@@ -66,7 +92,7 @@ Routed run_routing(const Routing& in) {
   p.tile_count = out.header.data();
   p.tiles = out.tiles.data();
   p.tile_done = out.tile_done.data();
-  p.chunk_rows = chunk_rows.data();
+  p.chunk_rows = out.chunk_rows.data();
   p.chunk_routes = out.chunk_routes;
   p.num_routes = r;
   p.top_k = in.top_k;
@@ -125,19 +151,19 @@ int32_t expected_listing(const Routing& in, const std::vector<int32_t>& count) {
 
 // The count and choice word; in the first list's header also GEMM1's unit queue and split flags
 // zeroed (the alt pair of the width per expert, persistent wgmma forms, uses neither).
-void check_header(const std::vector<int32_t>& header, int32_t count, int32_t choice, bool counters) {
+void check_header(const Guarded<int32_t>& header, int32_t count, int32_t choice, bool counters) {
   EXPECT(header[0] == count && header[kTileChoiceAt] == choice);
+  if (!counters) return;
   bool zeroed = true;
-  for (int32_t i = 1; i < kTileHeaderInts && counters; ++i)
-    zeroed = zeroed && (i == kTileChoiceAt || header[size_t(i)] == 0);
+  for (int32_t i = 1; i < kTileHeaderInts; ++i) zeroed = zeroed && (i == kTileChoiceAt || header[size_t(i)] == 0);
   EXPECT(zeroed);
 }
 
-void check_list(const std::vector<TokenTile>& got, const std::vector<TokenTile>& want, const int32_t* done) {
+void check_list(const Guarded<TokenTile>& got, const std::vector<TokenTile>& want, const Guarded<int32_t>* done) {
   bool same = true;
   for (size_t t = 0; t < want.size(); ++t) {
     same = same && got[t].expert == want[t].expert && got[t].row0 == want[t].row0;
-    if (done != nullptr) same = same && done[t] == 0;
+    if (done != nullptr) same = same && (*done)[t] == 0;
   }
   EXPECT(same);
 }
@@ -153,7 +179,8 @@ void check_routing(const Routing& in, const char* what) {
     if (local_of(in, i) >= 0) ++count[size_t(local_of(in, i))];
   std::vector<int32_t> offsets(size_t(l) + 1, 0);
   for (int32_t e = 0; e < l; ++e) offsets[size_t(e) + 1] = offsets[size_t(e)] + count[size_t(e)];
-  EXPECT(out.offsets == offsets);
+  EXPECT(out.guards_intact());
+  EXPECT(out.offsets.inner() == offsets);
 
   // every local route on a row of its expert, each row once, its token on it; in route order
   // inside an expert on the few-route path (the GEMMs' lookahead assumes it)
@@ -201,7 +228,7 @@ void check_routing(const Routing& in, const char* what) {
     check_header(out.header, int32_t(listed.size()), listing, true);
     first = listed;
   }
-  check_list(out.tiles, first, out.tile_done.data());
+  check_list(out.tiles, first, &out.tile_done);
   if (failures != failed_before)
     std::printf("  %s: R=%d E=%d L=%d offset=%d packed=%d bn=%d alt=%d split=%d chunk=%d listing %d\n", what, r,
                 in.experts, l, in.offset, int(in.packed), in.block_n, in.alt_block_n, int(in.split),
@@ -210,20 +237,19 @@ void check_routing(const Routing& in, const char* what) {
   // The GEMMs' lookahead (<= 32 routes) names each listed tile's expert from the routes alone.
   if (r <= kMaxFewRoutes && !in.split) {
     const RouteLookahead la{in.ids.data(), r, 0, in.experts, l, in.offset, int32_t(in.packed)};
-    std::vector<int32_t> named(first.size() + 2, kPoison), totals(first.size() + 2, kPoison);
+    const size_t tiles = first.size() + 2;  // and two past the list
+    std::vector<int32_t> named(tiles * 32, kPoison), totals(tiles * 32, kPoison);  // [tile][lane]
     Cta::run(32, [&] {
-      for (size_t t = 0; t < named.size(); ++t) {
+      for (size_t t = 0; t < tiles; ++t) {
         int32_t total = -1;
-        const int32_t e = lookahead_tile_expert(la, in.block_n, int32_t(t), &total);
-        if (threadIdx.x == 0) {
-          named[t] = e;
-          totals[t] = total;
-        }
+        const size_t at = t * 32 + threadIdx.x;
+        named[at] = lookahead_tile_expert(la, in.block_n, int32_t(t), &total);
+        totals[at] = total;
       }
     });
-    bool same = true;
-    for (size_t t = 0; t < named.size(); ++t)
-      same = same && named[t] == (t < first.size() ? first[t].expert : -1) && totals[t] == int32_t(first.size());
+    bool same = true;  // every lane gets the answer
+    for (size_t i = 0; i < named.size(); ++i)
+      same = same && named[i] == (i / 32 < first.size() ? first[i / 32].expert : -1) && totals[i] == int32_t(first.size());
     EXPECT(same);
   }
 }
@@ -239,6 +265,7 @@ Routing draw(Draw how, int32_t tokens, int32_t top_k, int32_t experts, int32_t l
   in.offset = offset;
   in.packed = packed;
   in.ids.resize(size_t(tokens) * top_k);
+  int32_t previous = 0;  // the slot before's id (before packing)
   for (size_t i = 0; i < in.ids.size(); ++i) {
     int32_t id = int32_t(uniform(0, experts - 1));
     switch (how) {
@@ -248,10 +275,11 @@ Routing draw(Draw how, int32_t tokens, int32_t top_k, int32_t experts, int32_t l
         break;
       case Draw::kOneHot: id = i % size_t(top_k) == 0 ? offset : id; break;
       case Draw::kSkewed: id = int32_t(std::min<int64_t>(experts - 1, offset + uniform(0, 3) * uniform(0, 7))); break;
-      case Draw::kDuplicates: id = i % size_t(top_k) == 1 ? in.ids[i - 1] : id; break;
+      case Draw::kDuplicates: id = i % size_t(top_k) == 1 ? previous : id; break;
       case Draw::kOutOfRange: id = uniform(0, 3) == 0 ? int32_t(uniform(0, 1) ? uniform(-40000, -1) : uniform(experts, 40000)) : id; break;
     }
     in.ids[i] = packed ? int32_t(uint32_t(id) << 16 | uint32_t(uniform(0, 0xFFFF))) : id;
+    previous = id;
   }
   return in;
 }
@@ -342,7 +370,7 @@ void test_width_per_expert() {
 
 int main(int argc, char** argv) {
   const std::string which = argc > 1 ? argv[1] : "all";
-  if (which == "paths" || which == "all") test_routing_paths();
-  if (which == "split" || which == "all") test_width_per_expert();
+  if (cake_moe::host_test::selected(which, "paths")) test_routing_paths();
+  if (cake_moe::host_test::selected(which, "split")) test_width_per_expert();
   return cake_moe::host_test::report(which);
 }

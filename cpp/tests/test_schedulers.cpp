@@ -31,8 +31,8 @@ struct Ragged {
   std::vector<int32_t> offs;
   int32_t groups = 0, capacity = 0, leading_zero = 0;
 
-  // Rows [begin, end) of group e as SPEC §6 defines them: both bounds clamped into
-  // [0, capacity], a decreasing entry an empty group.
+  // Rows [begin, end) of group e as docs/grouped_gemm.md states the clamping of malformed
+  // offsets: both bounds clamped into [0, capacity], a decreasing entry an empty group.
   std::pair<int64_t, int64_t> rows(int32_t e) const {
     const int64_t b = leading_zero ? offs[e] : (e == 0 ? 0 : offs[e - 1]);
     const int64_t en = leading_zero ? offs[e + 1] : offs[e];
@@ -81,8 +81,9 @@ Ragged random_ragged(int32_t max_groups, int64_t max_rows) {
 
 template <uint32_t kCap>
 void check_scan(int threads, int32_t n, uint32_t max_value) {
-  std::vector<uint32_t> table(1024), chunk_total(32);
-  std::vector<uint32_t> want(static_cast<size_t>(n));
+  constexpr uint32_t kUntouched = 0xDEADBEEFu;  // entries past n must stay as they are
+  std::vector<uint32_t> table(1024 + 32, kUntouched), chunk_total(32);
+  std::vector<uint32_t> want(table);
   uint64_t sum = 0;
   for (int32_t i = 0; i < n; ++i) {
     table[i] = uint32_t(uniform(0, max_value));
@@ -90,7 +91,7 @@ void check_scan(int threads, int32_t n, uint32_t max_value) {
     want[i] = kCap ? uint32_t(std::min<uint64_t>(sum, kCap)) : uint32_t(sum);
   }
   Cta::run(threads, [&] { cake_moe::block_inclusive_scan<uint32_t, kCap>(table.data(), n, chunk_total.data()); });
-  EXPECT(std::equal(want.begin(), want.end(), table.begin()));
+  EXPECT(table == want);
 }
 
 void test_block_scan() {
@@ -209,8 +210,9 @@ void test_tile_cap() {
 // wgrad: WgradScheduler
 // ---------------------------------------------------------------------------------------------
 
+// Returns the split tiles.
 template <int kBM, int kBN, int kSplitQ, int kMinChunkKB, int kTable>
-void check_wgrad(const Ragged& r, int32_t n, int32_t k, int32_t workers, int32_t slots, int threads) {
+int check_wgrad(const Ragged& r, int32_t n, int32_t k, int32_t workers, int32_t slots, int threads) {
   using Sched = cake_moe::sm90::WgradScheduler<kBM, kBN, kSplitQ, kMinChunkKB, kTable>;
   struct {  // the fields of GroupedGemmWgradParams the scheduler reads
     const int32_t* offs;
@@ -224,7 +226,17 @@ void check_wgrad(const Ragged& r, int32_t n, int32_t k, int32_t workers, int32_t
     if (threadIdx.x == 0) s = mine;
   });
   const int32_t tiles_n = (n + kBM - 1) / kBM, tiles_k = (k + kBN - 1) / kBN, tiles_nk = tiles_n * tiles_k;
-  EXPECT(s.kb_chunk_max >= kMinChunkKB);
+  // The chunk length wgrad_scheduler.cuh states: at most kb_chunk_max k-blocks, about kSplitQ units
+  // per worker or more and no more split tiles than slots; no split without slots.
+  int64_t rows = 0;
+  for (int32_t e = 0; e < r.groups; ++e) rows += r.rows(e).second - r.rows(e).first;
+  int64_t chunk_max = 0x7fffffff;
+  if (slots > 0 && tiles_nk > 0) {
+    const int64_t work = int64_t(tiles_nk) * rows, per_worker = int64_t(std::max(workers, 1)) * kSplitQ * 64;
+    chunk_max = std::max<int64_t>({kMinChunkKB, (work + per_worker - 1) / per_worker, (work + slots * 64 - 1) / (slots * 64)});
+    chunk_max = std::min<int64_t>(chunk_max, 0x7fffffff);
+  }
+  EXPECT(s.kb_chunk_max == chunk_max);
   // The unit bound the host checks against 2^31 (wgrad_params.cuh): E tiles + 8 per worker + slots.
   EXPECT(int64_t(s.total_units) <= int64_t(r.groups) * tiles_nk + int64_t(kSplitQ) * workers + std::max(slots, 0));
 
@@ -302,6 +314,7 @@ void check_wgrad(const Ragged& r, int32_t n, int32_t k, int32_t workers, int32_t
   if (bad_unit || bad_order || bad_chunks)
     std::printf("  E=%d cap=%d N=%d K=%d lz=%d workers=%d slots=%d: %d bad units, %d out of order, %d bad chunks\n",
                 r.groups, r.capacity, n, k, r.leading_zero, workers, slots, bad_unit, bad_order, bad_chunks);
+  return split_tiles;
 }
 
 template <int kBM, int kBN, int kTable>
@@ -319,7 +332,7 @@ void check_wgrad_shape(int rounds) {
   // split tiles' slots stay distinct and within the workspace; with 300 groups the 128-entry table
   // walks several groups per slot.
   const std::vector<int64_t> sizes(300, 64 * 33 + 1);
-  check_wgrad<kBM, kBN, 8, 32, kTable>(from_sizes(sizes, 0, false), 128, 256, 132, 528, 256);
+  EXPECT((check_wgrad<kBM, kBN, 8, 32, kTable>(from_sizes(sizes, 0, false), 128, 256, 132, 528, 256) == 300));
   check_wgrad<kBM, kBN, 8, 32, kTable>(from_sizes(sizes, 0, true), 128, 256, 132, 7, 256);
   check_wgrad<kBM, kBN, 8, 32, kTable>(from_sizes(sizes, 0, false), 4096, 4096, 132, 7, 384);
   check_wgrad<kBM, kBN, 8, 32, kTable>(from_sizes({1 << 20}, 64, true), 256, 256, 132, 528, 384);
@@ -329,8 +342,8 @@ void check_wgrad_shape(int rounds) {
 
 int main(int argc, char** argv) {
   const std::string which = argc > 1 ? argv[1] : "all";
-  if (which == "block_scan" || which == "all") test_block_scan();
-  if (which == "tile_scheduler" || which == "all") {
+  if (cake_moe::host_test::selected(which, "block_scan")) test_block_scan();
+  if (cake_moe::host_test::selected(which, "tile_scheduler")) {
     check_tile_shape<128, 128, 8, 1024>(150);   // gg_sm90_{fwd,dgrad}_128x128
     check_tile_shape<128, 256, 8, 1024>(100);   // _128x256
     check_tile_shape<128, 192, 8, 1024>(100);   // _128x192
@@ -339,7 +352,7 @@ int main(int argc, char** argv) {
     check_tile_shape<128, 128, 8, 64>(100);     // a small table: groups share slots sooner
     test_tile_cap();
   }
-  if (which == "wgrad_scheduler" || which == "all") {
+  if (cake_moe::host_test::selected(which, "wgrad_scheduler")) {
     check_wgrad_shape<128, 256, 1024>(120);     // gg_sm90_wgrad_{det,fast}, bf16 and f32
     check_wgrad_shape<256, 256, 1024>(60);      // the CTA-pair forms (a unit is 256 rows of N)
     check_wgrad_shape<128, 256, 128>(80);       // the bf16 forms' 128-entry table

@@ -17,7 +17,6 @@
 
 using cake_moe::emu::Cta;
 
-
 namespace {
 
 constexpr uint8_t kOutside = 0xAB, kBefore = 0xCD;
@@ -61,7 +60,8 @@ void test_zeroing() {
 
 }  // namespace
 
-int main() {
-  test_zeroing();
-  return cake_moe::host_test::report("unrouted_rows");
+int main(int argc, char** argv) {
+  const std::string which = argc > 1 ? argv[1] : "all";
+  if (cake_moe::host_test::selected(which, "zeroing")) test_zeroing();
+  return cake_moe::host_test::report(which);
 }
