@@ -45,10 +45,13 @@ struct Dim3 {
 // The warp operations: all lanes of a warp must be in the same one (a device bug otherwise).
 enum class WarpOp : int { kShfl, kShflUp, kShflXor, kMatchAny, kBallot, kReduceAdd };
 
+// Ends the program (status 3) with the message: no destructors run, since the caller may be a
+// fiber whose stack they would free.
 [[noreturn]] inline void fail(const std::string& what) {
   std::fflush(stdout);  // the test's earlier lines first
   std::fprintf(stderr, "cta_emulator: %s\n", what.c_str());
-  std::abort();
+  std::fflush(stderr);
+  std::_Exit(3);
 }
 
 class Cta {
