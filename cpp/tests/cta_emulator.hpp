@@ -14,12 +14,14 @@
 //
 // Include it before any device header: it gives the CUDA spellings those headers use (qualifiers,
 // threadIdx / blockIdx / blockDim, __ldg, min / max, the block barrier, warp shuffles, votes and
-// reductions, atomicAdd, uint4) host meanings. What it does not emulate (mbarriers, wgmma, TMA,
+// reductions, atomicAdd, uint4, __uint_as_float, __fmaf_rn) host meanings (cpp/tests/shim/ holds the
+// few cuda_bf16.h names the device code uses). What it does not emulate (mbarriers, wgmma, TMA,
 // inline PTX outside __CUDA_ARCH__ guards) fails to compile, by design.
 #pragma once
 #include <ucontext.h>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -59,13 +61,16 @@ class Cta {
   // Runs body() as every thread of a CTA of `threads` threads (a multiple of 32) to completion.
   static void run(int threads, const std::function<void()>& body) { launch(1, threads, body); }
 
-  // A launch of `blocks` CTAs, run one after the other (kernels that wait for other CTAs of
-  // their own launch deadlock here).
-  static void launch(int blocks, int threads, const std::function<void()>& body) {
+  // A launch of `blocks` CTAs (a grid of blocks x rows), run one after the other (kernels that
+  // wait for other CTAs of their own launch deadlock here).
+  static void launch(int blocks, int threads, const std::function<void()>& body, int rows = 1) {
     if (threads <= 0 || threads % 32 != 0) fail("a CTA of whole warps");
-    if (blocks <= 0) fail("a launch of at least one CTA");
-    for (int i = 0; i < blocks; ++i) {
-      Cta cta(threads, reverse() ? blocks - 1 - i : i, blocks, body);
+    if (blocks <= 0 || rows <= 0) fail("a launch of at least one CTA");
+    const int ctas = blocks * rows;
+    for (int i = 0; i < ctas; ++i) {
+      const int c = reverse() ? ctas - 1 - i : i;
+      Cta cta(threads, Dim3{unsigned(c % blocks), unsigned(c / blocks), 0}, Dim3{unsigned(blocks), unsigned(rows), 1},
+              body);
       Cta* outer = current_cta();
       current_cta() = &cta;
       cta.schedule();
@@ -80,8 +85,8 @@ class Cta {
 
   int thread() const { return running_; }
   int threads() const { return threads_; }
-  int block() const { return block_index_; }
-  int blocks() const { return blocks_; }
+  Dim3 block() const { return block_index_; }
+  Dim3 grid() const { return grid_; }
 
   // __syncthreads: every thread of the CTA.
   void block_barrier() { wait_at(block_, "__syncthreads"); }
@@ -131,7 +136,7 @@ class Cta {
     if (b.arrived == 0) {
       warp_op_[size_t(warp)] = op;
     } else if (warp_op_[size_t(warp)] != op) {
-      fail("thread " + std::to_string(me) + " of CTA " + std::to_string(block_index_) +
+      fail("thread " + std::to_string(me) + " of CTA " + std::to_string(block_index_.x) +
            " is in another warp operation than its warp's other lanes");
     }
     uint64_t* slots = &slot_[size_t(b.generation & 1u) * size_t(threads_) + size_t(warp) * 32];
@@ -141,8 +146,8 @@ class Cta {
     return slots;
   }
 
-  Cta(int threads, int block, int blocks, const std::function<void()>& body)
-      : threads_(threads), block_index_(block), blocks_(blocks), body_(body), fibers_(size_t(threads)),
+  Cta(int threads, Dim3 block, Dim3 grid, const std::function<void()>& body)
+      : threads_(threads), block_index_(block), grid_(grid), body_(body), fibers_(size_t(threads)),
         done_(size_t(threads), false), slot_(2 * size_t(threads), 0), warps_(size_t(threads / 32)),
         warp_op_(size_t(threads / 32)), waiting_(size_t(threads)) {
     block_.expected = threads;
@@ -220,7 +225,7 @@ class Cta {
   }
 
   std::string deadlock() const {
-    std::string s = "deadlock in CTA " + std::to_string(block_index_) + ": threads wait at barriers the others never reach;";
+    std::string s = "deadlock in CTA " + std::to_string(block_index_.x) + ": threads wait at barriers the others never reach;";
     int listed = 0;
     for (int t = 0; t < threads_ && listed < 8; ++t)
       if (!done_[size_t(t)]) {
@@ -232,7 +237,8 @@ class Cta {
     return s + " " + std::to_string(ended) + " ended";
   }
 
-  int threads_, block_index_, blocks_;
+  int threads_;
+  Dim3 block_index_, grid_;
   std::function<void()> body_;
   std::vector<ucontext_t> fibers_;
   std::vector<bool> done_;
@@ -247,8 +253,8 @@ class Cta {
 
 inline Dim3 thread_index() { return Dim3{unsigned(Cta::self().thread()), 0, 0}; }
 inline Dim3 block_dim() { return Dim3{unsigned(Cta::self().threads()), 1, 1}; }
-inline Dim3 block_index() { return Dim3{unsigned(Cta::self().block()), 0, 0}; }
-inline Dim3 grid_dim() { return Dim3{unsigned(Cta::self().blocks()), 1, 1}; }
+inline Dim3 block_index() { return Cta::self().block(); }
+inline Dim3 grid_dim() { return Cta::self().grid(); }
 inline void require_full_mask(unsigned mask) {
   if (mask != 0xffffffffu) fail("a warp operation with a partial mask (not emulated)");
 }
@@ -324,6 +330,12 @@ inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {  // (wraps modulo
   return sum;
 }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+inline float __uint_as_float(unsigned x) {
+  float f;
+  std::memcpy(&f, &x, sizeof(f));
+  return f;
+}
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }  // one rounding, as on the device
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 
 // CUDA's 16-byte vector type (vector_types.h), for the device code's 16-byte stores.
