@@ -327,6 +327,13 @@ void test_routing_paths() {
   plans.split = true;
   check_routing(plans, "the plans' chunking");
   EXPECT(route_chunk_routes(plans.routes()) == kRouteChunkMin);
+  Routing most = draw(Draw::kBalanced, 16384, 16, 896, 896, 0, true);  // tp8 T = 16384: 64 chunks, the most
+  most.block_n = 160;
+  most.alt_block_n = 128;
+  most.block_cost = 130;
+  most.split = true;
+  EXPECT((most.routes() + route_chunk_routes(most.routes()) - 1) / route_chunk_routes(most.routes()) == kMaxRouteChunks);
+  check_routing(most, "the plans' chunking, 64 chunks");
   // (the split listing, 2, needs counts just past the wider form's multiples: test_width_per_expert)
   EXPECT(listings_seen[0][0] && listings_seen[0][1] && listings_seen[1][0] && listings_seen[1][1]);
 }
