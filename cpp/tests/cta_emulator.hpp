@@ -68,7 +68,7 @@ class Cta {
     if (blocks <= 0 || rows <= 0) fail("a launch of at least one CTA");
     const int ctas = blocks * rows;
     for (int i = 0; i < ctas; ++i) {
-      const int c = reverse() ? ctas - 1 - i : i;
+      const int c = reversed() ? ctas - 1 - i : i;
       Cta cta(threads, Dim3{unsigned(c % blocks), unsigned(c / blocks), 0}, Dim3{unsigned(blocks), unsigned(rows), 1},
               body);
       Cta* outer = current_cta();
@@ -81,6 +81,15 @@ class Cta {
   static Cta& self() {
     if (current_cta() == nullptr) fail("device code called outside Cta::run");
     return *current_cta();
+  }
+
+  // CAKE_EMU_ORDER=reverse: CTAs and threads in descending index order.
+  static bool reversed() {
+    static const bool r = [] {
+      const char* v = std::getenv("CAKE_EMU_ORDER");
+      return v != nullptr && std::string(v) == "reverse";
+    }();
+    return r;
   }
 
   int thread() const { return running_; }
@@ -114,15 +123,6 @@ class Cta {
     int expected = 0, arrived = 0;
     unsigned generation = 0;
   };
-
-  // CAKE_EMU_ORDER=reverse: CTAs and threads in descending index order.
-  static bool reverse() {
-    static const bool r = [] {
-      const char* v = std::getenv("CAKE_EMU_ORDER");
-      return v != nullptr && std::string(v) == "reverse";
-    }();
-    return r;
-  }
 
   // Writes the lane's value into its warp's slot set for this operation and waits for every
   // lane's: the set. A warp's k-th operation opens its barrier's generation k, so two sets used
@@ -210,7 +210,7 @@ class Cta {
     for (;;) {
       bool ran = false, all_done = true;
       for (int i = 0; i < threads_; ++i) {
-        running_ = reverse() ? threads_ - 1 - i : i;
+        running_ = reversed() ? threads_ - 1 - i : i;
         if (done_[size_t(running_)]) continue;
         const Waiting& w = waiting_[size_t(running_)];
         if (w.barrier == nullptr || w.barrier->generation != w.generation) {

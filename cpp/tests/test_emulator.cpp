@@ -46,7 +46,7 @@ void test_order() {
     if (blockIdx.x == 0) threads.push_back(int(threadIdx.x));
     __syncthreads();
   });
-  const bool reverse = std::getenv("CAKE_EMU_ORDER") != nullptr && std::string(std::getenv("CAKE_EMU_ORDER")) == "reverse";
+  const bool reverse = Cta::reversed();
   EXPECT(blocks == (reverse ? std::vector<int>{2, 1, 0} : std::vector<int>{0, 1, 2}));
   EXPECT(threads.size() == 64 && threads.front() == (reverse ? 63 : 0) && threads.back() == (reverse ? 0 : 63));
 }

@@ -29,8 +29,7 @@ class UnroutedRowsZeroed final : public Launch {
     z.num_offs = p.num_groups == 0 ? 0 : p.num_groups + (p.offs_leading_zero ? 1 : 0);
     zero_.device = p.device;
     zero_.form = "gg_unrouted_rows";
-    runtime::ScopedDevice scope(p.device);
-    zero_.kernel = runtime::get_kernel(zero_.form, "cake_gg_zero_unrouted_rows", p.device);
+    zero_.kernel = runtime::get_kernel(zero_.form, "cake_gg_zero_unrouted_rows", p.device);  // (in p.device's context)
     const int64_t ctas = kCtasPerSm * runtime::device_sm_count(p.device);
     constexpr int64_t kRowsPerCta = kUnroutedRowsThreads / 32;
     zero_.cfg.grid[0] = unsigned(std::max<int64_t>(1, std::min(ctas, (p.rows + kRowsPerCta - 1) / kRowsPerCta)));

@@ -83,8 +83,9 @@ struct RaggedTileScheduler {
 
     // 1) tile count of every slot and 2) their inclusive scan, both saturating at kTileCap:
     // valid offsets give fewer tiles in all, so a total that reaches it comes from malformed
-    // offsets whose groups overlap (each may span every row). Then no tile runs, rather than tiles decoded from a wrapped prefix (negative row
-    // starts). A group's own count fits: it is at most the tiles of all the operand's rows.
+    // offsets whose groups overlap (each may span every row). Then no tile runs, rather than
+    // tiles decoded from a wrapped prefix (negative row starts). A group's own count fits: it is
+    // at most the tiles of all the operand's rows.
     uint32_t* counts = reinterpret_cast<uint32_t*>(smem_table);
     for (int32_t j = threadIdx.x; j < num_slots; j += blockDim.x) {
       const int32_t e_end = min(num_groups, (j + 1) * span);
