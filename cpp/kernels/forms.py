@@ -151,7 +151,7 @@ def _grouped_gemm_unrouted_rows_form() -> Form:
     return Form("gg_unrouted_rows", "grouped_gemm", "grouped_gemm/unrouted_rows.cuh", "cake_moe::UnroutedRowsParams",
                 (Kernel("cake_gg_zero_unrouted_rows", "cake_moe::zero_unrouted_rows", threads=256),),
                 {"op": "zero_unrouted_rows"},
-                prelude="static_assert(cake_moe::kUnroutedRowsThreads == 256);")
+                prelude="static_assert(cake_moe::kUnroutedRowsThreads == 256);", validated=("90a",))
 
 
 def _moe_engine_forms() -> list[Form]:
