@@ -447,6 +447,18 @@ def _grouped_mm_grads(ctx, grad, dgrad, wgrad):
     return dx, dw, None, None
 
 
+class _RefuseDoubleBackward(torch.autograd.Function):
+    """Passes its inputs through as views; differentiating through them raises."""
+
+    @staticmethod
+    def forward(ctx, *tensors):
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("grouped_mm's backward cannot be differentiated (double backward is not supported)")
+
+
 def _not_differentiable(*grads):
     """The gradients, marked to raise if differentiated: the kernels record no graph, so a
     double backward would otherwise see constants and silently drop the second-order terms
@@ -454,10 +466,7 @@ def _not_differentiable(*grads):
     live = [t for t in grads if t is not None]
     if not live:
         return grads
-    err = torch._C._functions.DelayedError(b"grouped_mm's backward cannot be differentiated (double backward is "
-                                           b"not supported)", len(live))
-    marked = err(*[t.detach().requires_grad_() for t in live])
-    marked = iter(marked if isinstance(marked, tuple) else (marked,))
+    marked = iter(_RefuseDoubleBackward.apply(*[t.detach().requires_grad_() for t in live]))
     return tuple(None if t is None else next(marked) for t in grads)
 
 
