@@ -10,6 +10,8 @@
 #include "formats/args.hpp"
 #include "formats/chunk_io.cuh"
 
+#include <type_traits>
+
 namespace cake_moe::formats {
 
 namespace detail {
@@ -135,7 +137,9 @@ __device__ __forceinline__ void quantize(const QuantizeArgs& a) {
   const float nv_global = F == Fmt::kNvfp4 ? *a.global_scale : 0.0f;
 
   // All loads first: kUnroll independent 16/32-byte loads in flight per thread.
-  InputChunk<In> in[kUnroll];
+  using Chunk = std::conditional_t<F == Fmt::kMxfp8 && std::is_same_v<In, __nv_bfloat16>, WidenedBf16Chunk,
+                                   InputChunk<In>>;
+  Chunk in[kUnroll];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t c = first + int64_t(u) * blockDim.x;
