@@ -27,22 +27,24 @@ __device__ __forceinline__ void dequantize_chunk(const DequantizeArgs& a, int64_
     for (int i = 0; i < kChunk; ++i) v[i] = __fmul_rn(e4m3_decode(((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xFFu), s);
   } else {
     const uint32_t q = __ldcs(reinterpret_cast<const unsigned int*>(a.q) + c);
-    const float s = F == Fmt::kMxfp4 ? ue8m0_value(code) : e4m3_decode(code);
+    if constexpr (F == Fmt::kMxfp4) {
+      const float s = ue8m0_value(code);
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) v[i] = __fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s);
-    if constexpr (F == Fmt::kNvfp4) {
-      // (e2m1 * s) / q: the product above is exact, the quotient rounded once. For q in
-      // [2^-100, 2^100] (the same for every thread) a reciprocal and one correction per element
-      // divide exactly (e2m1 * s is 0 or in [2^-10, 2688], so nothing leaves the normal range);
-      // other global scales take IEEE division.
-      const float g = *a.global_scale;
+      for (int i = 0; i < kChunk; ++i) v[i] = __fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s);
+    } else {
+      // (e2m1 * s) / q: the product is exact, the quotient rounded once. For q in [2^-100,
+      // 2^100] (the same for every thread) a reciprocal and one correction per element divide
+      // exactly (e2m1 * s is 0 or in [2^-10, 2688], so nothing leaves the normal range);
+      // other global scales take IEEE division. (The product stays inside each loop: one
+      // product loop shared with MXFP4 ahead of the division ran 3.5% slower from BF16.)
+      const float s = e4m3_decode(code), g = *a.global_scale;
       if (g >= 0x1p-100f && g <= 0x1p100f) {
         const float y = __frcp_rn(g);
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) v[i] = div_by_reciprocal(v[i], g, y);
+        for (int i = 0; i < kChunk; ++i) v[i] = div_by_reciprocal(__fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s), g, y);
       } else {
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) v[i] = __fdiv_rn(v[i], g);
+        for (int i = 0; i < kChunk; ++i) v[i] = __fdiv_rn(__fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s), g);
       }
     }
   }
