@@ -13,8 +13,9 @@ namespace cake_moe::formats {
 constexpr int kChunk = kChunkElems;
 
 // A loaded input chunk, as the quantizers hold it from their loads to their element encoding.
-// BF16 stays packed (16 bytes: half the registers of its FP32 values, so more threads fit on an
-// SM) and gives its amax with packed max instructions; FP32 is kept as values.
+// BF16 stays packed for the FP4 quantizers (16 bytes: half the registers of its FP32 values, so
+// more threads fit on an SM) and gives its amax with packed max instructions; FP32 is kept as
+// values, and so is BF16 for MXFP8 (WidenedBf16Chunk below).
 template <typename T>
 struct InputChunk;
 
