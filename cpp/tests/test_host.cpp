@@ -14,7 +14,6 @@
 
 using namespace cake_moe;
 
-
 static void test_sha256() {
   using runtime::sha256_hex;
   EXPECT(sha256_hex("", 0) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
@@ -133,10 +132,10 @@ static void test_grouped_gemm_tiles() {
 
 int main(int argc, char** argv) {
   std::string which = argc > 1 ? argv[1] : "all";
-  if (cake_moe::host_test::selected(which, "sha256")) test_sha256();
-  if (cake_moe::host_test::selected(which, "swizzle")) test_swizzle();
-  if (cake_moe::host_test::selected(which, "geometry")) test_geometry();
-  if (cake_moe::host_test::selected(which, "fastdiv")) test_fast_divmod();
-  if (cake_moe::host_test::selected(which, "gg_tiles")) test_grouped_gemm_tiles();
-  return cake_moe::host_test::report(which);
+  if (host_test::selected(which, "sha256")) test_sha256();
+  if (host_test::selected(which, "swizzle")) test_swizzle();
+  if (host_test::selected(which, "geometry")) test_geometry();
+  if (host_test::selected(which, "fastdiv")) test_fast_divmod();
+  if (host_test::selected(which, "gg_tiles")) test_grouped_gemm_tiles();
+  return host_test::report(which);
 }
