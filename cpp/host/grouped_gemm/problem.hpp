@@ -44,6 +44,9 @@ class Launch {
   virtual void launch(std::uintptr_t stream) const = 0;
   virtual void set_output(void* out) = 0;
   virtual const std::string& form() const = 0;
+  // Launch as a programmatic dependent of the kernel enqueued just before, where the form waits
+  // for it before touching memory (the sm_90a fwd / dgrad kernels); a no-op for the others.
+  virtual void follow_as_dependent() {}
 };
 
 const char* op_name(Op op);

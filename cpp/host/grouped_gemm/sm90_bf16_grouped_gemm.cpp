@@ -63,6 +63,8 @@ class Sm90Launch final : public BoundKernel<sm90::GroupedGemmParams> {
     bound_.device = p.device;
   }
 
+  void follow_as_dependent() override { bound_.cfg.pdl = true; }
+
   void set_output(void* out) override {
     sm90::GroupedGemmParams& q = *bound_.params;
     if (q.out == out) return;

@@ -19,6 +19,7 @@ constexpr int64_t kCtasPerSm = 2;
 class UnroutedRowsZeroed final : public Launch {
  public:
   UnroutedRowsZeroed(std::unique_ptr<Launch> gemm, const Problem& p) : gemm_(std::move(gemm)) {
+    if (gemm_) gemm_->follow_as_dependent();  // its launch overlaps the zeroing, its work follows
     const int64_t width = p.op == Op::kFwd ? p.n : p.k;  // bf16 columns of the output
     UnroutedRowsParams& z = *zero_.params;
     z.out = p.out;
@@ -37,7 +38,7 @@ class UnroutedRowsZeroed final : public Launch {
   }
 
   // The zeroing first: malformed offsets may give a group rows past the last end, and those
-  // keep the GEMM's values.
+  // keep the GEMM's values (a dependent GEMM waits for the zeroing before its first access).
   void launch(std::uintptr_t stream) const override {
     zero_.launch(stream);
     if (gemm_) gemm_->launch(stream);

@@ -47,6 +47,7 @@
 
 #include <cstdint>
 
+#include "common/ptx/grid_dependency.cuh"
 #include "common/ptx/mbarrier.cuh"
 #include "common/c_fragment.cuh"
 #include "common/ptx/smem.cuh"
@@ -303,6 +304,11 @@ struct GroupedGemmKernel {
       ptx::tma_prefetch_desc(&p.tmap_d);
       if (kSplitTail && !kBNMajor) ptx::tma_prefetch_desc(&p.tmap_b_half);
     }
+    // Launched as a dependent only after grouped_mm's zeroing kernel (a no-op otherwise): the
+    // launch and the set-up above overlap it, and nothing global is touched before it is done
+    // (the tiles' stores must land after its zeros, for offsets that give a group rows past the
+    // last end).
+    ptx::grid_dependency_wait();
     Scheduler sched;
     // collective; its __syncthreads also publish the barrier init
     sched.init(table, p.offs, p.num_groups, p.sum_m_capacity, p.offs_has_leading_zero, p.n_out);

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 
+#include "common/ptx/grid_dependency.cuh"
 #include "grouped_gemm/unrouted_rows_params.hpp"
 
 namespace cake_moe {
@@ -15,6 +16,7 @@ namespace cake_moe {
 // on the same stream, this leaves to the GEMM any row that malformed offsets give to a group
 // past a smaller last end.
 __device__ __forceinline__ void zero_unrouted_rows(const UnroutedRowsParams& p) {
+  ptx::allow_dependent_launch();  // the sm_90a GEMM after it may start; it waits before any access
   const int32_t last = p.num_offs > 0 ? __ldg(p.offs + p.num_offs - 1) : 0;
   const int32_t end = min(max(last, 0), p.rows);
   // A warp per row, its lanes over the row's 16-byte chunks: no division per store (the kernel
