@@ -6,6 +6,7 @@ launches, and with the cache off), of its torch.library op and of ``torch._group
 where the one-shot path spends it (cProfile).
 
     python ci/host_overhead.py [--tokens 4096] [--calls 200] [--profile fwd|dgrad|wgrad|none]
+    python ci/host_overhead.py --breakdown
     python ci/host_overhead.py --moe ep8,tp8 [--moe-tokens 1,4096]
 
 The problem is the demo's (H = 2048, I = 768, E = 16, w13): where a one-shot call's host time
@@ -24,6 +25,7 @@ import torch
 
 import cake_moe
 from cake_moe import demo
+from cake_moe.grouped_gemm import _ops
 
 
 def host_us(fn, calls: int) -> float:
@@ -109,6 +111,51 @@ def _autograd_steps(x, w, gy, offs):
             step(lambda a, b: torch._grouped_mm(a, b.transpose(-2, -1), offs=offs)))
 
 
+class _Stand(torch.autograd.Function):
+    """grouped_mm's autograd shape with no kernel: the same saves, and outputs from torch.empty."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs, variant):
+        ctx.save_for_backward(x, w, offs)
+        ctx.variant = variant
+        return x.new_empty((x.shape[0], w.shape[1]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w, _ = ctx.saved_tensors
+        return torch.empty_like(x), torch.empty_like(w), None, None
+
+
+def breakdown(x, w, gy, offs, calls: int, rounds: int) -> None:
+    """Where one eager grouped_mm step's host time goes: the step against its parts (the forward
+    alone with grad recording, each kernel call alone, the autograd machinery with no kernel)
+    and torch's step against its own parts."""
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    eager, _, peer_step = _autograd_steps(x, w, gy, offs)
+
+    def stand():
+        _Stand.apply(xr, wr, offs, "det").backward(gy)
+        xr.grad = wr.grad = None
+    parts = {
+        "eager step": eager,
+        "eager fwd (records grad)": lambda: cake_moe.grouped_mm(xr, wr, offs),
+        "fwd, zeroing": lambda: _ops.fwd_impl(x, w, offs, zero_unrouted_rows=True),
+        "dgrad, zeroing": lambda: _ops.dgrad_impl(gy, w, offs, zero_unrouted_rows=True),
+        "wgrad": lambda: cake_moe.grouped_gemm_wgrad(gy, x, offs),
+        "no-kernel Function step": stand,
+        "torch step": peer_step,
+        "torch fwd (records grad)": lambda: torch._grouped_mm(xr, wr.transpose(-2, -1), offs=offs),
+        "torch.empty x2": lambda: (torch.empty_like(x), torch.empty_like(w)),
+    }
+    for fn in parts.values():
+        fn()
+        fn()
+    row = interleaved(list(parts.values()), min(calls, 50), rounds)
+    print(f"\nhost us, median of {rounds} rounds (GPU busy throughout)")
+    for name, v in zip(parts, row):
+        print(f"{name:28} {v:8.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=4096)
@@ -117,12 +164,16 @@ def main() -> None:
     ap.add_argument("--profile", default="fwd", choices=("fwd", "dgrad", "wgrad", "none"))
     ap.add_argument("--moe", default="", help="comma list of MXFP4 MoE layouts (ep8, tp8): time those instead")
     ap.add_argument("--moe-tokens", default="1,4096", help="comma list of token counts for --moe")
+    ap.add_argument("--breakdown", action="store_true", help="only the parts of one eager grouped_mm step")
     args = ap.parse_args()
     if args.moe:
         # 50 runs of up to seven launches stay inside the launch queue while the GPU spins
         moe(args.moe.split(","), [int(t) for t in args.moe_tokens.split(",")], min(args.calls, 50))
         return
     x, w, gy, offs = demo._grouped_problem(args.tokens, "cuda")
+    if args.breakdown:
+        breakdown(x, w, gy, offs, args.calls, args.rounds)
+        return
     one_shot = {
         "fwd": lambda: cake_moe.grouped_gemm_fwd(x, w, offs),
         "dgrad": lambda: cake_moe.grouped_gemm_dgrad(gy, w, offs),

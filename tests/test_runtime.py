@@ -50,6 +50,18 @@ def test_extension_links_no_cuda_or_torch_library():
         assert lib not in out.stdout, out.stdout
 
 
+def test_env_follows_os_environ(monkeypatch):
+    """The per-call switch reader sees what os.environ sees: set, changed, non-ASCII, deleted."""
+    name = "CAKE_MOE_TEST_ENV_READ"
+    monkeypatch.delenv(name, raising=False)
+    assert _runtime.env(name) is None
+    for value in ("0", "", "1 ", "caf\u00e9"):
+        monkeypatch.setenv(name, value)
+        assert _runtime.env(name) == os.environ.get(name) == value
+    monkeypatch.delenv(name)
+    assert _runtime.env(name) is None
+
+
 def test_manifest_lists_every_form_with_matching_digests():
     m = _runtime.manifest()
     assert m["schema"] == "cake_moe.manifest.v1"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import atexit
-import os
 
 import torch
 
@@ -377,13 +376,13 @@ def _one_shot(key: tuple, tensors: tuple, out, prepare, per_stream: bool = False
     """Run ``prepare(operands, out).launch()``, or the launch kept for the same key.
     ``per_stream``: the launch binds the current stream's workspace (wgrad), so it is kept per
     stream, and not at all during graph capture (which gives a launch a workspace of its own)."""
-    if (not all(_is_cuda(t) for t in tensors) or (out is not None and not _is_cuda(out))
-            or os.environ.get("CAKE_MOE_ONE_SHOT_CACHE") == "0"
+    if (not all(map(_is_cuda, tensors)) or (out is not None and not _is_cuda(out))
+            or _runtime.env("CAKE_MOE_ONE_SHOT_CACHE") == "0"
             or (per_stream and torch.cuda.is_current_stream_capturing())):
         return prepare(tuple(_packed(t) for t in tensors), out).launch()
     stream = _runtime.stream_handle(tensors[0].device) if per_stream else None
     key = (*key, stream, *(_identity(t) for t in tensors), None if out is None else _identity(out),
-           *(os.environ.get(name) for name in _PREPARE_SWITCHES))
+           *map(_runtime.env, _PREPARE_SWITCHES))
     kept = _kept.get(key)
     if kept is not None:
         plan, shape, dtype, device, _ = kept

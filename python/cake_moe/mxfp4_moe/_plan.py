@@ -2,8 +2,6 @@
 ``CakeMxfp4MoEWrapper.plan``), its debug checks and its path under ``torch.compile``."""
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .. import _runtime
@@ -20,7 +18,7 @@ def _capturing() -> bool:
 
 def _check_mode() -> bool:
     """Debug mode (env CAKE_MOE_CHECK=1): every run() synchronises and validates expert ids."""
-    return os.environ.get("CAKE_MOE_CHECK", "") == "1"
+    return _runtime.env("CAKE_MOE_CHECK") == "1"
 
 
 # x, x_sf, topk_ids, topk_weights (None: packed routes)
