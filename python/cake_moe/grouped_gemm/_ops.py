@@ -381,7 +381,7 @@ def _one_shot(key: tuple, tensors: tuple, out, prepare, per_stream: bool = False
             or (per_stream and torch.cuda.is_current_stream_capturing())):
         return prepare(tuple(_packed(t) for t in tensors), out).launch()
     stream = _runtime.stream_handle(tensors[0].device) if per_stream else None
-    key = (*key, stream, *(_identity(t) for t in tensors), None if out is None else _identity(out),
+    key = (*key, stream, *map(_identity, tensors), None if out is None else _identity(out),
            *map(_runtime.env, _PREPARE_SWITCHES))
     kept = _kept.get(key)
     if kept is not None:
