@@ -27,10 +27,12 @@ __device__ __forceinline__ void dequantize_chunk(const DequantizeArgs& a, int64_
     for (int i = 0; i < kChunk; ++i) v[i] = __fmul_rn(e4m3_decode(((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xFFu), s);
   } else {
     const uint32_t q = __ldcs(reinterpret_cast<const unsigned int*>(a.q) + c);
+    // element i's exact product e2m1 * s, computed where each loop uses it
+    const auto scaled = [q](int i, float s) { return __fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s); };
     if constexpr (F == Fmt::kMxfp4) {
       const float s = ue8m0_value(code);
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) v[i] = __fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s);
+      for (int i = 0; i < kChunk; ++i) v[i] = scaled(i, s);
     } else {
       // (e2m1 * s) / q: the product is exact, the quotient rounded once. For q in [2^-100,
       // 2^100] (the same for every thread) a reciprocal and one correction per element divide
@@ -41,10 +43,10 @@ __device__ __forceinline__ void dequantize_chunk(const DequantizeArgs& a, int64_
       if (g >= 0x1p-100f && g <= 0x1p100f) {
         const float y = __frcp_rn(g);
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) v[i] = div_by_reciprocal(__fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s), g, y);
+        for (int i = 0; i < kChunk; ++i) v[i] = div_by_reciprocal(scaled(i, s), g, y);
       } else {
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) v[i] = __fdiv_rn(__fmul_rn(e2m1_decode((q >> (4 * i)) & 0xFu), s), g);
+        for (int i = 0; i < kChunk; ++i) v[i] = __fdiv_rn(scaled(i, s), g);
       }
     }
   }
