@@ -83,6 +83,77 @@ def test_cpu_calls_keep_no_launch():
     assert not _ops._kept
 
 
+def test_one_shot_keying_with_launches_stood_in(monkeypatch):
+    """The one-shot cache's keying, on the CPU: CPU tensors stand in for CUDA ones and each
+    preparation is counted and binds a launch that runs nothing. The same operands find the
+    kept launch (a fresh output each call); another stride at the same address, another dtype,
+    an ``out``, another stream (wgrad), a prepare-time switch or the cache switch prepare anew."""
+    from cake_moe.grouped_gemm import _ops
+
+    class NoKernel:
+        def launch(self, stream):
+            pass
+
+        def launch_to(self, stream, out_ptr):
+            pass
+
+    prepared = []
+
+    def stand_in(op):
+        def prepare(a, b, offs, out=None, *args, **kwargs):
+            prepared.append(op)
+            shape = ((offs.numel(), a.shape[1], b.shape[1]) if op == "wgrad"
+                     else (a.shape[0], b.shape[1] if op == "fwd" else b.shape[2]))
+            result = torch.empty(shape, dtype=a.dtype) if out is None else out
+            return _ops.GroupedGemmLaunch(op, NoKernel(), a.device, result, (a, b, offs, None))
+        return prepare
+
+    for op in ("fwd", "dgrad", "wgrad"):
+        monkeypatch.setattr(_ops, f"prepare_grouped_gemm_{op}", stand_in(op))
+    monkeypatch.setattr(_ops, "_is_cuda", lambda t: isinstance(t, torch.Tensor))
+    stream = [7]
+    monkeypatch.setattr(_runtime, "stream_handle", lambda device: stream[0])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.delenv("CAKE_MOE_ONE_SHOT_CACHE", raising=False)
+    monkeypatch.delenv("CAKE_MOE_GG_SPLIT_TAIL", raising=False)
+    cake_moe.release()
+    x, w, g, offs = _cpu_problem([2, 5, 0, 1])
+    ys = [cake_moe.grouped_gemm_fwd(x, w, offs) for _ in range(3)]
+    assert prepared == ["fwd"] and len({y.data_ptr() for y in ys}) == 3
+    wide = torch.cat([x, x], dim=1)
+    cake_moe.grouped_gemm_fwd(wide[:, :x.shape[1]], w, offs)                # same address, row stride 2K
+    cake_moe.grouped_gemm_fwd(wide[:, :x.shape[1]], w, offs)
+    cake_moe.grouped_gemm_fwd(wide.view(-1, x.shape[1])[:x.shape[0]], w, offs)  # same address, contiguous
+    cake_moe.grouped_gemm_fwd(x[:-1], w, offs)                                  # same address, fewer rows
+    assert prepared == ["fwd"] * 4
+    out = torch.empty(x.shape[0], w.shape[1], dtype=torch.bfloat16)
+    assert cake_moe.grouped_gemm_fwd(x, w, offs, out=out) is out
+    assert cake_moe.grouped_gemm_fwd(x, w, offs, out=out) is out
+    assert prepared == ["fwd"] * 5
+    cake_moe.grouped_gemm_fwd(x, w.to(torch.float16).view(torch.bfloat16), offs)  # same bits, new address
+    cake_moe.grouped_gemm_fwd(x.view(torch.float16), w, offs)                      # same address, other dtype
+    assert prepared == ["fwd"] * 7
+    for _ in range(2):
+        cake_moe.grouped_gemm_dgrad(g, w, offs)
+        cake_moe.grouped_gemm_wgrad(g, x, offs)
+    assert prepared[7:] == ["dgrad", "wgrad"]
+    stream[0] = 8   # wgrad binds the stream's workspace: kept per stream
+    cake_moe.grouped_gemm_wgrad(g, x, offs)
+    cake_moe.grouped_gemm_dgrad(g, w, offs)
+    assert prepared[9:] == ["wgrad"]
+    monkeypatch.setenv("CAKE_MOE_GG_SPLIT_TAIL", "0")
+    cake_moe.grouped_gemm_fwd(x, w, offs)
+    cake_moe.grouped_gemm_fwd(x, w, offs)
+    assert prepared[10:] == ["fwd"]
+    monkeypatch.setenv("CAKE_MOE_ONE_SHOT_CACHE", "0")
+    kept = len(_ops._kept)
+    cake_moe.grouped_gemm_fwd(x, w, offs)
+    cake_moe.grouped_gemm_fwd(x, w, offs)
+    assert prepared[11:] == ["fwd", "fwd"] and len(_ops._kept) == kept
+    cake_moe.release()
+    assert not _ops._kept
+
+
 def test_check_grouped_dims():
     cake_moe.check_grouped_dims(7168, 2048, num_groups=8, max_rows=65536)
     for bad in ((7167, 2048), (0, 64), (64, -8)):
@@ -159,6 +230,8 @@ def _aligned_bytes(n: int) -> torch.Tensor:
     (lambda x, w, g, o: cake_moe.grouped_gemm_wgrad(g, x, o, num_groups=7), "entries"),
     (lambda x, w, g, o: cake_moe.grouped_mm_bf16(x, w, o), "m_indptr"),
     (lambda x, w, g, o: cake_moe.grouped_gemm_wgrad(g, x, [2, 7, 8]), "offs must be a torch.Tensor"),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_fwd(x, w, [2, 7, 8]), "offs must be a torch.Tensor"),
+    (lambda x, w, g, o: cake_moe.grouped_gemm_dgrad(g, None, o), "w must be a torch.Tensor"),
     (lambda x, w, g, o: cake_moe.grouped_mm([1.0], w, o), "x must be a torch.Tensor"),
     (lambda x, w, g, o: cake_moe.grouped_mm_bf16(x, None, o), "b must be a torch.Tensor"),
     (lambda x, w, g, o: cake_moe.grouped_mm_bf16(x, w[0], o), "3-D"),
