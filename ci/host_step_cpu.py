@@ -3,7 +3,8 @@
 CPU tensors stand in for CUDA ones and every one-shot call finds a kept launch that enqueues
 nothing (the kernel launches, the stream query and the capture check are stubbed), so what is
 timed is this package's Python and torch's autograd machinery around the calls: an eager
-``grouped_mm`` forward + backward, the same step through an autograd.Function with no kernel
+``grouped_mm`` forward + backward (and the same with its backward's dgrad and wgrad each looking
+up its own kept launch instead of the pair's), the same step through an autograd.Function with no kernel
 (torch's share), and the three one-shot calls, each alone in a tight loop ("hot") and between
 steps of the no-kernel Function ("cold": the state a training step leaves them in, which costs
 them 1.5-2.5x their tight-loop time on a server CPU).
@@ -93,7 +94,21 @@ def main() -> None:
             return time.perf_counter() - t0
         return run
 
-    columns = {"eager grouped_mm step": eager, "no-kernel Function step": stand}
+    paired = _ops._eager_grads
+
+    def separate(g, x, w, offs, need_dx, need_dw, variant):
+        return (_ops.dgrad_impl(g, w, offs, zero_unrouted_rows=True) if need_dx else None,
+                _ops.wgrad_impl(g, x, offs, w.shape[0], w.dtype, variant) if need_dw else None)
+
+    def eager_separate():   # the backward's two calls each looking up their own launch
+        _ops._eager_grads = separate
+        try:
+            eager()
+        finally:
+            _ops._eager_grads = paired
+
+    columns = {"eager grouped_mm step": eager, "  its backward as 2 lookups": eager_separate,
+               "no-kernel Function step": stand}
     columns.update({f"{op} one-shot, hot": fn for op, fn in calls.items()})
     colds = {f"{op} one-shot, cold": cold(fn) for op, fn in calls.items()}
     calls["fwd"]()

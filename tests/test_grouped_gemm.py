@@ -141,15 +141,34 @@ def test_one_shot_keying_with_launches_stood_in(monkeypatch):
     cake_moe.grouped_gemm_wgrad(g, x, offs)
     cake_moe.grouped_gemm_dgrad(g, w, offs)
     assert prepared[9:] == ["wgrad"]
+    # eager grouped_mm steps: the backward's pair of launches is kept under one key too
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+    del prepared[:]
+    grads = []
+    for _ in range(3):
+        cake_moe.grouped_mm(xl, wl, offs).backward(g)
+        grads.append((xl.grad, wl.grad))
+        xl.grad = wl.grad = None
+    assert prepared == ["fwd", "dgrad", "wgrad"]
+    assert sum(key[0] == "grads" for key in _ops._kept) == 1
+    assert all(dx.shape == x.shape and dw.shape == w.shape and dw.dtype == w.dtype for dx, dw in grads)
+    assert len({dx.data_ptr() for dx, _ in grads[1:]}) == 2   # each step's own gradients
+    stream[0] = 9
+    cake_moe.grouped_mm(xl, wl, offs).backward(g)
+    assert prepared == ["fwd", "dgrad", "wgrad", "wgrad"]     # wgrad's workspace is the stream's
+    wl.requires_grad_(False)
+    xl.grad = None
+    cake_moe.grouped_mm(xl, wl, offs).backward(g)
+    assert prepared[4:] == [] and xl.grad is not None           # dx alone: the kept dgrad
     monkeypatch.setenv("CAKE_MOE_GG_SPLIT_TAIL", "0")
     cake_moe.grouped_gemm_fwd(x, w, offs)
     cake_moe.grouped_gemm_fwd(x, w, offs)
-    assert prepared[10:] == ["fwd"]
+    assert prepared == ["fwd", "dgrad", "wgrad", "wgrad", "fwd"]
     monkeypatch.setenv("CAKE_MOE_ONE_SHOT_CACHE", "0")
     kept = len(_ops._kept)
     cake_moe.grouped_gemm_fwd(x, w, offs)
     cake_moe.grouped_gemm_fwd(x, w, offs)
-    assert prepared[11:] == ["fwd", "fwd"] and len(_ops._kept) == kept
+    assert prepared[5:] == ["fwd", "fwd"] and len(_ops._kept) == kept
     cake_moe.release()
     assert not _ops._kept
 

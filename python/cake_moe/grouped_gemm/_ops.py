@@ -357,7 +357,8 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
 # A kept launch holds addresses, not tensors (the caller holds its operands during its call);
 # the wgrad's workspace is the one tensor kept with it. Calls whose operands are copied first
 # (_packed) or that run on the CPU keep nothing; CAKE_MOE_ONE_SHOT_CACHE=0 turns the cache off;
-# release() empties it.
+# release() empties it. grouped_mm's eager backward also keeps its dgrad and wgrad launches as
+# a pair under one key of its four operands (_eager_grads).
 _PREPARE_SWITCHES = ("CAKE_MOE_GG_SPLIT_TAIL", "CAKE_MOE_GG_FORCE_PORTABLE")
 _MAX_KEPT = 256
 _kept: dict[tuple, tuple] = {}
@@ -372,33 +373,56 @@ def _identity(t: torch.Tensor) -> tuple:
     return t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device()
 
 
+def _kept_key(key: tuple, tensors: tuple, out, per_stream: bool = False) -> tuple | None:
+    """The key a one-shot call keeps its launch under, or None where it keeps none (an operand
+    or ``out`` not on a CUDA device, CAKE_MOE_ONE_SHOT_CACHE=0, a per-stream launch during
+    graph capture)."""
+    if (not all(map(_is_cuda, tensors)) or (out is not None and not _is_cuda(out))
+            or _runtime.env("CAKE_MOE_ONE_SHOT_CACHE") == "0"
+            or (per_stream and torch.cuda.is_current_stream_capturing())):
+        return None
+    stream = _runtime.stream_handle(tensors[0].device) if per_stream else None
+    return (*key, stream, *map(_identity, tensors), None if out is None else _identity(out),
+            *map(_runtime.env, _PREPARE_SWITCHES))
+
+
+def _kept_launch(key: tuple, tensors: tuple, per_stream: bool = False) -> tuple | None:
+    """What a one-shot call with these operands (and no ``out``) keeps, if it keeps a launch."""
+    full = _kept_key(key, tensors, None, per_stream)
+    return None if full is None else _kept.get(full)
+
+
+def _keep(key: tuple, entry: tuple) -> None:
+    if len(_kept) >= _MAX_KEPT:
+        _kept.clear()
+    _kept[key] = entry
+
+
+def _launch_kept(kept: tuple, out, stream: int | None) -> torch.Tensor:
+    plan, shape, dtype, device, _ = kept
+    result = torch.empty(shape, dtype=dtype, device=device) if out is None else out
+    plan.launch_to(_runtime.stream_handle(device) if stream is None else stream,
+                   result.data_ptr())  # a fresh output overlaps nothing
+    return result
+
+
 def _one_shot(key: tuple, tensors: tuple, out, prepare, per_stream: bool = False) -> torch.Tensor:
     """Run ``prepare(operands, out).launch()``, or the launch kept for the same key.
     ``per_stream``: the launch binds the current stream's workspace (wgrad), so it is kept per
     stream, and not at all during graph capture (which gives a launch a workspace of its own)."""
-    if (not all(map(_is_cuda, tensors)) or (out is not None and not _is_cuda(out))
-            or _runtime.env("CAKE_MOE_ONE_SHOT_CACHE") == "0"
-            or (per_stream and torch.cuda.is_current_stream_capturing())):
+    full = _kept_key(key, tensors, out, per_stream)
+    if full is None:
         return prepare(tuple(_packed(t) for t in tensors), out).launch()
-    stream = _runtime.stream_handle(tensors[0].device) if per_stream else None
-    key = (*key, stream, *map(_identity, tensors), None if out is None else _identity(out),
-           *map(_runtime.env, _PREPARE_SWITCHES))
-    kept = _kept.get(key)
+    kept = _kept.get(full)
     if kept is not None:
-        plan, shape, dtype, device, _ = kept
-        result = torch.empty(shape, dtype=dtype, device=device) if out is None else out
-        plan.launch_to(_runtime.stream_handle(device) if stream is None else stream,
-                       result.data_ptr())  # a fresh output overlaps nothing
-        return result
+        return _launch_kept(kept, out, full[len(key)])   # (the key's stream, or None)
     operands = tuple(_packed(t) for t in tensors)
     launch = prepare(operands, out)
     result = launch.launch()
     if (launch._plan is not None and launch._pre is None and launch._cpu is None
             and all(a is b for a, b in zip(operands, tensors))):
-        if len(_kept) >= _MAX_KEPT:
-            _kept.clear()
         workspace = launch._keep[3] if launch.op == "wgrad" else None
-        _kept[key] = (launch._plan, result.shape, result.dtype, launch._device, workspace)
+        _keep(full, (launch._plan, result.shape, result.dtype, launch._device, workspace))
     # This frame can outlive the call (compute-sanitizer keeps it): it must not hold the launch,
     # whose plan would then outlive release() and the extension's teardown.
     del launch
@@ -421,28 +445,58 @@ def dgrad_impl(g, w, offs, out=None, zero_unrouted_rows=False):
                                                              zero_unrouted_rows=zero_unrouted_rows))
 
 
+def _wgrad_key(num_groups: int, out_dtype: torch.dtype, variant: str) -> tuple:
+    return ("wgrad", num_groups, out_dtype, variant)
+
+
 def wgrad_impl(g, x, offs, num_groups, out_dtype, variant, out=None):
     v = _config.grouped_gemm_variant(variant)
-    return _one_shot(("wgrad", num_groups, out_dtype, v), (g, x, offs), out,
+    return _one_shot(_wgrad_key(num_groups, out_dtype, v), (g, x, offs), out,
                      lambda t, o: prepare_grouped_gemm_wgrad(t[0], t[1], t[2], o, out_dtype, num_groups, v,
                                                              workspace=_PER_STREAM),
                      per_stream=True)
 
 
-def _grouped_mm_grads(ctx, grad, dgrad, wgrad):
+def _eager_grads(g, x, w, offs, need_dx: bool, need_dw: bool, variant: str) -> tuple:
+    """grouped_mm's eager backward: dx by dgrad (unrouted rows zeroed), dw by wgrad in w's dtype.
+    Once both calls keep their launches, the pair is kept under one key as well: a step's
+    backward then reads four operands' identities and one lookup instead of six and two (each
+    of them costs ~2x its tight-loop time there, run between torch's autograd work)."""
+    key = _kept_key(("grads", need_dx, need_dw, variant), (g, x, w, offs), None, per_stream=need_dw)
+    pair = None if key is None else _kept.get(key)
+    if pair is not None:
+        stream = _runtime.stream_handle(g.device)
+        return tuple(None if kept is None else _launch_kept(kept, None, stream) for kept in pair)
+    dx = dgrad_impl(g, w, offs, zero_unrouted_rows=True) if need_dx else None
+    dw = wgrad_impl(g, x, offs, w.shape[0], w.dtype, variant) if need_dw else None
+    if key is not None:
+        # what dgrad_impl (zero_unrouted_rows=True) and wgrad_impl kept, under their own keys
+        pair = (_kept_launch(("dgrad", True), (g, w, offs)) if need_dx else None,
+                _kept_launch(_wgrad_key(w.shape[0], w.dtype, variant), (g, x, offs), True) if need_dw else None)
+        if (pair[0] is not None or not need_dx) and (pair[1] is not None or not need_dw):
+            _keep(key, pair)
+    return dx, dw
+
+
+def _op_grads(g, x, w, offs, need_dx: bool, need_dw: bool, variant: str) -> tuple:
+    """grouped_mm's backward in compiled code: the torch.library ops."""
+    ops = torch.ops.cake_moe
+    return (ops.grouped_gemm_dgrad(g, w, offs, zero_unrouted_rows=True) if need_dx else None,
+            ops.grouped_gemm_wgrad(g, x, offs, w.shape[0], w.dtype, variant) if need_dw else None)
+
+
+def _grouped_mm_grads(ctx, grad, grads):
     """grouped_mm's backward: x.grad by dgrad, w.grad by wgrad in w's dtype, with the forward's
-    variant; ``dgrad`` / ``wgrad`` are the eager implementations or their torch.library ops.
+    variant; ``grads`` is :func:`_eager_grads` or :func:`_op_grads`.
     x.grad is zero in the rows past the last group end (no expert reads them), not left as the
     allocator's bytes: a NaN there would reach whatever sums over x's rows upstream."""
     if torch.is_grad_enabled():   # create_graph=True (else autograd runs backward without grad)
         with torch.no_grad():
-            dx, dw, _, _ = _grouped_mm_grads(ctx, grad, dgrad, wgrad)
+            dx, dw, _, _ = _grouped_mm_grads(ctx, grad, grads)
         return (*_not_differentiable(dx, dw), None, None)
     x, w, offs = ctx.saved_tensors
-    grad = grad.contiguous()
-    dx = dgrad(grad, w, offs, zero_unrouted_rows=True) if ctx.needs_input_grad[0] else None
-    variant = _config.inherited_variant(ctx.variant)
-    dw = wgrad(grad, x, offs, w.shape[0], w.dtype, variant) if ctx.needs_input_grad[1] else None
+    dx, dw = grads(grad.contiguous(), x, w, offs, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+                   _config.inherited_variant(ctx.variant))
     return dx, dw, None, None
 
 
@@ -482,7 +536,7 @@ class GroupedMM(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _grouped_mm_grads(ctx, grad, dgrad_impl, wgrad_impl)
+        return _grouped_mm_grads(ctx, grad, _eager_grads)
 
 
 def _register() -> None:
@@ -540,8 +594,7 @@ def _register() -> None:
         ctx.variant = variant
 
     def backward(ctx, grad):
-        ops = torch.ops.cake_moe
-        return _grouped_mm_grads(ctx, grad, ops.grouped_gemm_dgrad, ops.grouped_gemm_wgrad)
+        return _grouped_mm_grads(ctx, grad, _op_grads)
 
     grouped_mm.register_autograd(backward, setup_context=setup_context)
 
