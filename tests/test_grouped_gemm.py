@@ -83,21 +83,21 @@ def test_cpu_calls_keep_no_launch():
     assert not _ops._kept
 
 
-def test_one_shot_keying_with_launches_stood_in(monkeypatch):
-    """The one-shot cache's keying, on the CPU: CPU tensors stand in for CUDA ones and each
-    preparation is counted and binds a launch that runs nothing. The same operands find the
-    kept launch (a fresh output each call); another stride at the same address, another dtype,
-    an ``out``, another stream (wgrad), a prepare-time switch or the cache switch prepare anew."""
+class _NoKernel:
+    def launch(self, stream):
+        pass
+
+    def launch_to(self, stream, out_ptr):
+        pass
+
+
+@pytest.fixture
+def launches_stood_in(monkeypatch):
+    """CPU tensors stand in for CUDA ones in one-shot calls, and each preparation is recorded
+    (its op, in the returned list) and binds a launch that runs nothing. The current stream is
+    ``stream[0]`` of the second value returned."""
     from cake_moe.grouped_gemm import _ops
-
-    class NoKernel:
-        def launch(self, stream):
-            pass
-
-        def launch_to(self, stream, out_ptr):
-            pass
-
-    prepared = []
+    prepared: list[str] = []
 
     def stand_in(op):
         def prepare(a, b, offs, out=None, *args, **kwargs):
@@ -105,7 +105,7 @@ def test_one_shot_keying_with_launches_stood_in(monkeypatch):
             shape = ((offs.numel(), a.shape[1], b.shape[1]) if op == "wgrad"
                      else (a.shape[0], b.shape[1] if op == "fwd" else b.shape[2]))
             result = torch.empty(shape, dtype=a.dtype) if out is None else out
-            return _ops.GroupedGemmLaunch(op, NoKernel(), a.device, result, (a, b, offs, None))
+            return _ops.GroupedGemmLaunch(op, _NoKernel(), a.device, result, (a, b, offs, None))
         return prepare
 
     for op in ("fwd", "dgrad", "wgrad"):
@@ -117,6 +117,16 @@ def test_one_shot_keying_with_launches_stood_in(monkeypatch):
     monkeypatch.delenv("CAKE_MOE_ONE_SHOT_CACHE", raising=False)
     monkeypatch.delenv("CAKE_MOE_GG_SPLIT_TAIL", raising=False)
     cake_moe.release()
+    yield prepared, stream
+    cake_moe.release()
+
+
+def test_one_shot_keying_with_launches_stood_in(launches_stood_in, monkeypatch):
+    """The one-shot cache's keying, on the CPU (launches stood in). The same operands find the
+    kept launch (a fresh output each call); another stride at the same address, another dtype,
+    an ``out``, another stream (wgrad), a prepare-time switch or the cache switch prepare anew."""
+    from cake_moe.grouped_gemm import _ops
+    prepared, stream = launches_stood_in
     x, w, g, offs = _cpu_problem([2, 5, 0, 1])
     ys = [cake_moe.grouped_gemm_fwd(x, w, offs) for _ in range(3)]
     assert prepared == ["fwd"] and len({y.data_ptr() for y in ys}) == 3
@@ -171,6 +181,31 @@ def test_one_shot_keying_with_launches_stood_in(monkeypatch):
     assert prepared[5:] == ["fwd", "fwd"] and len(_ops._kept) == kept
     cake_moe.release()
     assert not _ops._kept
+
+
+def test_a_large_models_step_keeps_every_launch(launches_stood_in):
+    """A training step of a deep MoE model (here 64 layers, each with a w13 and a w2 grouped_mm)
+    keeps every one of its launches (fwd, dgrad, wgrad and the backward's pair: 8 a layer):
+    the next step prepares nothing. (A cache that cleared itself at 256 entries prepared
+    everything again every step.) Each layer's activations and gradients are fixed tensors
+    here, as the CUDA caching allocator's blocks are from step to step."""
+    prepared, _ = launches_stood_in
+    x, w13, g13, offs = _cpu_problem([2, 5, 0, 1])
+    w2 = bf16(len(offs), x.shape[1], w13.shape[1], device="cpu")   # [E, K, N]: h [rows, N] -> [rows, K]
+    layers = [tuple(t.clone().requires_grad_(grad) for t, grad in
+                    ((x, True), (w13, True), (g13, False), (g13, True), (w2, True), (x, False)))
+              for _ in range(64)]
+
+    def step():
+        for x, w13, g13, h, w2, g2 in layers:
+            cake_moe.grouped_mm(x, w13, offs).backward(g13)
+            cake_moe.grouped_mm(h, w2, offs).backward(g2)
+
+    step()
+    assert len(prepared) == 64 * 2 * 3
+    step()
+    step()
+    assert len(prepared) == 64 * 2 * 3
 
 
 def test_check_grouped_dims():

@@ -360,7 +360,11 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
 # release() empties it. grouped_mm's eager backward also keeps its dgrad and wgrad launches as
 # a pair under one key of its four operands (_eager_grads).
 _PREPARE_SWITCHES = ("CAKE_MOE_GG_SPLIT_TAIL", "CAKE_MOE_GG_FORCE_PORTABLE")
-_MAX_KEPT = 256
+# Room for every launch of a deep model's training step: 8 per MoE layer (fwd, dgrad, wgrad and
+# the backward's pair, for w13 and w2), so 61 layers keep ~490. A full cache is emptied at once
+# (each entry is a few hundred bytes of encoded parameters); at 256 such a step had refilled it
+# every step.
+_MAX_KEPT = 4096
 _kept: dict[tuple, tuple] = {}
 atexit.register(_kept.clear)  # the plans go before the extension's types do at exit
 
