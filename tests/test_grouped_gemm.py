@@ -461,6 +461,14 @@ def test_only_grouped_mm_is_differentiable_and_only_once():
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     assert not cake_moe.grouped_gemm_fwd(xr, wr, offs).requires_grad
     assert not cake_moe.grouped_gemm_wgrad(g, xr, offs).requires_grad
+    # the ops (compiled code's path) alike, called directly and compiled
+    ops = torch.ops.cake_moe
+    assert not ops.grouped_gemm_fwd(xr, wr, offs).requires_grad
+    assert not ops.grouped_gemm_dgrad(g, wr, offs).requires_grad
+    assert not ops.grouped_gemm_wgrad(g, xr, offs, 3, torch.bfloat16, "det").requires_grad
+    compiled = torch.compile(lambda a, b: cake_moe.grouped_gemm_fwd(a, b, offs), fullgraph=True, backend="aot_eager")
+    y = compiled(xr, wr)
+    assert not y.requires_grad and torch.equal(y[:8], cake_moe.grouped_gemm_fwd(x, w, offs)[:8])  # the groups' rows
     for call in (cake_moe.grouped_mm, lambda *a: torch.ops.cake_moe.grouped_mm(*a, "det")):
         y = call(xr, wr, offs)
         (gx,) = torch.autograd.grad(y.float().sum(), xr, create_graph=True)

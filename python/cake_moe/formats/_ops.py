@@ -1,8 +1,8 @@
 """Validation, launch and torch.library registration of the format kernels.
 
 Each op has an ``*_impl`` (validate, allocate, launch on the current stream; CPU tensors go to
-the reference) and a registered ``cake_moe::*`` custom op with a fake implementation so that
-torch.compile can trace it.
+the reference) and a registered ``cake_moe::*`` op (``cake_moe._library``) with a fake
+implementation so that torch.compile can trace it.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import math
 import torch
 
 from .. import _runtime, _validate
+from .._library import functional_op
 from ..reference import formats as ref
 
 _BLOCK = {"mxfp8": 32, "mxfp4": 32, "nvfp4": 16}
@@ -175,39 +176,18 @@ def _fake_dequantize(fmt: str, q: torch.Tensor, dtype: torch.dtype):
 
 
 def _register() -> None:
-    lib = torch.library
-
-    @lib.custom_op("cake_moe::mxfp8_quantize", mutates_args=())
-    def mxfp8_quantize(x: torch.Tensor, swizzled: bool, rule: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return mxfp8_quantize_impl(x, swizzled, rule)
-
-    @lib.custom_op("cake_moe::mxfp4_quantize", mutates_args=())
-    def mxfp4_quantize(x: torch.Tensor, swizzled: bool, rule: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return mxfp4_quantize_impl(x, swizzled, rule)
-
-    @lib.custom_op("cake_moe::nvfp4_quantize", mutates_args=())
-    def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, swizzled: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        return nvfp4_quantize_impl(x, global_scale, swizzled)
-
-    @lib.custom_op("cake_moe::mxfp8_dequantize", mutates_args=())
-    def mxfp8_dequantize(q: torch.Tensor, scale: torch.Tensor, swizzled: bool, dtype: torch.dtype) -> torch.Tensor:
-        return mxfp8_dequantize_impl(q, scale, swizzled, dtype)
-
-    @lib.custom_op("cake_moe::mxfp4_dequantize", mutates_args=())
-    def mxfp4_dequantize(q: torch.Tensor, scale: torch.Tensor, swizzled: bool, dtype: torch.dtype) -> torch.Tensor:
-        return mxfp4_dequantize_impl(q, scale, swizzled, dtype)
-
-    @lib.custom_op("cake_moe::nvfp4_dequantize", mutates_args=())
-    def nvfp4_dequantize(q: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, swizzled: bool,
-                         dtype: torch.dtype) -> torch.Tensor:
-        return nvfp4_dequantize_impl(q, scale, global_scale, swizzled, dtype)
-
-    mxfp8_quantize.register_fake(lambda x, swizzled, rule: _fake_quantize("mxfp8", x, swizzled))
-    mxfp4_quantize.register_fake(lambda x, swizzled, rule: _fake_quantize("mxfp4", x, swizzled))
-    nvfp4_quantize.register_fake(lambda x, g, swizzled: _fake_quantize("nvfp4", x, swizzled))
-    mxfp8_dequantize.register_fake(lambda q, s, swizzled, dtype: _fake_dequantize("mxfp8", q, dtype))
-    mxfp4_dequantize.register_fake(lambda q, s, swizzled, dtype: _fake_dequantize("mxfp4", q, dtype))
-    nvfp4_dequantize.register_fake(lambda q, s, g, swizzled, dtype: _fake_dequantize("nvfp4", q, dtype))
+    # functional ops without custom_op's per-call wrappers (cake_moe._library)
+    for fmt, quantize in (("mxfp8", mxfp8_quantize_impl), ("mxfp4", mxfp4_quantize_impl)):
+        functional_op(f"{fmt}_quantize(Tensor x, bool swizzled, SymInt rule) -> (Tensor, Tensor)", quantize,
+                      lambda x, swizzled, rule, fmt=fmt: _fake_quantize(fmt, x, swizzled))
+    functional_op("nvfp4_quantize(Tensor x, Tensor global_scale, bool swizzled) -> (Tensor, Tensor)",
+                  nvfp4_quantize_impl, lambda x, g, swizzled: _fake_quantize("nvfp4", x, swizzled))
+    for fmt, dequantize in (("mxfp8", mxfp8_dequantize_impl), ("mxfp4", mxfp4_dequantize_impl)):
+        functional_op(f"{fmt}_dequantize(Tensor q, Tensor scale, bool swizzled, ScalarType dtype) -> Tensor",
+                      dequantize, lambda q, s, swizzled, dtype, fmt=fmt: _fake_dequantize(fmt, q, dtype))
+    functional_op("nvfp4_dequantize(Tensor q, Tensor scale, Tensor global_scale, bool swizzled, ScalarType dtype) "
+                  "-> Tensor", nvfp4_dequantize_impl,
+                  lambda q, s, g, swizzled, dtype: _fake_dequantize("nvfp4", q, dtype))
 
 
 _register()

@@ -6,6 +6,7 @@ import atexit
 import torch
 
 from .. import _config, _runtime, _validate
+from .._library import functional_op
 from ..reference import grouped_gemm as ref
 
 _INT32_MAX = 2**31 - 1
@@ -545,20 +546,17 @@ class GroupedMM(torch.autograd.Function):
 
 def _register() -> None:
     lib = torch.library
-
-    @lib.custom_op("cake_moe::grouped_gemm_fwd", mutates_args=())
-    def grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        return fwd_impl(x, w, offs)
-
-    @lib.custom_op("cake_moe::grouped_gemm_dgrad", mutates_args=())
-    def grouped_gemm_dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
-                           zero_unrouted_rows: bool = False) -> torch.Tensor:
-        return dgrad_impl(g, w, offs, zero_unrouted_rows=zero_unrouted_rows)
-
-    @lib.custom_op("cake_moe::grouped_gemm_wgrad", mutates_args=())
-    def grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, num_groups: int,
-                           out_dtype: torch.dtype, variant: str) -> torch.Tensor:
-        return wgrad_impl(g, x, offs, num_groups, out_dtype, variant)
+    # compiled code's hot ops, without custom_op's per-call wrappers (cake_moe._library)
+    functional_op("grouped_gemm_fwd(Tensor x, Tensor w, Tensor offs) -> Tensor", fwd_impl,
+                  lambda x, w, offs: x.new_empty((x.shape[0], w.shape[1])))
+    functional_op("grouped_gemm_dgrad(Tensor g, Tensor w, Tensor offs, bool zero_unrouted_rows=False) -> Tensor",
+                  lambda g, w, offs, zero_unrouted_rows=False: dgrad_impl(g, w, offs,
+                                                                          zero_unrouted_rows=zero_unrouted_rows),
+                  lambda g, w, offs, zero_unrouted_rows=False: g.new_empty((g.shape[0], w.shape[2])))
+    functional_op("grouped_gemm_wgrad(Tensor g, Tensor x, Tensor offs, SymInt num_groups, ScalarType out_dtype, "
+                  "str variant) -> Tensor", wgrad_impl,
+                  lambda g, x, offs, num_groups, out_dtype, variant: g.new_empty((num_groups, g.shape[1], x.shape[1]),
+                                                                                 dtype=out_dtype))
 
     @lib.custom_op("cake_moe::grouped_mm", mutates_args=())
     def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: str) -> torch.Tensor:
@@ -584,12 +582,6 @@ def _register() -> None:
     for op in (grouped_gemm_fwd_out, grouped_gemm_dgrad_out, grouped_gemm_wgrad_out):
         op.register_fake(lambda *args: None)
 
-    grouped_gemm_fwd.register_fake(lambda x, w, offs: x.new_empty((x.shape[0], w.shape[1])))
-    grouped_gemm_dgrad.register_fake(
-        lambda g, w, offs, zero_unrouted_rows=False: g.new_empty((g.shape[0], w.shape[2])))
-    grouped_gemm_wgrad.register_fake(
-        lambda g, x, offs, num_groups, out_dtype, variant: g.new_empty((num_groups, g.shape[1], x.shape[1]),
-                                                                       dtype=out_dtype))
     grouped_mm.register_fake(lambda x, w, offs, variant: x.new_empty((x.shape[0], w.shape[1])))
 
     def setup_context(ctx, inputs, output):
