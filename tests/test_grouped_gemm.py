@@ -573,6 +573,9 @@ def test_out_forms_under_torch_compile():
                        ("grouped_gemm_dgrad_out", (g, w, offs, compiled[1])),
                        ("grouped_gemm_wgrad_out", (g, x, offs, 3, "det", compiled[2]))):
         torch.library.opcheck(getattr(torch.ops.cake_moe, name).default, args)
+        version = args[-1]._version   # an in-place write, as autograd's saved-tensor checks see it
+        getattr(torch.ops.cake_moe, name)(*args)
+        assert args[-1]._version > version
     # a bad out= is the eager ValueError in compiled code too (not an error of the tracer)
     with pytest.raises(ValueError, match="out must be a torch.Tensor"):
         torch.compile(lambda *a: cake_moe.grouped_gemm_wgrad(*a, out=[1]), backend="aot_eager")(g, x, offs)

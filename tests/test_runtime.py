@@ -62,6 +62,30 @@ def test_env_follows_os_environ(monkeypatch):
     assert _runtime.env(name) is None
 
 
+def test_library_ops_bump_what_they_write_and_record_no_graph():
+    """The ops defined on cake_moe's Library fragment: a kernel that writes an argument marked
+    ``(a!)`` bumps its version counter (autograd's check of saved tensors sees the write, as with
+    an in-place op; an inference tensor has none to bump), and every op's result carries no
+    autograd graph, whatever its inputs require."""
+    import torch
+    from cake_moe import _library
+    writes = _library._bumping(lambda a, out: None, [1])   # a kernel writing through a pointer
+    a, out = torch.ones(2), torch.zeros(2)
+    version = out._version
+    writes(a, out)
+    assert out._version == version + 1 and a._version == 0
+    with torch.inference_mode():
+        out_inference = torch.zeros(2)
+        writes(a, out_inference)
+    written = [[a.alias_info is not None and a.alias_info.is_write for a in op.default._schema.arguments]
+               for op in (torch.ops.cake_moe.grouped_gemm_wgrad_out, torch.ops.cake_moe.mxfp4_moe_run)]
+    assert written == [[False] * 5 + [True], [False] * 5 + [True]]
+    x = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
+    q, s = torch.ops.cake_moe.mxfp8_quantize(x, False, 0)
+    y = torch.ops.cake_moe.mxfp8_dequantize(q, s, False, torch.float32)
+    assert not (q.requires_grad or s.requires_grad or y.requires_grad)
+
+
 def test_manifest_lists_every_form_with_matching_digests():
     m = _runtime.manifest()
     assert m["schema"] == "cake_moe.manifest.v1"

@@ -10,8 +10,7 @@ import math
 
 import torch
 
-from .. import _runtime, _validate
-from .._library import functional_op
+from .. import _library, _runtime, _validate
 from ..reference import formats as ref
 
 _BLOCK = {"mxfp8": 32, "mxfp4": 32, "nvfp4": 16}
@@ -176,18 +175,18 @@ def _fake_dequantize(fmt: str, q: torch.Tensor, dtype: torch.dtype):
 
 
 def _register() -> None:
-    # functional ops without custom_op's per-call wrappers (cake_moe._library)
+    # ops without custom_op's per-call wrappers (cake_moe._library)
+    define = _library.define
     for fmt, quantize in (("mxfp8", mxfp8_quantize_impl), ("mxfp4", mxfp4_quantize_impl)):
-        functional_op(f"{fmt}_quantize(Tensor x, bool swizzled, SymInt rule) -> (Tensor, Tensor)", quantize,
-                      lambda x, swizzled, rule, fmt=fmt: _fake_quantize(fmt, x, swizzled))
-    functional_op("nvfp4_quantize(Tensor x, Tensor global_scale, bool swizzled) -> (Tensor, Tensor)",
-                  nvfp4_quantize_impl, lambda x, g, swizzled: _fake_quantize("nvfp4", x, swizzled))
+        define(f"{fmt}_quantize(Tensor x, bool swizzled, SymInt rule) -> (Tensor, Tensor)", quantize,
+               lambda x, swizzled, rule, fmt=fmt: _fake_quantize(fmt, x, swizzled))
+    define("nvfp4_quantize(Tensor x, Tensor global_scale, bool swizzled) -> (Tensor, Tensor)", nvfp4_quantize_impl,
+           lambda x, g, swizzled: _fake_quantize("nvfp4", x, swizzled))
     for fmt, dequantize in (("mxfp8", mxfp8_dequantize_impl), ("mxfp4", mxfp4_dequantize_impl)):
-        functional_op(f"{fmt}_dequantize(Tensor q, Tensor scale, bool swizzled, ScalarType dtype) -> Tensor",
-                      dequantize, lambda q, s, swizzled, dtype, fmt=fmt: _fake_dequantize(fmt, q, dtype))
-    functional_op("nvfp4_dequantize(Tensor q, Tensor scale, Tensor global_scale, bool swizzled, ScalarType dtype) "
-                  "-> Tensor", nvfp4_dequantize_impl,
-                  lambda q, s, g, swizzled, dtype: _fake_dequantize("nvfp4", q, dtype))
+        define(f"{fmt}_dequantize(Tensor q, Tensor scale, bool swizzled, ScalarType dtype) -> Tensor", dequantize,
+               lambda q, s, swizzled, dtype, fmt=fmt: _fake_dequantize(fmt, q, dtype))
+    define("nvfp4_dequantize(Tensor q, Tensor scale, Tensor global_scale, bool swizzled, ScalarType dtype) -> Tensor",
+           nvfp4_dequantize_impl, lambda q, s, g, swizzled, dtype: _fake_dequantize("nvfp4", q, dtype))
 
 
 _register()

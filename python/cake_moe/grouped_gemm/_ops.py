@@ -5,8 +5,7 @@ import atexit
 
 import torch
 
-from .. import _config, _runtime, _validate
-from .._library import functional_op
+from .. import _config, _library, _runtime, _validate
 from ..reference import grouped_gemm as ref
 
 _INT32_MAX = 2**31 - 1
@@ -544,43 +543,43 @@ class GroupedMM(torch.autograd.Function):
         return _grouped_mm_grads(ctx, grad, _eager_grads)
 
 
+def _fwd_out(x, w, offs, out) -> None:
+    fwd_impl(x, w, offs, out)
+
+
+def _dgrad_out(g, w, offs, out) -> None:
+    dgrad_impl(g, w, offs, out)
+
+
+def _wgrad_out(g, x, offs, num_groups, variant, out) -> None:
+    wgrad_impl(g, x, offs, num_groups, out.dtype, variant, out)
+
+
 def _register() -> None:
-    lib = torch.library
-    # compiled code's hot ops, without custom_op's per-call wrappers (cake_moe._library)
-    functional_op("grouped_gemm_fwd(Tensor x, Tensor w, Tensor offs) -> Tensor", fwd_impl,
-                  lambda x, w, offs: x.new_empty((x.shape[0], w.shape[1])))
-    functional_op("grouped_gemm_dgrad(Tensor g, Tensor w, Tensor offs, bool zero_unrouted_rows=False) -> Tensor",
-                  lambda g, w, offs, zero_unrouted_rows=False: dgrad_impl(g, w, offs,
-                                                                          zero_unrouted_rows=zero_unrouted_rows),
-                  lambda g, w, offs, zero_unrouted_rows=False: g.new_empty((g.shape[0], w.shape[2])))
-    functional_op("grouped_gemm_wgrad(Tensor g, Tensor x, Tensor offs, SymInt num_groups, ScalarType out_dtype, "
-                  "str variant) -> Tensor", wgrad_impl,
-                  lambda g, x, offs, num_groups, out_dtype, variant: g.new_empty((num_groups, g.shape[1], x.shape[1]),
-                                                                                 dtype=out_dtype))
-
-    @lib.custom_op("cake_moe::grouped_mm", mutates_args=())
-    def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: str) -> torch.Tensor:
-        return fwd_impl(x, w, offs, zero_unrouted_rows=True)
-
-    # (the dgrad op takes zero_unrouted_rows for grouped_mm's compiled backward; the fwd op needs
-    # none: the grouped_mm op zeroes its own output)
+    # the ops without a backward: no custom_op wrappers around each call (cake_moe._library)
+    define = _library.define
+    define("grouped_gemm_fwd(Tensor x, Tensor w, Tensor offs) -> Tensor", fwd_impl,
+           lambda x, w, offs: x.new_empty((x.shape[0], w.shape[1])))
+    # (zero_unrouted_rows: for grouped_mm's compiled backward; the grouped_mm op zeroes its own output)
+    define("grouped_gemm_dgrad(Tensor g, Tensor w, Tensor offs, bool zero_unrouted_rows=False) -> Tensor",
+           lambda g, w, offs, zero_unrouted_rows=False: dgrad_impl(g, w, offs, zero_unrouted_rows=zero_unrouted_rows),
+           lambda g, w, offs, zero_unrouted_rows=False: g.new_empty((g.shape[0], w.shape[2])))
+    define("grouped_gemm_wgrad(Tensor g, Tensor x, Tensor offs, SymInt num_groups, ScalarType out_dtype, "
+           "str variant) -> Tensor", wgrad_impl,
+           lambda g, x, offs, num_groups, out_dtype, variant: g.new_empty((num_groups, g.shape[1], x.shape[1]),
+                                                                          dtype=out_dtype))
     # out= forms for compiled code: they write the caller's tensor (rows past the last group end
     # stay untouched, as in eager calls) and return nothing
-    @lib.custom_op("cake_moe::grouped_gemm_fwd_out", mutates_args=("out",))
-    def grouped_gemm_fwd_out(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> None:
-        fwd_impl(x, w, offs, out)
+    define("grouped_gemm_fwd_out(Tensor x, Tensor w, Tensor offs, Tensor(a!) out) -> ()", _fwd_out,
+           lambda x, w, offs, out: None)
+    define("grouped_gemm_dgrad_out(Tensor g, Tensor w, Tensor offs, Tensor(a!) out) -> ()", _dgrad_out,
+           lambda g, w, offs, out: None)
+    define("grouped_gemm_wgrad_out(Tensor g, Tensor x, Tensor offs, SymInt num_groups, str variant, "
+           "Tensor(a!) out) -> ()", _wgrad_out, lambda g, x, offs, num_groups, variant, out: None)
 
-    @lib.custom_op("cake_moe::grouped_gemm_dgrad_out", mutates_args=("out",))
-    def grouped_gemm_dgrad_out(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> None:
-        dgrad_impl(g, w, offs, out)
-
-    @lib.custom_op("cake_moe::grouped_gemm_wgrad_out", mutates_args=("out",))
-    def grouped_gemm_wgrad_out(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, num_groups: int, variant: str,
-                               out: torch.Tensor) -> None:
-        wgrad_impl(g, x, offs, num_groups, out.dtype, variant, out)
-
-    for op in (grouped_gemm_fwd_out, grouped_gemm_dgrad_out, grouped_gemm_wgrad_out):
-        op.register_fake(lambda *args: None)
+    @torch.library.custom_op("cake_moe::grouped_mm", mutates_args=())
+    def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: str) -> torch.Tensor:
+        return fwd_impl(x, w, offs, zero_unrouted_rows=True)
 
     grouped_mm.register_fake(lambda x, w, offs, variant: x.new_empty((x.shape[0], w.shape[1])))
 
