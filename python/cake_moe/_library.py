@@ -1,14 +1,14 @@
-"""The package's ``cake_moe::*`` ops without a backward: defined on one torch.library fragment.
+"""The package's ``cake_moe::*`` ops, defined on one torch.library fragment.
 
 ``torch.library.custom_op`` runs every call through Python wrappers (an autograd kernel, an
 aliasing check of the results, for an op that writes an argument an ADInplaceOrView kernel)
 that cost ~15-40 us of host time per call on a server CPU, several times the call itself;
 compiled code pays that at every op it runs. An op defined here has its CPU and CUDA kernels
-registered directly (the dispatcher's Python trampoline, ~3-4 us) and a fallthrough at the
-Autograd key: as the eager functions' results, its results carry no autograd graph (the kernels
-record none, and the CPU path runs its reference under no_grad). An argument the schema marks
-written (``Tensor(a!)``) has its version counter bumped by the kernel, as an in-place op does,
-so that autograd still sees the write. ``grouped_mm`` (a backward) stays a ``custom_op``.
+registered directly (the dispatcher's Python trampoline, ~3-4 us). Without a registered
+backward it has a fallthrough at the Autograd key: as the eager functions' results, its results
+carry no autograd graph (the kernels record none, and the CPU path runs its reference under
+no_grad). An argument the schema marks written (``Tensor(a!)``) has its version counter bumped
+by the kernel, as an in-place op does, so that autograd still sees the write.
 """
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ def _bumping(impl: Callable, written: list[int]) -> Callable:
     return kernel
 
 
-def define(schema: str, impl: Callable, fake: Callable) -> None:
+def define(schema: str, impl: Callable, fake: Callable, *,
+           autograd: tuple[Callable, Callable] | None = None) -> None:
     """Define ``cake_moe::<schema>`` with ``impl`` as its CPU and CUDA kernel and ``fake`` as its
-    fake (meta) implementation for tracing."""
+    fake (meta) implementation for tracing; ``autograd``: its ``(backward, setup_context)``, as
+    ``torch.library.register_autograd`` takes them (without: its results record no graph)."""
     name = schema[:schema.index("(")]
     _LIB.define(schema)
     arguments = getattr(torch.ops.cake_moe, name).default._schema.arguments
@@ -40,5 +42,9 @@ def define(schema: str, impl: Callable, fake: Callable) -> None:
     kernel = _bumping(impl, written) if written else impl
     for key in ("CPU", "CUDA"):
         _LIB.impl(name, kernel, key)
-    _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
     torch.library.register_fake(f"cake_moe::{name}", fake, lib=_LIB)
+    if autograd is None:
+        _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
+    else:
+        backward, setup_context = autograd
+        torch.library.register_autograd(f"cake_moe::{name}", backward, setup_context=setup_context, lib=_LIB)

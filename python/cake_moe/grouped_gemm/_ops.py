@@ -556,7 +556,7 @@ def _wgrad_out(g, x, offs, num_groups, variant, out) -> None:
 
 
 def _register() -> None:
-    # the ops without a backward: no custom_op wrappers around each call (cake_moe._library)
+    # no custom_op wrappers around each call (cake_moe._library)
     define = _library.define
     define("grouped_gemm_fwd(Tensor x, Tensor w, Tensor offs) -> Tensor", fwd_impl,
            lambda x, w, offs: x.new_empty((x.shape[0], w.shape[1])))
@@ -577,12 +577,6 @@ def _register() -> None:
     define("grouped_gemm_wgrad_out(Tensor g, Tensor x, Tensor offs, SymInt num_groups, str variant, "
            "Tensor(a!) out) -> ()", _wgrad_out, lambda g, x, offs, num_groups, variant, out: None)
 
-    @torch.library.custom_op("cake_moe::grouped_mm", mutates_args=())
-    def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: str) -> torch.Tensor:
-        return fwd_impl(x, w, offs, zero_unrouted_rows=True)
-
-    grouped_mm.register_fake(lambda x, w, offs, variant: x.new_empty((x.shape[0], w.shape[1])))
-
     def setup_context(ctx, inputs, output):
         x, w, offs, variant = inputs
         ctx.save_for_backward(x, w, offs)
@@ -591,7 +585,9 @@ def _register() -> None:
     def backward(ctx, grad):
         return _grouped_mm_grads(ctx, grad, _op_grads)
 
-    grouped_mm.register_autograd(backward, setup_context=setup_context)
+    define("grouped_mm(Tensor x, Tensor w, Tensor offs, str variant) -> Tensor",
+           lambda x, w, offs, variant: fwd_impl(x, w, offs, zero_unrouted_rows=True),
+           lambda x, w, offs, variant: x.new_empty((x.shape[0], w.shape[1])), autograd=(backward, setup_context))
 
 
 _register()
