@@ -42,9 +42,9 @@ def define(schema: str, impl: Callable, fake: Callable, *,
     kernel = _bumping(impl, written) if written else impl
     for key in ("CPU", "CUDA"):
         _LIB.impl(name, kernel, key)
-    torch.library.register_fake(f"cake_moe::{name}", fake, lib=_LIB)
+    torch.library.register_fake(f"cake_moe::{name}", fake)
     if autograd is None:
         _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
     else:
         backward, setup_context = autograd
-        torch.library.register_autograd(f"cake_moe::{name}", backward, setup_context=setup_context, lib=_LIB)
+        torch.library.register_autograd(f"cake_moe::{name}", backward, setup_context=setup_context)
