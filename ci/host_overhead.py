@@ -1,9 +1,10 @@
 """Host time per call of the grouped-GEMM entry points, with the GPU kept busy so the host never
 waits on it: what a caller's CPU pays per one-shot call (with the launch it keeps, and with
-CAKE_MOE_ONE_SHOT_CACHE=0: validated and bound every call), per prepared launch, and per
-``torch._grouped_mm`` call, per autograd step (forward + backward) of eager ``grouped_mm`` (kept
-launches, and with the cache off), of its torch.library op and of ``torch._grouped_mm``, and
-where the one-shot path spends it (cProfile).
+CAKE_MOE_ONE_SHOT_CACHE=0: validated and bound every call), per prepared launch, per call of the
+``torch.ops.cake_moe`` op (what compiled code calls) and per ``torch._grouped_mm`` call, per
+autograd step (forward + backward) of eager ``grouped_mm`` (kept launches, and with the cache
+off), of its torch.library op and of ``torch._grouped_mm``, and where the one-shot path spends
+it (cProfile).
 
     python ci/host_overhead.py [--tokens 4096] [--calls 200] [--profile fwd|dgrad|wgrad|none]
     python ci/host_overhead.py --breakdown
@@ -184,6 +185,12 @@ def main() -> None:
         "dgrad": cake_moe.prepare_grouped_gemm_dgrad(gy, w, offs).launch,
         "wgrad": cake_moe.prepare_grouped_gemm_wgrad(gy, x, offs).launch,
     }
+    ops = torch.ops.cake_moe   # what compiled code calls
+    op = {
+        "fwd": lambda: ops.grouped_gemm_fwd(x, w, offs),
+        "dgrad": lambda: ops.grouped_gemm_dgrad(gy, w, offs),
+        "wgrad": lambda: ops.grouped_gemm_wgrad(gy, x, offs, w.shape[0], torch.bfloat16, "det"),
+    }
     peer = {
         "fwd": lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs),
         "dgrad": lambda: torch._grouped_mm(gy, w, offs=offs),
@@ -191,10 +198,11 @@ def main() -> None:
     }
     print(f"host us per call, T={args.tokens}, {args.calls} calls each, median of {args.rounds} rounds "
           "(GPU busy throughout)")
-    print(f"{'op':6} {'one-shot':>9} {'cache off':>9} {'prepared':>9} {'torch':>9}")
-    for op in ("fwd", "dgrad", "wgrad"):
-        row = interleaved([one_shot[op], CacheOff(one_shot[op]), prepared[op], peer[op]], args.calls, args.rounds)
-        print(f"{op:6} " + " ".join(f"{v:9.1f}" for v in row))
+    print(f"{'op':6} {'one-shot':>9} {'cache off':>9} {'prepared':>9} {'the op':>9} {'torch':>9}")
+    for name in ("fwd", "dgrad", "wgrad"):
+        row = interleaved([one_shot[name], CacheOff(one_shot[name]), prepared[name], op[name], peer[name]],
+                          args.calls, args.rounds)
+        print(f"{name:6} " + " ".join(f"{v:9.1f}" for v in row))
     print(f"\nhost us per forward + backward, T={args.tokens}, median of {args.rounds} rounds (GPU busy throughout)")
     print(f"{'eager grouped_mm':>17} {'cache off':>9} {'the op':>9} {'torch':>9}")
     eager, op, peer_step = _autograd_steps(x, w, gy, offs)
