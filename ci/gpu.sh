@@ -99,7 +99,7 @@ rm -f /tmp/host_overhead.log /tmp/host_moe.log
 if [ "${CAKE_BENCH_MOE:-1}" != 0 ]; then
   if cake-moe bench mxfp4-moe --out "$OUT/bench_moe" >>"$OUT/misc.log" 2>&1; then record bench-moe "ok (bench_moe.md)"
   else record bench-moe "FAILED (misc.log)"; fi
-  # host microseconds per grouped-GEMM call: one-shot, prepared, torch (the host's share is tracked)
+  # host microseconds per grouped-GEMM call: one-shot, prepared, the torch.library op, torch (the host's share is tracked)
   if "$PY" ci/host_overhead.py --profile none >/tmp/host_overhead.log 2>&1; then record host-us "ok (misc.log)"
   else record host-us "FAILED (misc.log)"; fi
   cat /tmp/host_overhead.log >>"$OUT/misc.log"
