@@ -443,8 +443,12 @@ def fwd_impl(x, w, offs, out=None, zero_unrouted_rows=False):
                                                            zero_unrouted_rows=zero_unrouted_rows))
 
 
+def _dgrad_key(zero_unrouted_rows: bool) -> tuple:
+    return ("dgrad", zero_unrouted_rows)
+
+
 def dgrad_impl(g, w, offs, out=None, zero_unrouted_rows=False):
-    return _one_shot(("dgrad", zero_unrouted_rows), (g, w, offs), out,
+    return _one_shot(_dgrad_key(zero_unrouted_rows), (g, w, offs), out,
                      lambda t, o: prepare_grouped_gemm_dgrad(t[0], t[1], t[2], o,
                                                              zero_unrouted_rows=zero_unrouted_rows))
 
@@ -466,16 +470,17 @@ def _eager_grads(g, x, w, offs, need_dx: bool, need_dw: bool, variant: str) -> t
     Once both calls keep their launches, the pair is kept under one key as well: a step's
     backward then reads four operands' identities and one lookup instead of six and two (each
     of them costs ~2x its tight-loop time there, run between torch's autograd work)."""
-    key = _kept_key(("grads", need_dx, need_dw, variant), (g, x, w, offs), None, per_stream=need_dw)
+    prefix = ("grads", need_dx, need_dw, variant)
+    key = _kept_key(prefix, (g, x, w, offs), None, per_stream=need_dw)
     pair = None if key is None else _kept.get(key)
-    if pair is not None:
-        stream = _runtime.stream_handle(g.device)
+    if key is not None and pair is not None:   # (the stream: the key's where wgrad runs, else the current one)
+        stream = key[len(prefix)] if need_dw else _runtime.stream_handle(g.device)
         return tuple(None if kept is None else _launch_kept(kept, None, stream) for kept in pair)
     dx = dgrad_impl(g, w, offs, zero_unrouted_rows=True) if need_dx else None
     dw = wgrad_impl(g, x, offs, w.shape[0], w.dtype, variant) if need_dw else None
     if key is not None:
         # what dgrad_impl (zero_unrouted_rows=True) and wgrad_impl kept, under their own keys
-        pair = (_kept_launch(("dgrad", True), (g, w, offs)) if need_dx else None,
+        pair = (_kept_launch(_dgrad_key(True), (g, w, offs)) if need_dx else None,
                 _kept_launch(_wgrad_key(w.shape[0], w.dtype, variant), (g, x, offs), True) if need_dw else None)
         if (pair[0] is not None or not need_dx) and (pair[1] is not None or not need_dw):
             _keep(key, pair)
