@@ -12,8 +12,9 @@ it (cProfile).
 
 The problem is the demo's (H = 2048, I = 768, E = 16, w13): where a one-shot call's host time
 exceeds the kernel's device time, a loop of one-shot calls runs at the host's pace. ``--moe``
-times the MXFP4 MoE layer at the contract geometry instead: the host time of one ``plan()`` and
-of one ``plan.run()`` (its launches, GPU busy) against the device time of a run.
+times the MXFP4 MoE layer at the contract geometry instead: the host time of one ``plan()`` (with
+the same tensors again, the plan the wrapper keeps; and checked and bound anew) and of one
+``plan.run()`` (its launches, GPU busy) against the device time of a run.
 """
 import argparse
 import cProfile
@@ -44,8 +45,8 @@ def host_us(fn, calls: int) -> float:
 
 
 class CacheOff:
-    """fn timed with one-shot calls validating and binding every call (CAKE_MOE_ONE_SHOT_CACHE=0,
-    set around the whole timing, not per call)."""
+    """fn timed with one-shot calls and MoE plan() validating and binding every call
+    (CAKE_MOE_ONE_SHOT_CACHE=0, set around the whole timing, not per call)."""
     def __init__(self, fn):
         self.fn = fn
 
@@ -68,12 +69,13 @@ def interleaved(fns, calls: int, rounds: int) -> list[float]:
 
 
 def moe(layouts: list[str], tokens: list[int], calls: int) -> None:
-    """The MXFP4 MoE layer: host us of plan() and of plan.run(), device us of a run."""
+    """The MXFP4 MoE layer: host us of plan() (the same tensors again: the kept plan; and with
+    CAKE_MOE_ONE_SHOT_CACHE=0: checked and bound) and of plan.run(), device us of a run."""
     from cake_moe.bench import mxfp4_moe as bench
     from cake_moe.bench import timing
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"MXFP4 MoE host us (GPU busy), {calls} calls each")
-    print(f"{'layout':6} {'T':>6} {'plan()':>9} {'run()':>8} {'device':>9}  tile  (plan(): GPU idle)")
+    print(f"{'layout':6} {'T':>6} {'plan()':>9} {'bound':>9} {'run()':>8} {'device':>9}  tile")
     for layout in layouts:
         r = bench.rank_layer(layout, gen)
         runner, prepared, beta, lbeta = r.runner, r.prepared, r.beta, r.linear_beta
@@ -86,15 +88,10 @@ def moe(layouts: list[str], tokens: list[int], calls: int) -> None:
                 return runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws, output=out)
 
             bound = plan()
-            # plan() runs the layer once (its warm-up): timed with the GPU idle, a few calls
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(5):
-                plan()
-            plan_us = (time.perf_counter() - t0) / 5 * 1e6
-            torch.cuda.synchronize()
-            print(f"{layout:6} {t:6} {plan_us:9.1f} {host_us(bound.run, calls):8.1f} "
-                  f"{timing.time_cuda(bound.run, warmup=1, iters=calls, reps=3) * 1e3:9.1f}  {bound.decision.tile}", flush=True)
+            kept_us, bind_us = interleaved([plan, CacheOff(plan)], calls, 3)
+            print(f"{layout:6} {t:6} {kept_us:9.1f} {bind_us:9.1f} {host_us(bound.run, calls):8.1f} "
+                  f"{timing.time_cuda(bound.run, warmup=1, iters=calls, reps=3) * 1e3:9.1f}  {bound.decision.tile}",
+                  flush=True)
 
 
 def _autograd_steps(x, w, gy, offs):

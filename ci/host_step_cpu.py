@@ -10,6 +10,12 @@ steps of the no-kernel Function ("cold": the state a training step leaves them i
 them 1.5-2.5x their tight-loop time on a server CPU).
 
     PYTHONPATH=python python ci/host_step_cpu.py [--rounds 15] [--calls 400]
+    PYTHONPATH=python python ci/host_step_cpu.py --moe
+
+``--moe`` times ``CakeMxfp4MoEWrapper.plan()`` instead (tp8 geometry, T = 1, the binding stood
+in): with the same tensors again (the plan the wrapper keeps) and checked and bound on every
+call (CAKE_MOE_ONE_SHOT_CACHE=0; the extension's own cost, its DLPack imports of 15 tensors and
+the plan it builds, is not in it: 15 ``__dlpack__`` exports are timed beside it as a floor).
 
 The shapes are small so that torch.empty stays in the CPU allocator's fast path (a large CPU
 allocation costs page faults a CUDA caching allocator never pays). To compare two trees, run
@@ -59,11 +65,75 @@ def stub_kernels() -> None:
         "wgrad", torch.empty(e, g.shape[1], x.shape[1], dtype=dtype), g.device)
 
 
+class _NoPlan:
+    forms, split_width = "", False
+
+    def run(self, stream):
+        pass
+
+
+def moe_plan(rounds: int, calls: int) -> None:
+    """Host us of plan(): kept, and checked and bound (binding stood in), in turn."""
+    import os
+
+    from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper
+    from cake_moe.mxfp4_moe._prepare import LAYOUT
+    _runtime.ext = lambda: type("Ext", (), {"mxfp4_moe_plan": staticmethod(lambda *a, **k: _NoPlan())})
+    _runtime.require_served = lambda device, what: None
+    torch.cuda.get_device_properties = lambda device: type("Props", (), {"multi_processor_count": 132})()
+    torch.cuda.get_device_capability = lambda device: (9, 0)
+    e, k, h, i, t = 896, 16, 7168, 384, 1      # tp8
+    moe = CakeMxfp4MoEWrapper(e, k, h, i, sm_count=132)
+    moe.device = torch.device("cpu")           # CPU tensors, the kernel path's checks
+    u8 = torch.uint8
+    weights = dict(layout=LAYOUT, num_local_experts=e, hidden_size=h, intermediate_shard=i,
+                   w1=torch.empty(e, 2 * i, h // 2, dtype=u8), w1_sf=torch.empty(e, 2 * i, h // 32, dtype=u8),
+                   w2=torch.empty(e, h, i // 2, dtype=u8), w2_sf=torch.empty(e, h, i // 32, dtype=u8),
+                   w1_sf_max=torch.zeros(e, dtype=u8), w2_sf_max=torch.zeros(e, dtype=u8))
+    need = moe.get_workspace_size(t)
+    raw = torch.empty(need + 256, dtype=u8)
+    ws = raw[(-raw.data_ptr()) % 256:][:need]
+    x, x_sf = torch.zeros(t, h, dtype=torch.float8_e4m3fn), torch.zeros(t, h // 32, dtype=u8)
+    ids, w = torch.zeros(t, k, dtype=torch.int32), torch.zeros(t, k)
+    beta, out = torch.zeros(e), torch.empty(t, h, dtype=torch.bfloat16)
+    tensors = [x.view(u8), x_sf, ids, w, *(weights[n] for n in ("w1", "w1_sf", "w2", "w2_sf", "w1_sf_max",
+                                                                 "w2_sf_max")), beta, beta, ws, out, ids]
+
+    def plan():
+        moe.plan(x, x_sf, ids, w, weights, beta=beta, linear_beta=beta, workspace=ws, output=out)
+
+    def timed(fn, env: str | None = None) -> float:
+        if env is not None:
+            os.environ["CAKE_MOE_ONE_SHOT_CACHE"] = env
+        try:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            return (time.perf_counter() - t0) / calls * 1e6
+        finally:
+            os.environ.pop("CAKE_MOE_ONE_SHOT_CACHE", None)
+
+    columns = {"plan(), kept": lambda: timed(plan), "plan(), checked and bound": lambda: timed(plan, "0"),
+               "15 __dlpack__ exports": lambda: timed(lambda: [t.__dlpack__() for t in tensors])}
+    plan()
+    times: dict[str, list[float]] = {name: [] for name in columns}
+    for _ in range(rounds):
+        for name, fn in columns.items():
+            times[name].append(fn())
+    print(f"MXFP4 MoE plan() host us (tp8, T = 1, CPU tensors, binding stood in), median of {rounds} rounds")
+    for name, v in times.items():
+        print(f"{name:28} {statistics.median(v):8.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=15, help="rounds of every column in turn (host times drift)")
     ap.add_argument("--calls", type=int, default=400, help="calls per column per round")
+    ap.add_argument("--moe", action="store_true", help="time the MXFP4 MoE plan() instead")
     args = ap.parse_args()
+    if args.moe:
+        moe_plan(args.rounds, args.calls)
+        return
     stub_kernels()
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16)

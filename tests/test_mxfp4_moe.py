@@ -9,7 +9,7 @@ import torch
 
 from cake_moe import _runtime
 from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, Mxfp4MoEPlan, prepare_cake_mxfp4_weights
-from cake_moe.mxfp4_moe import _wrapper
+from cake_moe.mxfp4_moe import _kept_plans, _wrapper
 from cake_moe.reference import moe as ref
 
 from .mxfp4_moe_cases import CONTRACT_ARGS as CONTRACT, EP8_ARGS as EP8, TP8_ARGS as TP8, byte_bank
@@ -466,6 +466,127 @@ def test_check_mode_counts_bad_ids(fake_ext, monkeypatch, packed):
     assert len(plan._plan.streams) == runs, "nothing is launched after a failed check"
     monkeypatch.delenv("CAKE_MOE_CHECK")
     plan.run()                                   # without the debug mode the kernels drop them
+
+
+# --- the plans a wrapper keeps (the same tensors planned again) ------------------------------
+
+@pytest.fixture
+def kept_plans(fake_ext, monkeypatch):
+    """fake_ext with the keeping switch and every plan-time switch unset."""
+    for name in (_kept_plans.CACHE_SWITCH, *_kept_plans.PLAN_SWITCHES):
+        monkeypatch.delenv(name, raising=False)
+    return fake_ext
+
+
+def test_plan_keeps_what_it_bound(kept_plans):
+    """plan() with the same tensors again binds nothing: the new plan object holds the given
+    tensors around the plan bound before. The same values at another address bind anew (once)."""
+    w, a = _cpu_wrapper_args()
+    first = _call(w, a)
+    again = _call(w, a)
+    assert len(kept_plans.calls) == 1 and len(w._kept) == 1
+    assert again is not first and again._plan is first._plan and again._number != first._number
+    assert again.output is a["output"] and [t for t in again._keep] == [t for t in first._keep]
+    assert again.decision == first.decision and again.forms == first.forms
+    assert again.run() is a["output"] and first._plan.streams == [1234]
+    for name in ("x", "x_sf", "topk_ids", "topk_weights", "w1", "w1_sf", "w2", "w2_sf", "beta", "linear_beta",
+                 "workspace", "output"):
+        other = dict(a)
+        other[name] = _aligned_bytes(a[name].numel()).view(a[name].dtype).view(a[name].shape).copy_(a[name]) \
+            if name == "workspace" else a[name].clone()
+        bound = len(kept_plans.calls)
+        plans = [_call(w, other) for _ in range(2)]
+        assert len(kept_plans.calls) == bound + 1, name
+        assert plans[1]._plan is plans[0]._plan is not first._plan, name
+        (args, _) = kept_plans.calls[-1]
+        assert other[name].data_ptr() in {t.data_ptr() for t in args if isinstance(t, torch.Tensor)}, name
+
+
+def test_plan_keys_every_argument_its_checks_read(kept_plans, monkeypatch):
+    """What the checks and the binding read is in the key: fewer tokens at the same addresses, a
+    size-1 dimension's stride, tile_sync, the weights as the prepared dict, a plan-time switch
+    bind anew; another dtype at the same address, a non-bool tile_sync, a dict's wrong layout
+    field or positional weights beside the dict are refused as when nothing was kept."""
+    w, a = _cpu_wrapper_args(t=2)
+    _call(w, a)
+    few = dict(a, **{name: a[name][:1] for name in ("x", "x_sf", "topk_ids", "topk_weights", "output")})
+    assert _call(w, few).num_tokens == 1 and _call(w, few).num_tokens == 1
+    assert len(kept_plans.calls) == 2 and kept_plans.calls[-1][1]["num_tokens"] == 1
+    strided = dict(few, output=few["output"].as_strided(few["output"].shape, (3 * H, 1)))
+    assert strided["output"].is_contiguous() and strided["output"].data_ptr() == few["output"].data_ptr()
+    _call(w, strided)
+    _call(w, strided)
+    assert len(kept_plans.calls) == 3
+    _call(w, few, tile_sync=False)
+    _call(w, few, tile_sync=False)
+    assert len(kept_plans.calls) == 4 and kept_plans.calls[-1][1]["tile_sync"] is False
+    with pytest.raises(ValueError, match="tile_sync must be None, True or False"):
+        _call(w, few, tile_sync=0)
+    with pytest.raises(ValueError, match="tile must be one of"):
+        _call(w, few, tile=["n8"])
+    for name, dtype in (("x_sf", torch.float8_e8m0fnu), ("topk_weights", torch.float16), ("beta", torch.int32)):
+        with pytest.raises(ValueError, match=f"{name} must have dtype"):
+            _call(w, dict(a, **{name: a[name].view(dtype)}))
+    prepared = prepare_cake_mxfp4_weights(*byte_bank(E, H, I))
+
+    def with_dict(weights, **kw):
+        return w.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], weights, beta=a["beta"],
+                      linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"], **kw)
+
+    bound = len(kept_plans.calls)
+    plans = [with_dict(prepared) for _ in range(2)]
+    assert len(kept_plans.calls) == bound + 1 and plans[0]._plan is plans[1]._plan
+    assert plans[1]._code_max[0][2] is prepared["w1_sf_max"]   # the dict's largest codes, kept
+    with pytest.raises(ValueError, match="hidden_size=512, the wrapper expects 256"):
+        with_dict(dict(prepared, hidden_size=2 * H))
+    with pytest.raises(ValueError, match="either as the dict or as four tensors"):
+        w.plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], prepared, prepared["w1_sf"],
+               beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"], output=a["output"])
+    with pytest.raises(ValueError, match="x must be a torch.Tensor"):
+        _call(w, dict(a, x=[[0] * H] * 2))
+    for name in _kept_plans.PLAN_SWITCHES:
+        bound = len(kept_plans.calls)
+        monkeypatch.setenv(name, "1")
+        _call(w, a)
+        _call(w, a)
+        monkeypatch.delenv(name)
+        assert len(kept_plans.calls) == bound + 1, name
+    _call(w, a)
+    monkeypatch.setenv(_kept_plans.CACHE_SWITCH, "0")
+    kept, bound = len(w._kept), len(kept_plans.calls)
+    _call(w, a)
+    _call(w, a)
+    assert len(kept_plans.calls) == bound + 2 and len(w._kept) == kept
+
+
+def test_kept_plans_hold_no_tensor(kept_plans, monkeypatch):
+    """A kept plan holds addresses, not tensors: the buffers go when the caller's plans do. A
+    full cache is emptied at once."""
+    import gc
+    import weakref
+    w, a = _cpu_wrapper_args()
+    refs = [weakref.ref(a[name]) for name in ("x", "workspace", "output", "w1")]
+    plan = _call(w, a)
+    _call(w, a)
+    kept_plans.calls.clear()   # (the stand-in extension records its arguments; the real one keeps addresses)
+    del plan, a
+    gc.collect()
+    assert len(w._kept) == 1 and all(r() is None for r in refs)
+    monkeypatch.setattr(_kept_plans, "MAX_KEPT", 2)
+    w, a = _cpu_wrapper_args()
+    for t in range(1, 4):
+        _call(w, dict(a, **{name: a[name][:t] for name in ("x", "x_sf", "topk_ids", "topk_weights", "output")}))
+    assert len(w._kept) == 1 and len(kept_plans.calls) == 3
+
+
+def test_plan_switches_are_what_the_extension_reads():
+    """PLAN_SWITCHES (in every kept plan's key) names each variable the extension's plan
+    reads from the environment."""
+    import re
+    from pathlib import Path
+    source = (Path(__file__).resolve().parents[1] / "cpp/host/mxfp4_moe/mxfp4_moe.cpp").read_text()
+    read = set(re.findall(r'(?:getenv|env_or)\("(CAKE_MOE_\w+)"', source))
+    assert read and read == set(_kept_plans.PLAN_SWITCHES)
 
 
 # --- CPU plans and the torch.library op ------------------------------------------------------

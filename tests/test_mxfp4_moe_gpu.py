@@ -572,6 +572,46 @@ def test_plan_and_run_never_make_the_host_wait(layers, name, t):
         plan.run()
 
 
+@pytest.mark.parametrize("name,t", [("tp8", 1), ("h512_e40_k5", 1025)])
+def test_a_kept_plan_gives_a_new_plans_bits(layers, monkeypatch, name, t):
+    """plan() with the same tensors again returns a plan around the one bound before, whose runs
+    give the bits of a plan checked and bound anew (CAKE_MOE_ONE_SHOT_CACHE=0) for those tensors;
+    and kept plans of two token counts that share one workspace, run in turn, each keep theirs."""
+    layer = layers(name)
+    monkeypatch.delenv("CAKE_MOE_ONE_SHOT_CACHE", raising=False)
+    a = _plan_args(layer, t)
+    first = _call_plan(layer, a)
+    kept = _call_plan(layer, a)
+    assert kept._plan is first._plan
+    kept.run()
+    torch.cuda.synchronize()
+    want = a["output"].clone()
+    assert want.isfinite().all() and want.view(torch.int16).any()
+    monkeypatch.setenv("CAKE_MOE_ONE_SHOT_CACHE", "0")
+    fresh = _call_plan(layer, a)
+    monkeypatch.delenv("CAKE_MOE_ONE_SHOT_CACHE")
+    assert fresh._plan is not first._plan
+    poison_(a["output"])
+    fresh.run()
+    torch.cuda.synchronize()
+    assert torch.equal(a["output"], want), "a kept plan's bits differ from a new plan's"
+    small = _plan_args(layer, 17)
+    ws = torch.empty(layer.runner.get_workspace_size(max_tokens=t + 17), dtype=torch.uint8, device="cuda")
+    plans = []
+    for args in (a, small, a, small):
+        args["workspace"] = ws
+        plans.append(_call_plan(layer, args))
+    assert plans[2]._plan is plans[0]._plan and plans[3]._plan is plans[1]._plan
+    outs = []
+    for plan in plans:
+        poison_(plan.output)
+        plan.run()
+        torch.cuda.synchronize()
+        outs.append(plan.output.clone())
+    assert torch.equal(outs[0], want) and torch.equal(outs[2], want)
+    assert torch.equal(outs[1], outs[3]) and torch.equal(outs[1], layer.run(make_case(layer.geom, 17, seed=41)))
+
+
 # --- refusals --------------------------------------------------------------------------------
 
 def _plan_args(layer: Layer, t: int) -> dict:

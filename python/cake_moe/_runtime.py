@@ -96,6 +96,12 @@ def stream_handle(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def tensor_identity(t: torch.Tensor) -> tuple:
+    """What a kept launch or plan depends on of a tensor it binds: address, shape, strides,
+    dtype and device (its values are read at run time)."""
+    return t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device()
+
+
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A uint8 view of a 1-byte tensor (float8 dtypes do not cross DLPack everywhere)."""
     return t if t.dtype == torch.uint8 else t.view(torch.uint8)

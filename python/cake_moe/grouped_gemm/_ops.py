@@ -373,8 +373,7 @@ def _is_cuda(t) -> bool:
     return isinstance(t, torch.Tensor) and t.is_cuda
 
 
-def _identity(t: torch.Tensor) -> tuple:
-    return t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device()
+_identity = _runtime.tensor_identity
 
 
 def _kept_key(key: tuple, tensors: tuple, out, per_stream: bool = False) -> tuple | None:

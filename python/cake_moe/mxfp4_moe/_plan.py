@@ -44,7 +44,7 @@ class Mxfp4MoEPlan:
     def __init__(self, plan, *, decision: PlanDecision, device: torch.device, num_tokens: int, num_experts: int,
                  output: torch.Tensor, inputs: _Inputs, keep: tuple[torch.Tensor, ...],
                  code_max: tuple[tuple[str, torch.Tensor, torch.Tensor], ...] = (),
-                 tile_choice: torch.Tensor | None = None, alt_tile_choice: torch.Tensor | None = None):
+                 workspace: torch.Tensor | None = None, choice_at: tuple[int, int | None] | None = None):
         self._plan = plan
         self._reference = isinstance(plan, _ops.ReferencePlan)   # a CPU wrapper's plan: no stream
         self._device = device
@@ -57,8 +57,9 @@ class Mxfp4MoEPlan:
         self._packed = inputs[3] is None
         self._keep = keep        # the extension holds raw pointers: the tensors live as long as the plan
         self._code_max = code_max  # (name, scales [L, rows, cols], largest codes [L]) bound to the kernels
-        self._tile_choice = tile_choice  # int32 [1] in the workspace: the pair the routing kernel chose
-        self._alt_tile_choice = alt_tile_choice  # the width per expert: the alt pair's word (0: it ran)
+        # byte offsets in the workspace of the int32 naming the pair the routing kernel chose and,
+        # with the width per expert, of the alt pair's word (0: it ran); read by last_tile() only
+        self._workspace, self._choice_at = workspace, choice_at
         self.decision = decision
         self.num_tokens = num_tokens
         self.output = output
@@ -75,15 +76,20 @@ class Mxfp4MoEPlan:
         counts, or ``"TILE+ALT"`` where it ran both (the width per expert, ``split_width``).
         Reads the workspace, so it waits for the device: for diagnostics and benchmarks, not for
         the serving path."""
-        if not self.decision.alt_tile or self._tile_choice is None:
+        if not self.decision.alt_tile or self._workspace is None or self._choice_at is None:
             return self.decision.tile
-        first_runs = int(self._tile_choice.item()) == 0
-        if self._alt_tile_choice is None:
+        choice_at, alt_choice_at = self._choice_at
+        first_runs = self._word(choice_at) == 0
+        if alt_choice_at is None:
             return self.decision.tile if first_runs else self.decision.alt_tile
-        alt_runs = int(self._alt_tile_choice.item()) == 0
+        alt_runs = self._word(alt_choice_at) == 0
         if first_runs and alt_runs:
             return f"{self.decision.tile}+{self.decision.alt_tile}"
         return self.decision.tile if first_runs else self.decision.alt_tile
+
+    def _word(self, at: int) -> int:
+        assert self._workspace is not None
+        return int(self._workspace[at:at + 4].view(torch.int32).item())   # synchronises
 
     def _check_ids(self) -> None:
         ids = self._topk_ids >> 16 if self._packed else self._topk_ids

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _runtime, _validate
-from . import _decide, _ops
+from . import _decide, _kept_plans, _ops
 from ._decide import PlanDecision
 from ._plan import Mxfp4MoEPlan, _capturing
 from ._prepare import LAYOUT
@@ -176,6 +176,7 @@ class CakeMxfp4MoEWrapper:
                 HOST_ONLY_SM_COUNT
         self.sm_count = _positive_int(sm_count, "sm_count")
         self.capability = tuple(torch.cuda.get_device_capability(self.device)) if on_gpu else HOST_ONLY_CAPABILITY
+        self._kept = _kept_plans.KeptPlans()   # bound plans by their tensors' identities
 
     @staticmethod
     def _resolve_device(device: torch.device | str | int | None) -> torch.device:
@@ -325,6 +326,11 @@ class CakeMxfp4MoEWrapper:
         that share a workspace must not run at the same time (on two streams), and
         :meth:`Mxfp4MoEPlan.last_tile` reads the workspace, so it describes the last run of any
         plan bound to it.
+
+        The wrapper keeps what it binds: called again with the same tensors (addresses, shapes,
+        strides, dtypes, devices), ``tile``, ``tile_sync`` and environment, ``plan()`` skips the
+        checks and the binding and returns a plan around the one bound before, so eager code may
+        plan every step on its buffers (``CAKE_MOE_ONE_SHOT_CACHE=0``: check and bind every call).
         """
         if _capturing():
             raise RuntimeError("CakeMxfp4MoEWrapper.plan() cannot run during CUDA graph capture: plan outside "
@@ -332,7 +338,15 @@ class CakeMxfp4MoEWrapper:
         if beta is None or linear_beta is None:
             raise ValueError(f"{'beta' if beta is None else 'linear_beta'} is required (fp32 [num_local_experts]; "
                              "the SiTU defaults are 4 and 25)")
-        pw = self._weights(w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max)
+        given = (w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max)
+        key = None if self._reference else self._kept.key(
+            (x, x_sf, topk_ids, topk_weights, beta, linear_beta, workspace, output), given,
+            (tile, tile_sync, type(tile_sync)))   # (True == 1, but only a bool passes the checks)
+        kept = None if key is None else self._kept.get(key)
+        if kept is not None:   # these tensors passed every check below and were bound before
+            return self._plan_of(kept, x, x_sf, topk_ids, topk_weights, _kept_plans.weights(given),
+                                 (beta, linear_beta), workspace, output)
+        pw = self._weights(*given)
         tensors: dict[str, torch.Tensor | None] = {
             "x": x, "x_sf": x_sf, "topk_ids": topk_ids, "topk_weights": topk_weights, **pw._asdict(),
             "beta": beta, "linear_beta": linear_beta, "workspace": workspace, "output": output}
@@ -358,16 +372,22 @@ class CakeMxfp4MoEWrapper:
         present = [(name, t) for name, t in tensors.items() if t is not None]
         _validate.no_overlap([("output", output), ("workspace", workspace)],
                              [(name, t) for name, t in present if name not in ("output", "workspace")])
-        inputs = (x, x_sf, topk_ids, topk_weights)
-        keep = tuple(t for _, t in present)
         if self._reference:
             bound = _ops.ReferencePlan(x=x, x_sf=x_sf, topk_ids=topk_ids, topk_weights=topk_weights, w1=pw.w1,
                                        w1_sf=pw.w1_sf, w2=pw.w2, w2_sf=pw.w2_sf, beta=beta, linear_beta=linear_beta,
                                        output=output,
                                        num_experts=self.num_experts, num_local_experts=self.num_local_experts,
                                        local_expert_offset=self.local_expert_offset)
-            return Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
-                                num_experts=self.num_experts, output=output, inputs=inputs, keep=keep)
+            entry = _kept_plans.Bound(bound, decision, None)
+        else:
+            entry = self._bind(pw, x, x_sf, topk_ids, topk_weights, beta, linear_beta, workspace, output, decision)
+            if key is not None:
+                self._kept.put(key, entry)
+        return self._plan_of(entry, x, x_sf, topk_ids, topk_weights, pw, (beta, linear_beta), workspace, output)
+
+    def _bind(self, pw: _Weights, x, x_sf, topk_ids, topk_weights, beta, linear_beta, workspace, output,
+              decision: PlanDecision) -> _kept_plans.Bound:
+        """The extension's plan for checked tensors (after the device's own checks)."""
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         if sms != self.sm_count:
             raise RuntimeError(f"{self.device} has {sms} SMs but this wrapper was configured for "
@@ -377,6 +397,7 @@ class CakeMxfp4MoEWrapper:
             raise RuntimeError(f"{self.device} has compute capability {cap} but this wrapper was configured "
                                f"for {self.capability}; build a wrapper for this device")
         _runtime.require_served(self.device, "mxfp4_moe")
+        num_tokens = x.shape[0]
         weights_kind = _WEIGHT_KIND[None if topk_weights is None else topk_weights.dtype]
         gemm1_tile, gemm2_tile = _decide.gemm_tiles(decision.tile, self.hidden_size, self.intermediate_shard)
         alt = {}
@@ -395,14 +416,21 @@ class CakeMxfp4MoEWrapper:
         choice_at = sum(_align256(n) for n in segments[:3]) + 4 * _TILE_CHOICE_AT   # in the tile list's header
         alt_choice_at = sum(_align256(n) for n in segments[:-1]) + 4 * _TILE_CHOICE_AT  # the second list's
         split = bound.split_width   # the host's own decision (split_width mirrors it; a GPU test checks)
-        plan = Mxfp4MoEPlan(bound, decision=decision, device=self.device, num_tokens=num_tokens,
-                            num_experts=self.num_experts, output=output, inputs=inputs, keep=keep,
-                            code_max=(() if pw.w1_sf_max is None or pw.w2_sf_max is None else
-                                      (("w1_sf_max", pw.w1_sf, pw.w1_sf_max),
-                                       ("w2_sf_max", pw.w2_sf, pw.w2_sf_max))),
-                            tile_choice=workspace[choice_at:choice_at + 4].view(torch.int32),
-                            alt_tile_choice=workspace[alt_choice_at:alt_choice_at + 4].view(torch.int32) if split else None)
-        return plan
+        return _kept_plans.Bound(bound, decision, (choice_at, alt_choice_at if split else None))
+
+    def _plan_of(self, entry: _kept_plans.Bound, x, x_sf, topk_ids, topk_weights, pw, betas: tuple,
+                 workspace: torch.Tensor, output: torch.Tensor) -> Mxfp4MoEPlan:
+        """The plan object around a bound plan, holding the tensors it was bound to (the extension
+        holds their addresses only)."""
+        w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max = pw
+        keep = tuple(t for t in (x, x_sf, topk_ids, topk_weights, w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max,
+                                 *betas, workspace, output) if t is not None)
+        code_max = () if w1_sf_max is None or w2_sf_max is None else \
+            (("w1_sf_max", w1_sf, w1_sf_max), ("w2_sf_max", w2_sf, w2_sf_max))
+        return Mxfp4MoEPlan(entry.plan, decision=entry.decision, device=self.device, num_tokens=x.shape[0],
+                            num_experts=self.num_experts, output=output, inputs=(x, x_sf, topk_ids, topk_weights),
+                            keep=keep, code_max=() if self._reference else code_max,
+                            workspace=workspace, choice_at=entry.choice_at)
 
     def __repr__(self) -> str:
         return (f"CakeMxfp4MoEWrapper(num_experts={self.num_experts}, top_k={self.top_k}, "
