@@ -23,6 +23,20 @@ def test_bench_without_a_gpu_says_so(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("script,what", [("grouped_gemm.py", "grouped-gemm"), ("mxfp4_moe.py", "mxfp4-moe")])
+def test_bench_scripts_are_the_cli_command(monkeypatch, script, what):
+    """``python bench/SCRIPT.py ARGS`` is ``cake-moe bench WHAT ARGS`` (its exit status too)."""
+    import runpy
+    import sys
+    from pathlib import Path
+    calls = []
+    monkeypatch.setattr(cli, "main", lambda argv: calls.append(argv) or 3)
+    monkeypatch.setattr(sys, "argv", [script, "--seed", "5"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(Path(__file__).resolve().parents[1] / "bench" / script), run_name="__main__")
+    assert calls == [["bench", what, "--seed", "5"]] and e.value.code == 3
+
+
 @pytest.mark.parametrize("argv", [["bench", "grouped-gemm", "--ops", "fwd,foo"],
                                   ["bench", "grouped-gemm", "--tokens", "0"],
                                   ["bench", "formats", "--out", "/no/such/folder/x"],

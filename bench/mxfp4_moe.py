@@ -1,0 +1,9 @@
+"""Family B benchmark entry point: ``python bench/mxfp4_moe.py [ARGS]`` is
+``cake-moe bench mxfp4-moe [ARGS]`` (the same flags: --out, --tokens, --layouts, --tiles,
+--seed, --no-rotate)."""
+import sys
+
+from cake_moe.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", "mxfp4-moe", *sys.argv[1:]]))
