@@ -579,6 +579,17 @@ def test_kept_plans_hold_no_tensor(kept_plans, monkeypatch):
     assert len(w._kept) == 1 and len(kept_plans.calls) == 3
 
 
+def test_kept_plans_go_at_exit(kept_plans):
+    """The hook run at exit empties every wrapper's kept plans (the extension's plan objects must
+    go before its types do)."""
+    wrappers = [_cpu_wrapper_args()[0] for _ in range(2)]
+    for w in wrappers:
+        _call(w, _cpu_wrapper_args()[1])
+    assert [len(w._kept) for w in wrappers] == [1, 1]
+    _kept_plans.clear_all()
+    assert [len(w._kept) for w in wrappers] == [0, 0]
+
+
 def test_plan_switches_are_what_the_extension_reads():
     """PLAN_SWITCHES (in every kept plan's key) names each variable the extension's plan
     reads from the environment."""

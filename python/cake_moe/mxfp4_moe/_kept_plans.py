@@ -10,6 +10,8 @@ the same addresses with the same layout (as a caching allocator's do) find it.
 """
 from __future__ import annotations
 
+import atexit
+import weakref
 from typing import Any, NamedTuple
 
 from .. import _runtime
@@ -45,6 +47,7 @@ def weights(given: tuple) -> tuple:
 class KeptPlans:
     def __init__(self) -> None:
         self._plans: dict[tuple, Bound] = {}
+        _every.add(self)
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -83,3 +86,14 @@ class KeptPlans:
 
     def clear(self) -> None:
         self._plans.clear()
+
+
+_every: weakref.WeakSet[KeptPlans] = weakref.WeakSet()
+
+
+@atexit.register
+def clear_all() -> None:
+    """Empty every wrapper's cache: at exit, before the extension's types go (nanobind reports
+    plans still alive then as leaks; a wrapper may live as long as the interpreter)."""
+    for kept in list(_every):
+        kept.clear()
