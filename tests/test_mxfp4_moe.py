@@ -579,15 +579,20 @@ def test_kept_plans_hold_no_tensor(kept_plans, monkeypatch):
     assert len(w._kept) == 1 and len(kept_plans.calls) == 3
 
 
-def test_kept_plans_go_at_exit(kept_plans):
+def test_kept_plans_go_at_exit_and_on_release(kept_plans):
     """The hook run at exit empties every wrapper's kept plans (the extension's plan objects must
-    go before its types do)."""
+    go before its types do); ``release()`` empties one wrapper's."""
     wrappers = [_cpu_wrapper_args()[0] for _ in range(2)]
     for w in wrappers:
         _call(w, _cpu_wrapper_args()[1])
     assert [len(w._kept) for w in wrappers] == [1, 1]
     _kept_plans.clear_all()
     assert [len(w._kept) for w in wrappers] == [0, 0]
+    w, a = _cpu_wrapper_args()
+    plan = _call(w, a)
+    w.release()
+    assert len(w._kept) == 0 and _call(w, a)._plan is not plan._plan
+    plan.run()   # a plan made before release() still runs
 
 
 def test_plan_switches_are_what_the_extension_reads():

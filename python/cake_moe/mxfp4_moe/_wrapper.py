@@ -432,6 +432,11 @@ class CakeMxfp4MoEWrapper:
                             keep=keep, code_max=() if self._reference else code_max,
                             workspace=workspace, choice_at=entry.choice_at)
 
+    def release(self) -> None:
+        """Drop the plans this wrapper keeps for the tensors it bound (plans already returned
+        keep working; the next ``plan()`` of each tensor set binds anew)."""
+        self._kept.clear()
+
     def __repr__(self) -> str:
         return (f"CakeMxfp4MoEWrapper(num_experts={self.num_experts}, top_k={self.top_k}, "
                 f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
