@@ -23,10 +23,10 @@ PLAN_SWITCHES = ("CAKE_MOE_TILE_SPLIT", "CAKE_MOE_CODE_RING", "CAKE_MOE_UNIT_QUE
                  "CAKE_MOE_SPLIT_MAX", "CAKE_MOE_SPLIT_ALL_MAX", "CAKE_MOE_LOOKAHEAD_SKEW")
 CACHE_SWITCH = "CAKE_MOE_ONE_SHOT_CACHE"   # "0": bind anew on every call (the grouped GEMM's switch too)
 # A full cache is emptied at once. An entry is the extension's plan (its kernel parameters and
-# tensor maps: a few KB) and its key (~4.4 KB): some 30 MB of host memory at the cap. One wrapper may
-# serve every MoE layer of a model (they share the configuration), with an entry per layer and
-# token count: 4096 hold a 61-layer model's decode steps at 64 token counts (a cache smaller
-# than what a step cycles through would be emptied again before any entry is found).
+# tensor maps: a few KB) and its key (~4.4 KB): some 30 MB of host memory at the cap. One
+# wrapper may serve every MoE layer of a model (they share the configuration), with an entry per
+# layer and token count: 4096 hold a 61-layer model's decode steps at 64 token counts (a cache
+# smaller than what a step cycles through would be emptied again before any entry is found).
 MAX_KEPT = 4096
 _DICT_FIELDS = ("layout", "num_local_experts", "hidden_size", "intermediate_shard")
 _WEIGHT_NAMES = ("w1", "w1_sf", "w2", "w2_sf", "w1_sf_max", "w2_sf_max")
