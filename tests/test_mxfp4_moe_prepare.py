@@ -151,6 +151,7 @@ def _badbyte_bank(what: str):
     return {
         "w1 dtype": (w1.view(torch.int8), w1s, w2, w2s),
         "w1_scale 2-D": (w1, w1s[0], w2, w2s),
+        "w2_scale flat": (w1, w1s, w2, w2s.reshape(-1, w2s.shape[-1])),   # as mxfp4_quantize gives them
         "w2 shape": (w1, w1s, w2[:, :, :32], w2s),
         "w2_scale shape": (w1, w1s, w2, w2s[:1]),
         "w1_scale shape": (w1, w1s[:, :128], w2, w2s),
@@ -164,6 +165,7 @@ def _badbyte_bank(what: str):
 
 @pytest.mark.parametrize("what,match", [
     ("w1 dtype", "w1 must have dtype torch.uint8"), ("w1_scale 2-D", "w1_scale must be 3-D"),
+    ("w2_scale flat", r"w2_scale must be 3-D .* view them as \[L, rows, K/32\]"),
     ("w2 shape", "w2 must have shape"), ("w2_scale shape", "w2_scale must have shape"),
     ("w1_scale shape", "w1_scale must have shape"), ("hidden size", "hidden size H"),
     ("intermediate size", "intermediate size I"), ("w2 device", "w2 is on meta"),

@@ -170,7 +170,9 @@ def _check_bank(w1, w1_scale, w2, w2_scale, names: tuple[str, str, str, str]) ->
         if t.dtype != torch.uint8:
             raise ValueError(f"{name} must have dtype torch.uint8, got {t.dtype}")
         if t.dim() != 3:
-            raise ValueError(f"{name} must be 3-D [L, rows, bytes], got shape {tuple(t.shape)}")
+            hint = (" (mxfp4_quantize of an [L, rows, K] bank gives its scales as [L * rows, K/32]: "
+                    "view them as [L, rows, K/32])" if t.dim() == 2 and name.endswith("scale") else "")
+            raise ValueError(f"{name} must be 3-D [L, rows, bytes], got shape {tuple(t.shape)}{hint}")
     num_local, two_i, half_h = w1.shape
     if num_local < 1:   # the wrapper serves num_local_experts >= 1
         raise ValueError(f"{names[0]} must hold at least one expert (L = shape[0] >= 1), got shape {tuple(w1.shape)}")
