@@ -96,6 +96,15 @@ def stream_handle(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+KEEP_SWITCH = "CAKE_MOE_ONE_SHOT_CACHE"
+
+
+def keeps_bound_work() -> bool:
+    """Whether one-shot grouped-GEMM calls and MoE ``plan()`` keep what they bind for the same
+    tensors (``CAKE_MOE_ONE_SHOT_CACHE=0``: they check and bind every call)."""
+    return env(KEEP_SWITCH) != "0"
+
+
 def tensor_identity(t: torch.Tensor) -> tuple:
     """What a kept launch or plan depends on of a tensor it binds: address, shape, strides,
     dtype and device (its values are read at run time)."""

@@ -381,7 +381,7 @@ def _kept_key(key: tuple, tensors: tuple, out, per_stream: bool = False) -> tupl
     or ``out`` not on a CUDA device, CAKE_MOE_ONE_SHOT_CACHE=0, a per-stream launch during
     graph capture)."""
     if (not all(map(_is_cuda, tensors)) or (out is not None and not _is_cuda(out))
-            or _runtime.env("CAKE_MOE_ONE_SHOT_CACHE") == "0"
+            or not _runtime.keeps_bound_work()
             or (per_stream and torch.cuda.is_current_stream_capturing())):
         return None
     stream = _runtime.stream_handle(tensors[0].device) if per_stream else None

@@ -21,7 +21,7 @@ from ._decide import PlanDecision
 # std::getenv and env_or; CAKE_MOE_TILE_SPLIT also by split_width): a test checks the source.
 PLAN_SWITCHES = ("CAKE_MOE_TILE_SPLIT", "CAKE_MOE_CODE_RING", "CAKE_MOE_UNIT_QUEUE", "CAKE_MOE_SPLIT_FROM",
                  "CAKE_MOE_SPLIT_MAX", "CAKE_MOE_SPLIT_ALL_MAX", "CAKE_MOE_LOOKAHEAD_SKEW")
-CACHE_SWITCH = "CAKE_MOE_ONE_SHOT_CACHE"   # "0": bind anew on every call (the grouped GEMM's switch too)
+CACHE_SWITCH = _runtime.KEEP_SWITCH   # "0": bind anew on every call (the grouped GEMM's switch too)
 # A full cache is emptied at once. An entry is the extension's plan (its kernel parameters and
 # tensor maps: a few KB) and its key (~4.4 KB): some 30 MB of host memory at the cap. One
 # wrapper may serve every MoE layer of a model (they share the configuration), with an entry per
@@ -55,17 +55,18 @@ class KeptPlans:
         return len(self._plans)
 
     @staticmethod
-    def key(tensors: tuple, given: tuple, options: tuple) -> tuple | None:
+    def key(tensors: tuple, given: tuple, weights: tuple, options: tuple) -> tuple | None:
         """The key of a plan() call (``tensors``: its other tensor arguments, ``given``: its six
-        weight arguments, ``options``: tile and tile_sync), or None where nothing is kept for it
-        (the switch is off, or an argument is not a tensor: the checks name it)."""
-        if _runtime.env(CACHE_SWITCH) == "0":
+        weight arguments, ``weights``: :func:`weights` of them, ``options``: tile and tile_sync),
+        or None where nothing is kept for it (the switch is off, or an argument is not a tensor:
+        the checks name it)."""
+        if not _runtime.keeps_bound_work():
             return None
         w1 = given[0]
         if isinstance(w1, dict):
             # the positional weights stay in the key: given beside the dict, they are refused
             fields: tuple | None = tuple(w1.get(name) for name in _DICT_FIELDS)
-            tensors = (*tensors, *(w1.get(name) for name in _WEIGHT_NAMES), *given[1:])
+            tensors = (*tensors, *weights, *given[1:])
         else:
             fields = None
             tensors = (*tensors, *given)

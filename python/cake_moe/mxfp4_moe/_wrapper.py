@@ -339,13 +339,15 @@ class CakeMxfp4MoEWrapper:
             raise ValueError(f"{'beta' if beta is None else 'linear_beta'} is required (fp32 [num_local_experts]; "
                              "the SiTU defaults are 4 and 25)")
         given = (w1, w1_sf, w2, w2_sf, w1_sf_max, w2_sf_max)
-        key = None if self._reference else self._kept.key(
-            (x, x_sf, topk_ids, topk_weights, beta, linear_beta, workspace, output), given,
-            (tile, tile_sync, type(tile_sync)))   # (True == 1, but only a bool passes the checks)
-        kept = None if key is None else self._kept.get(key)
+        key = kept = None
+        if not self._reference:
+            weights = _kept_plans.weights(given)
+            key = self._kept.key((x, x_sf, topk_ids, topk_weights, beta, linear_beta, workspace, output), given,
+                                 weights, (tile, tile_sync, type(tile_sync)))   # (True == 1: only a bool passes)
+            kept = None if key is None else self._kept.get(key)
         if kept is not None:   # these tensors passed every check below and were bound before
-            return self._plan_of(kept, x, x_sf, topk_ids, topk_weights, _kept_plans.weights(given),
-                                 (beta, linear_beta), workspace, output)
+            return self._plan_of(kept, x, x_sf, topk_ids, topk_weights, weights, (beta, linear_beta), workspace,
+                                 output)
         pw = self._weights(*given)
         tensors: dict[str, torch.Tensor | None] = {
             "x": x, "x_sf": x_sf, "topk_ids": topk_ids, "topk_weights": topk_weights, **pw._asdict(),
