@@ -32,7 +32,7 @@ import torch
 
 import cake_moe
 from cake_moe import _runtime
-from cake_moe.grouped_gemm import _ops
+from cake_moe.grouped_gemm import _kept_launches, _ops
 from host_overhead import StandIn   # (ci/, this script's directory, is on sys.path)
 
 T, H, N, E = 64, 64, 64, 4
@@ -48,13 +48,13 @@ class _NoKernel:
         pass
 
 
-def _stub_launch(op: str, out: torch.Tensor, device: torch.device) -> _ops.GroupedGemmLaunch:
-    return _ops.GroupedGemmLaunch(op, _NoKernel(), device, out, (None, None, None, None))
+def _stub_launch(op: str, out: torch.Tensor, device: torch.device) -> cake_moe.GroupedGemmLaunch:
+    return cake_moe.GroupedGemmLaunch(op, _NoKernel(), device, out, (None, None, None, None))
 
 
 def stub_kernels() -> None:
     """CPU tensors take the CUDA path, whose preparation binds a launch that does nothing."""
-    _ops._is_cuda = lambda t: isinstance(t, torch.Tensor)
+    _kept_launches._is_cuda = lambda t: isinstance(t, torch.Tensor)
     _runtime.stream_handle = lambda device: 0
     torch.cuda.is_current_stream_capturing = lambda: False
     _ops.prepare_grouped_gemm_fwd = lambda x, w, offs, out, zero_unrouted_rows=False: _stub_launch(
@@ -182,12 +182,12 @@ def main() -> None:
     columns.update({f"{op} one-shot, hot": fn for op, fn in calls.items()})
     colds = {f"{op} one-shot, cold": cold(fn) for op, fn in calls.items()}
     calls["fwd"]()
-    key = next(iter(_ops._kept))
+    key = next(iter(_kept_launches._kept))
     colds.update({   # the pieces of a kept call, cold
         "  nothing, cold": cold(lambda: None),
         "  torch.empty, cold": cold(lambda: torch.empty((T, N), dtype=torch.bfloat16, device=x.device)),
-        "  3 operand identities, cold": cold(lambda: (_ops._identity(x), _ops._identity(w), _ops._identity(offs))),
-        "  kept-launch lookup, cold": cold(lambda: _ops._kept.get(key)),
+        "  3 operand identities, cold": cold(lambda: (_runtime.tensor_identity(x), _runtime.tensor_identity(w), _runtime.tensor_identity(offs))),
+        "  kept-launch lookup, cold": cold(lambda: _kept_launches._kept.get(key)),
         "  3 switch reads, cold": cold(lambda: tuple(map(_runtime.env, ("A_", "B_", "C_")))),
     })
     for fn in [*columns.values(), *colds.values()]:

@@ -73,14 +73,14 @@ def test_cpu_path_writes_non_finite_results_and_only_the_groups_rows():
 def test_cpu_calls_keep_no_launch():
     """One-shot calls keep their prepared launches for CUDA operands only: the CPU path (the
     reference) leaves nothing behind, whatever it is called with."""
-    from cake_moe.grouped_gemm import _ops
+    from cake_moe.grouped_gemm import _kept_launches
     cake_moe.release()
     x, w, g, offs = _cpu_problem([2, 5, 0, 1])
     for _ in range(2):
         cake_moe.grouped_gemm_fwd(x, w, offs)
         cake_moe.grouped_gemm_dgrad(g, w, offs)
         cake_moe.grouped_gemm_wgrad(g, x, offs)
-    assert not _ops._kept
+    assert not _kept_launches._kept
 
 
 class _NoKernel:
@@ -96,7 +96,7 @@ def launches_stood_in(monkeypatch):
     """CPU tensors stand in for CUDA ones in one-shot calls, and each preparation is recorded
     (its op, in the returned list) and binds a launch that runs nothing. The current stream is
     ``stream[0]`` of the second value returned."""
-    from cake_moe.grouped_gemm import _ops
+    from cake_moe.grouped_gemm import _kept_launches, _ops
     prepared: list[str] = []
 
     def stand_in(op):
@@ -105,12 +105,12 @@ def launches_stood_in(monkeypatch):
             shape = ((offs.numel(), a.shape[1], b.shape[1]) if op == "wgrad"
                      else (a.shape[0], b.shape[1] if op == "fwd" else b.shape[2]))
             result = torch.empty(shape, dtype=a.dtype) if out is None else out
-            return _ops.GroupedGemmLaunch(op, _NoKernel(), a.device, result, (a, b, offs, None))
+            return cake_moe.GroupedGemmLaunch(op, _NoKernel(), a.device, result, (a, b, offs, None))
         return prepare
 
     for op in ("fwd", "dgrad", "wgrad"):
         monkeypatch.setattr(_ops, f"prepare_grouped_gemm_{op}", stand_in(op))
-    monkeypatch.setattr(_ops, "_is_cuda", lambda t: isinstance(t, torch.Tensor))
+    monkeypatch.setattr(_kept_launches, "_is_cuda", lambda t: isinstance(t, torch.Tensor))
     stream = [7]
     monkeypatch.setattr(_runtime, "stream_handle", lambda device: stream[0])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
@@ -125,7 +125,7 @@ def test_one_shot_keying_with_launches_stood_in(launches_stood_in, monkeypatch):
     """The one-shot cache's keying, on the CPU (launches stood in). The same operands find the
     kept launch (a fresh output each call); another stride at the same address, another dtype,
     an ``out``, another stream (wgrad), a prepare-time switch or the cache switch prepare anew."""
-    from cake_moe.grouped_gemm import _ops
+    from cake_moe.grouped_gemm import _kept_launches
     prepared, stream = launches_stood_in
     x, w, g, offs = _cpu_problem([2, 5, 0, 1])
     ys = [cake_moe.grouped_gemm_fwd(x, w, offs) for _ in range(3)]
@@ -160,7 +160,7 @@ def test_one_shot_keying_with_launches_stood_in(launches_stood_in, monkeypatch):
         grads.append((xl.grad, wl.grad))
         xl.grad = wl.grad = None
     assert prepared == ["fwd", "dgrad", "wgrad"]
-    assert sum(key[0] == "grads" for key in _ops._kept) == 1
+    assert sum(key[0] == "grads" for key in _kept_launches._kept) == 1
     assert all(dx.shape == x.shape and dw.shape == w.shape and dw.dtype == w.dtype for dx, dw in grads)
     assert len({dx.data_ptr() for dx, _ in grads[1:]}) == 2   # each step's own gradients
     stream[0] = 9
@@ -175,12 +175,12 @@ def test_one_shot_keying_with_launches_stood_in(launches_stood_in, monkeypatch):
     cake_moe.grouped_gemm_fwd(x, w, offs)
     assert prepared == ["fwd", "dgrad", "wgrad", "wgrad", "fwd"]
     monkeypatch.setenv("CAKE_MOE_ONE_SHOT_CACHE", "0")
-    kept = len(_ops._kept)
+    kept = len(_kept_launches._kept)
     cake_moe.grouped_gemm_fwd(x, w, offs)
     cake_moe.grouped_gemm_fwd(x, w, offs)
-    assert prepared[5:] == ["fwd", "fwd"] and len(_ops._kept) == kept
+    assert prepared[5:] == ["fwd", "fwd"] and len(_kept_launches._kept) == kept
     cake_moe.release()
-    assert not _ops._kept
+    assert not _kept_launches._kept
 
 
 def test_a_large_models_step_keeps_every_launch(launches_stood_in):
@@ -241,7 +241,7 @@ def test_max_grouped_rows_keeps_the_tile_total_under_the_device_cap():
     """The device schedulers run nothing once fwd / dgrad tiles reach 2^31 - 2^20 (scheduler.cuh
     kTileCap): no problem max_grouped_rows admits may get there, in the smallest tiles (64) with
     every group adding a partial tile."""
-    from cake_moe.grouped_gemm._ops import _MAX_TILES
+    from cake_moe.grouped_gemm._checks import _MAX_TILES
     assert _MAX_TILES == 2**31 - 2**20
     for n, k, e in ((8, 8, 1), (64, 4096, 2), (7168, 2048, 8), (4096, 4096, 16), (8, 8, 2**20),
                     (2**20, 64, 1000), (200, 264, 1200)):

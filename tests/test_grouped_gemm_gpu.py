@@ -241,8 +241,8 @@ def test_prepared_launch_follows_new_offsets_without_allocating(op, replay):
 
 def _kept_plans() -> list:
     """The plans one-shot calls keep (not the pairs grouped_mm's backward keeps of them)."""
-    from cake_moe.grouped_gemm import _ops
-    return [entry[0] for key, entry in _ops._kept.items() if key[0] != "grads"]
+    from cake_moe.grouped_gemm import _kept_launches
+    return [entry[0] for key, entry in _kept_launches._kept.items() if key[0] != "grads"]
 
 
 def test_one_shot_calls_keep_their_launch_and_follow_the_tensors():
@@ -318,8 +318,8 @@ def test_autograd_steps_reuse_their_launches():
         xl.grad = wl.grad = None
     plans = _kept_plans()
     assert len(plans) == 3
-    from cake_moe.grouped_gemm import _ops
-    (pair,) = [entry for key, entry in _ops._kept.items() if key[0] == "grads"]
+    from cake_moe.grouped_gemm import _kept_launches
+    (pair,) = [entry for key, entry in _kept_launches._kept.items() if key[0] == "grads"]
     assert [kept[0] for kept in pair] == plans[1:]   # the backward's dgrad and wgrad under one key
     cake_moe.grouped_mm(xl, wl, offs).backward(g)
     assert _kept_plans() == plans

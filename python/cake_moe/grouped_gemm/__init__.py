@@ -21,8 +21,9 @@ import torch
 
 from .. import _config
 from . import _ops
-from ._ops import (GroupedGemmLaunch, check_grouped_dims, max_grouped_rows, prepare_grouped_gemm_dgrad,
-                   prepare_grouped_gemm_fwd, prepare_grouped_gemm_wgrad, release)
+from ._checks import check_grouped_dims, max_grouped_rows
+from ._launch import GroupedGemmLaunch, prepare_grouped_gemm_dgrad, prepare_grouped_gemm_fwd, prepare_grouped_gemm_wgrad
+from ._ops import release
 
 __all__ = [
     "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad", "grouped_mm", "grouped_mm_bf16",

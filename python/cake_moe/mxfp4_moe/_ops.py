@@ -14,8 +14,6 @@ from __future__ import annotations
 import itertools
 import weakref
 
-import torch
-
 from .. import _library
 from ..reference import moe as ref
 from ._prepare import LAYOUT, unprepare_cake_mxfp4_weights

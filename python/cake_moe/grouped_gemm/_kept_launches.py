@@ -1,0 +1,94 @@
+"""The launches one-shot grouped-GEMM calls keep while the same tensors come back."""
+from __future__ import annotations
+
+import atexit
+
+import torch
+
+from .. import _runtime
+from ._checks import _packed
+
+# A training loop makes the same one-shot calls with the same tensors every step (the caching
+# allocator hands the same blocks back), and validating and binding them cost a call ~3x what
+# enqueueing a prepared launch does. So a one-shot call keeps its launch under everything the
+# preparation read: each operand's address, shape, strides, dtype and device, the op's own
+# arguments (wgrad: the stream, whose workspace the launch binds) and the switches read when a
+# launch is prepared. A call with the same key only allocates its output (unless it was given
+# one, which is part of the key) and enqueues the kept launch pointed at it: the checks would
+# decide as before, since they are functions of the key and a fresh output overlaps nothing.
+# A kept launch holds addresses, not tensors (the caller holds its operands during its call);
+# the wgrad's workspace is the one tensor kept with it. Calls whose operands are copied first
+# (_packed) or that run on the CPU keep nothing; CAKE_MOE_ONE_SHOT_CACHE=0 turns the cache off;
+# release() empties it. grouped_mm's eager backward also keeps its dgrad and wgrad launches as
+# a pair under one key of its four operands (_eager_grads).
+_PREPARE_SWITCHES = ("CAKE_MOE_GG_SPLIT_TAIL", "CAKE_MOE_GG_FORCE_PORTABLE")
+# Room for every launch of a deep model's training step: 8 per MoE layer (fwd, dgrad, wgrad and
+# the backward's pair, for w13 and w2), so 61 layers keep ~490. A full cache is emptied at once
+# (each entry is a few hundred bytes of encoded parameters); at 256 such a step had refilled it
+# every step.
+_MAX_KEPT = 4096
+_kept: dict[tuple, tuple] = {}
+atexit.register(_kept.clear)  # the plans go before the extension's types do at exit
+
+
+def _is_cuda(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_cuda
+
+
+_identity = _runtime.tensor_identity
+
+
+def _kept_key(key: tuple, tensors: tuple, out, per_stream: bool = False) -> tuple | None:
+    """The key a one-shot call keeps its launch under, or None where it keeps none (an operand
+    or ``out`` not on a CUDA device, CAKE_MOE_ONE_SHOT_CACHE=0, a per-stream launch during
+    graph capture)."""
+    if (not all(map(_is_cuda, tensors)) or (out is not None and not _is_cuda(out))
+            or not _runtime.keeps_bound_work()
+            or (per_stream and torch.cuda.is_current_stream_capturing())):
+        return None
+    stream = _runtime.stream_handle(tensors[0].device) if per_stream else None
+    return (*key, stream, *map(_identity, tensors), None if out is None else _identity(out),
+            *map(_runtime.env, _PREPARE_SWITCHES))
+
+
+def _kept_launch(key: tuple, tensors: tuple, per_stream: bool = False) -> tuple | None:
+    """What a one-shot call with these operands (and no ``out``) keeps, if it keeps a launch."""
+    full = _kept_key(key, tensors, None, per_stream)
+    return None if full is None else _kept.get(full)
+
+
+def _keep(key: tuple, entry: tuple) -> None:
+    if len(_kept) >= _MAX_KEPT:
+        _kept.clear()
+    _kept[key] = entry
+
+
+def _launch_kept(kept: tuple, out, stream: int | None) -> torch.Tensor:
+    plan, shape, dtype, device, _ = kept
+    result = torch.empty(shape, dtype=dtype, device=device) if out is None else out
+    plan.launch_to(_runtime.stream_handle(device) if stream is None else stream,
+                   result.data_ptr())  # a fresh output overlaps nothing
+    return result
+
+
+def _one_shot(key: tuple, tensors: tuple, out, prepare, per_stream: bool = False) -> torch.Tensor:
+    """Run ``prepare(operands, out).launch()``, or the launch kept for the same key.
+    ``per_stream``: the launch binds the current stream's workspace (wgrad), so it is kept per
+    stream, and not at all during graph capture (which gives a launch a workspace of its own)."""
+    full = _kept_key(key, tensors, out, per_stream)
+    if full is None:
+        return prepare(tuple(_packed(t) for t in tensors), out).launch()
+    kept = _kept.get(full)
+    if kept is not None:
+        return _launch_kept(kept, out, full[len(key)])   # (the key's stream, or None)
+    operands = tuple(_packed(t) for t in tensors)
+    launch = prepare(operands, out)
+    result = launch.launch()
+    if (launch._plan is not None and launch._pre is None and launch._cpu is None
+            and all(a is b for a, b in zip(operands, tensors))):
+        workspace = launch._keep[3] if launch.op == "wgrad" else None
+        _keep(full, (launch._plan, result.shape, result.dtype, launch._device, workspace))
+    # This frame can outlive the call (compute-sanitizer keeps it): it must not hold the launch,
+    # whose plan would then outlive release() and the extension's teardown.
+    del launch
+    return result
