@@ -2,7 +2,9 @@
 // scale layout rules that the device code and the Python references share.
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <set>
+#include <vector>
 #include <string>
 
 #include "host_test.hpp"
@@ -10,6 +12,7 @@
 #include "common/fast_divmod.hpp"
 #include "formats/args.hpp"
 #include "host/grouped_gemm/heuristics_sm90.hpp"
+#include "mxfp4_moe/params.hpp"
 #include "runtime/sha256.hpp"
 
 using namespace cake_moe;
@@ -130,6 +133,58 @@ static void test_grouped_gemm_tiles() {
   EXPECT(choose_sm90_tile(256, 9, 4096, false, sms).bm == 64);
 }
 
+// Family B's GEMM1 pieces under K halves (mxfp4_moe/params.hpp, piece_of): over random unit
+// counts and split settings, the pieces cover each unit's K stages exactly once, as the whole
+// unit or as its two halves handed out one after the other (one parking slot each, the slots
+// distinct and inside the workspace's kMaxSplitUnits), in unit order.
+static void test_split_pieces() {
+  using mxfp4_moe::GemmParams;
+  using mxfp4_moe::Piece;
+  float park = 0.0f;
+  for (int draw = 0; draw < 20000; ++draw) {
+    GemmParams p{};
+    p.split_park = host_test::uniform(0, 9) ? &park : nullptr;
+    p.split_from = int32_t(host_test::uniform(0, 300));
+    p.split_max = int32_t(host_test::uniform(0, moe::kMaxSplitUnits));
+    p.split_all_max = int32_t(host_test::uniform(0, moe::kMaxSplitUnits));
+    const int units = int(host_test::uniform(0, 400)), num_k = int(host_test::uniform(2, 64));
+    const int split = mxfp4_moe::split_units(p, units), pieces = mxfp4_moe::num_pieces(p, units);
+    EXPECT(pieces == units + split && split >= 0 && split <= moe::kMaxSplitUnits);
+    std::map<int, std::vector<Piece>> of_unit;
+    std::set<int> slots;
+    int last_unit = -1;
+    for (int q = 0; q < pieces; ++q) {
+      const Piece pc = mxfp4_moe::piece_of(p, q, units, num_k);
+      EXPECT(pc.unit >= 0 && pc.unit < units && pc.unit >= last_unit);
+      last_unit = pc.unit;
+      of_unit[pc.unit].push_back(pc);
+      if (pc.half >= 0) slots.insert(pc.slot);
+    }
+    EXPECT(int(of_unit.size()) == units && int(slots.size()) == split);
+    for (const int slot : slots) EXPECT(slot >= 0 && slot < split);
+    for (const auto& [unit, got] : of_unit) {
+      if (got.size() == 1) {
+        EXPECT(got[0].half == -1 && got[0].k_first == 0 && got[0].k_stages == num_k && got[0].slot == -1);
+        EXPECT(unit < mxfp4_moe::split_first(p, units) || unit >= mxfp4_moe::split_first(p, units) + split);
+      } else {
+        EXPECT(got.size() == 2 && got[0].half == 0 && got[1].half == 1 && got[0].slot == got[1].slot);
+        EXPECT(got[0].k_first == 0 && got[0].k_stages > 0 && got[1].k_first == got[0].k_stages &&
+               got[1].k_stages > 0 && got[0].k_stages + got[1].k_stages == num_k);
+      }
+    }
+  }
+  GemmParams none{};   // no parking area: nothing splits
+  none.split_all_max = moe::kMaxSplitUnits;
+  EXPECT(mxfp4_moe::num_pieces(none, 40) == 40 && mxfp4_moe::piece_of(none, 7, 40, 8).half == -1);
+  GemmParams all{};    // a short first wave: every unit from unit 0
+  all.split_park = &park;
+  all.split_all_max = 132;
+  all.split_from = 132;
+  const Piece second = mxfp4_moe::piece_of(all, 1, 16, 7);
+  EXPECT(mxfp4_moe::num_pieces(all, 16) == 32 && second.unit == 0 && second.half == 1 && second.k_first == 4 &&
+         second.k_stages == 3);
+}
+
 int main(int argc, char** argv) {
   std::string which = argc > 1 ? argv[1] : "all";
   if (host_test::selected(which, "sha256")) test_sha256();
@@ -137,5 +192,6 @@ int main(int argc, char** argv) {
   if (host_test::selected(which, "geometry")) test_geometry();
   if (host_test::selected(which, "fastdiv")) test_fast_divmod();
   if (host_test::selected(which, "gg_tiles")) test_grouped_gemm_tiles();
+  if (host_test::selected(which, "split_pieces")) test_split_pieces();
   return host_test::report(which);
 }

@@ -67,25 +67,8 @@ struct Mxfp4MoeItemSchedule {
   // both run at once. The half to finish first parks its partial sums; the other adds them to its
   // own and finishes the unit (SiTU, the tile's count). The sum is h0 + h1 whichever half parks
   // (FP32 addition commutes), so the bits follow from the split alone, not from the timing or
-  // the grid (CAKE_MOE_UNIT_QUEUE).
-  struct Piece {
-    int unit;     // the GEMM1 unit (token tile x m-block)
-    int k_first;  // its first K stage
-    int k_stages; // its K stages
-    int half;     // -1: the whole unit, else 0 or 1
-    int slot;     // a half's parking slot and flag (the unit's place among the split ones)
-  };
-  __device__ static __forceinline__ int num_pieces(const GemmParams& p, int units) {
-    return units + split_units(p, units);
-  }
-  __device__ static __forceinline__ Piece piece_of(const GemmParams& p, int q, int units, int num_k) {
-    const int split = split_units(p, units), first = split_first(p, units);
-    const int j = q - first;
-    if (split == 0 || j < 0) return {q, 0, num_k, -1, -1};
-    if (j >= 2 * split) return {q - split, 0, num_k, -1, -1};
-    const int half = j & 1, first_half = (num_k + 1) / 2;
-    return {first + (j >> 1), half ? first_half : 0, half ? num_k - first_half : first_half, half, j >> 1};
-  }
+  // the grid (CAKE_MOE_UNIT_QUEUE). Which piece is which: Piece, num_pieces and piece_of in
+  // params.hpp (host-callable, so ctest checks the cover).
 
   // After a half's mainloop: false when this CTA parked its partial sums (the other half
   // finishes the unit), true when acc now holds the unit's sums. Thread 0 claims the turn;

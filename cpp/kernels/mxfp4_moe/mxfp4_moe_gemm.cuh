@@ -67,9 +67,6 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
   using Schedule::await_tile;
   using Schedule::count_tile_done;
   using Schedule::meet_other_half;
-  using Schedule::num_pieces;
-  using Schedule::piece_of;
-  using Piece = typename Schedule::Piece;
   using Schedule::next_unit;
   using Schedule::read_tile;
   using Schedule::tile_count;
@@ -229,7 +226,7 @@ struct Mxfp4MoeGemm : Mxfp4MoeEpilogue,
     return (p.k + Cfg::kKStage - 1) / Cfg::kKStage;
   }
 
-  // (the first of a piece's num_k stages from K stage k_first: Schedule::Piece)
+  // (the first of a piece's num_k stages from K stage k_first: Piece, params.hpp)
   __device__ static __forceinline__ void load_first_weights(const GemmParams& p, const Tile& t, const Smem& sm,
                                                             uint64_t* bars, int num_k, uint32_t g = 0,
                                                             int k_first = 0) {

@@ -74,6 +74,30 @@ CAKE_HD int32_t split_units(const GemmParams& p, int64_t units) {
   return int32_t(units - p.split_from);
 }
 
+// A CTA's share of GEMM1 under K halves (item_schedule.cuh, "K halves"): a whole unit, or one of
+// the two halves of a split unit, which are handed out one after the other.
+struct Piece {
+  int unit;      // the GEMM1 unit (token tile x m-block)
+  int k_first;   // its first K stage
+  int k_stages;  // its K stages
+  int half;      // -1: the whole unit, else 0 or 1
+  int slot;      // a half's parking slot and flag (the unit's place among the split ones)
+};
+// Pieces of `units` GEMM1 units: one per unit and one more per split unit.
+CAKE_HD int num_pieces(const GemmParams& p, int units) { return units + split_units(p, units); }
+// Piece q of `units` units of num_k K stages: the units before split_first whole, then each
+// split unit as its two halves (the first (num_k + 1) / 2 stages, then the rest), then the
+// remaining units whole. Host-callable: ctest checks that the pieces cover every unit's K
+// stages once.
+CAKE_HD Piece piece_of(const GemmParams& p, int q, int units, int num_k) {
+  const int split = split_units(p, units), first = split_first(p, units);
+  const int j = q - first;
+  if (split == 0 || j < 0) return {q, 0, num_k, -1, -1};
+  if (j >= 2 * split) return {q - split, 0, num_k, -1, -1};
+  const int half = j & 1, first_half = (num_k + 1) / 2;
+  return {first + (j >> 1), half ? first_half : 0, half ? num_k - first_half : first_half, half, j >> 1};
+}
+
 // A CTA computes kBM weight rows x kBN sorted rows. Warps: kWarpsM along M (64 rows each, four
 // m16 blocks) x kWarpsK splitting each pipeline stage's K (128 each, reduced in warp order).
 // kTmaWeights: a stage's weight tile arrives by TMA (boxes of kWBoxBytes x kBM rows with the
