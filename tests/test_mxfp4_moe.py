@@ -43,13 +43,48 @@ def test_workspace_monotonic_and_formula(layout):
 
 
 def test_workspace_extension_matches_python_formula():
+    """Python's mirror of the workspace layout (its total, and each segment's offset, which
+    plans read the tile choice words at) is the extension's, segment by segment."""
     try:
         fn = _runtime.ext().mxfp4_moe_workspace_bytes
+        layout = _runtime.ext().mxfp4_moe_workspace_layout
     except (ImportError, AttributeError):
         pytest.skip("the compiled extension (with mxfp4_moe_workspace_bytes) is not available here")
-    for t in (1, 5, 8, 100, 337, 2689, 16384):
-        for h, i, l, k in ((7168, 3072, 112, 16), (7168, 384, 896, 16), (256, 128, 8, 2)):
+    for t in (1, 5, 8, 100, 337, 2689, 16384, 16385):
+        for h, i, l, k in ((7168, 3072, 112, 16), (7168, 384, 896, 16), (256, 128, 8, 2), (128, 128, 1024, 32)):
             assert fn(t, h, i, l, k) == _wrapper._workspace_bytes(t, h, i, l, k)
+            got = layout(t, h, i, l, k)
+            assert (got.pop("tile_header_ints"), got.pop("tile_choice_at")) == (_wrapper._TILE_HEADER_INTS,
+                                                                               _wrapper._TILE_CHOICE_AT)
+            assert got == _wrapper._workspace_offsets(t, h, i, l, k), (t, h, i, l, k)
+
+
+def test_last_tile_reads_the_choice_words(fake_ext, monkeypatch):
+    """plan.last_tile() names the form the routing kernel's words in the workspace chose: the
+    tile list header's word (0: the decision's tile ran, else its alt_tile) and, where the plan
+    bound the width per expert, the second list's word too (both 0: both pairs ran)."""
+    import dataclasses
+    w, a = _cpu_wrapper_args()
+    at = _wrapper._workspace_offsets(5, H, I, E, K)
+    first, second = at["tiles"] + 4 * _wrapper._TILE_CHOICE_AT, at["alt_tiles"] + 4 * _wrapper._TILE_CHOICE_AT
+    words = a["workspace"].view(torch.int32)
+    a["workspace"].fill_(0x5A)
+
+    def run(plan, first_word, second_word):
+        words[first // 4], words[second // 4] = first_word, second_word
+        return plan.last_tile()
+
+    plan = _call(w, a)
+    assert plan._choice_at == (first, None)   # no width per expert bound
+    assert run(plan, 1, 1) == plan.decision.tile, "a decision without alt_tile reads no word"
+    plan.decision = dataclasses.replace(plan.decision, tile="wg64x4", alt_tile="wg32x4")
+    assert [run(plan, 0, 7), run(plan, 1, 0)] == ["wg64x4", "wg32x4"]
+    monkeypatch.setattr(_FakeBound, "split_width", True)
+    w.release()
+    split = _call(w, a)
+    assert split._choice_at == (first, second)
+    split.decision = plan.decision
+    assert [run(split, 0, 0), run(split, 1, 0), run(split, 0, 1)] == ["wg64x4+wg32x4", "wg32x4", "wg64x4"]
 
 
 @pytest.mark.parametrize("kwargs,match", [

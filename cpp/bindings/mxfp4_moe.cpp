@@ -8,6 +8,7 @@
 
 #include "bindings/common.hpp"
 #include "host/mxfp4_moe/mxfp4_moe.hpp"
+#include "moe/params.hpp"
 
 namespace cake_moe::bindings {
 
@@ -20,6 +21,30 @@ void bind_mxfp4_moe(nb::module_& m) {
 
   m.def("mxfp4_moe_workspace_bytes", &mxfp4_moe::workspace_bytes, nb::arg("num_tokens"), nb::arg("hidden"),
         nb::arg("inter"), nb::arg("num_local"), nb::arg("top_k"));
+  // Every segment's byte offset (and the total), for the test that holds Python's mirror of the
+  // layout (cake_moe.mxfp4_moe._wrapper._workspace_offsets) to it on machines without a GPU.
+  m.def(
+      "mxfp4_moe_workspace_layout",
+      [](int64_t tokens, int64_t hidden, int64_t inter, int64_t num_local, int64_t top_k) {
+        const moe::WorkspaceLayout w = moe::workspace_layout(tokens, hidden, inter, num_local, top_k);
+        nb::dict d;
+        d["offsets"] = w.offsets;
+        d["row_token"] = w.row_token;
+        d["route_row"] = w.route_row;
+        d["tiles"] = w.tiles;
+        d["tile_done"] = w.tile_done;
+        d["route_chunks"] = w.route_chunks;
+        d["split_park"] = w.split_park;
+        d["x_bf16"] = w.x_bf16;
+        d["act"] = w.act;
+        d["rows"] = w.rows;
+        d["alt_tiles"] = w.alt_tiles;
+        d["total"] = w.total;
+        d["tile_header_ints"] = moe::kTileHeaderInts;  // the tile lists' header, and the int32 in it
+        d["tile_choice_at"] = moe::kTileChoiceAt;      // naming the GEMM pair the routing kernel chose
+        return d;
+      },
+      nb::arg("num_tokens"), nb::arg("hidden"), nb::arg("inter"), nb::arg("num_local"), nb::arg("top_k"));
 
   m.def(
       "mxfp4_moe_plan",

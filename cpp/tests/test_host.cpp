@@ -12,7 +12,8 @@
 #include "common/fast_divmod.hpp"
 #include "formats/args.hpp"
 #include "host/grouped_gemm/heuristics_sm90.hpp"
-#include "mxfp4_moe/params.hpp"
+#include "moe/params.hpp"
+#include "mxfp4_moe/split_pieces.hpp"
 #include "runtime/sha256.hpp"
 
 using namespace cake_moe;
@@ -137,8 +138,13 @@ static void test_grouped_gemm_tiles() {
 // counts and split settings, the pieces cover each unit's K stages exactly once, as the whole
 // unit or as its two halves handed out one after the other (one parking slot each, the slots
 // distinct and inside the workspace's kMaxSplitUnits), in unit order.
+struct SplitSettings {   // GemmParams' split fields (mxfp4_moe/params.hpp needs the CUDA headers)
+  float* split_park;
+  int32_t split_from, split_max, split_all_max;
+};
+
 static void test_split_pieces() {
-  using mxfp4_moe::GemmParams;
+  using GemmParams = SplitSettings;
   using mxfp4_moe::Piece;
   float park = 0.0f;
   for (int draw = 0; draw < 20000; ++draw) {

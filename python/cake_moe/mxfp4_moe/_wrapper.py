@@ -109,7 +109,23 @@ def _workspace_bytes(num_tokens: int, hidden: int, inter: int, num_local: int, t
     act [R, I] bf16; rows [R, H] bf16; a second token-tile list with its header (the width per
     expert: ``split_width``). No segment depends on the tile form, so the total is monotonic in T.
     """
-    return sum(_align256(s) for s in _workspace_segments(num_tokens, hidden, inter, num_local, top_k))
+    return _workspace_offsets(num_tokens, hidden, inter, num_local, top_k)["total"]
+
+
+# the segments of _workspace_segments, by the names of moe::WorkspaceLayout's fields
+_SEGMENT_NAMES = ("offsets", "row_token", "route_row", "tiles", "tile_done", "route_chunks", "split_park", "x_bf16",
+                  "act", "rows", "alt_tiles")
+
+
+def _workspace_offsets(num_tokens: int, hidden: int, inter: int, num_local: int, top_k: int) -> dict[str, int]:
+    """Each segment's byte offset in the workspace, and the total: the mirror of
+    ``moe::workspace_layout`` (a CPU test holds the two equal through the extension)."""
+    offsets, at = {}, 0
+    for name, size in zip(_SEGMENT_NAMES, _workspace_segments(num_tokens, hidden, inter, num_local, top_k), strict=True):
+        offsets[name] = at
+        at += _align256(size)
+    offsets["total"] = at
+    return offsets
 
 
 def _positive_int(value, name: str) -> int:
@@ -413,10 +429,10 @@ class CakeMxfp4MoEWrapper:
             inter=self.intermediate_shard, num_experts=self.num_experts, num_local=self.num_local_experts,
             local_offset=self.local_expert_offset, top_k=self.top_k, gemm1_tile=gemm1_tile, gemm2_tile=gemm2_tile,
             tile_sync=decision.tile_sync, **alt)
-        segments = _workspace_segments(num_tokens, self.hidden_size, self.intermediate_shard, self.num_local_experts,
-                                       self.top_k)
-        choice_at = sum(_align256(n) for n in segments[:3]) + 4 * _TILE_CHOICE_AT   # in the tile list's header
-        alt_choice_at = sum(_align256(n) for n in segments[:-1]) + 4 * _TILE_CHOICE_AT  # the second list's
+        at = _workspace_offsets(num_tokens, self.hidden_size, self.intermediate_shard, self.num_local_experts,
+                                self.top_k)
+        choice_at = at["tiles"] + 4 * _TILE_CHOICE_AT   # in the tile list's header
+        alt_choice_at = at["alt_tiles"] + 4 * _TILE_CHOICE_AT   # the second list's
         split = bound.split_width   # the host's own decision (split_width mirrors it; a GPU test checks)
         return _kept_plans.Bound(bound, decision, (choice_at, alt_choice_at if split else None))
 
