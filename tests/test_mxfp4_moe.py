@@ -51,7 +51,8 @@ def test_workspace_extension_matches_python_formula():
     except (ImportError, AttributeError):
         pytest.skip("the compiled extension (with mxfp4_moe_workspace_bytes) is not available here")
     for t in (1, 5, 8, 100, 337, 2689, 16384, 16385):
-        for h, i, l, k in ((7168, 3072, 112, 16), (7168, 384, 896, 16), (256, 128, 8, 2), (128, 128, 1024, 32)):
+        for h, i, l, k in ((7168, 3072, 112, 16), (7168, 384, 896, 16), (256, 128, 8, 2), (128, 128, 1024, 32),
+                           (256, 128, 63, 2)):   # (L + 1) x 4 = 256: one int more or less moves every offset
             assert fn(t, h, i, l, k) == _wrapper._workspace_bytes(t, h, i, l, k)
             got = layout(t, h, i, l, k)
             assert (got.pop("tile_header_ints"), got.pop("tile_choice_at")) == (_wrapper._TILE_HEADER_INTS,
