@@ -146,6 +146,9 @@ def test_mxfp4_moe_tile_lists_agree():
     host_gemm2_only = set(re.findall(r'info<\w+>\("(\w+)", \w+, true\)', table)) | {h for h in host if h.endswith("_rb")}
     assert host_gemm2_only == gemm2_only and "n8_shortk2" in gemm2_only
     assert set(_decide.SM90_TILES) == {t[0] for t in forms.MXFP4_MOE_SM90_TILINGS if not t[0].endswith("_rb")}
+    # and the token rows per tile the decision table counts are the forms' BN
+    bn_built = {t[0]: t[1] for t in forms.MXFP4_MOE_TILINGS + forms.MXFP4_MOE_SM90_TILINGS}
+    assert {t: bn_built[t] for t in _decide.BLOCK_N_OF} == _decide.BLOCK_N_OF
 
 
 def test_ab_table_reads_two_logs_and_rejects_a_missing_column(tmp_path):
