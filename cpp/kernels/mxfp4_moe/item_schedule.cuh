@@ -67,8 +67,8 @@ struct Mxfp4MoeItemSchedule {
   // both run at once. The half to finish first parks its partial sums; the other adds them to its
   // own and finishes the unit (SiTU, the tile's count). The sum is h0 + h1 whichever half parks
   // (FP32 addition commutes), so the bits follow from the split alone, not from the timing or
-  // the grid (CAKE_MOE_UNIT_QUEUE). Which piece is which: Piece, num_pieces and piece_of in
-  // params.hpp (host-callable, so ctest checks the cover).
+  // the grid (CAKE_MOE_UNIT_QUEUE). Which units split and which piece a CTA's turn is:
+  // split_pieces.hpp (host-callable: ctest checks the cover).
 
   // After a half's mainloop: false when this CTA parked its partial sums (the other half
   // finishes the unit), true when acc now holds the unit's sums. Thread 0 claims the turn;
