@@ -24,8 +24,8 @@ git worktree add --detach "$work/base" "$rev" >/dev/null 2>&1
 sass() {  # root tu out: the instruction lines of the sm_90a cubin of `tu`, headers from `root`
   local root=$1 tu=$2 out=$3
   "$NVCC" -std=c++17 -O3 -I "$root/cpp/kernels" -I "$root/cpp" --expt-relaxed-constexpr -Wno-deprecated-gpu-targets \
-    -cubin -gencode arch=compute_90a,code=sm_90a "$tu" -o "$work/tu.cubin"
-  "$CUOBJDUMP" -sass "$work/tu.cubin" | grep -E '^\s+/\*[0-9a-f]+\*/ ' | sed -E 's#^\s+/\*[0-9a-f]+\*/ +##' > "$out"
+    -cubin -gencode arch=compute_90a,code=sm_90a "$tu" -o "$out.cubin"
+  "$CUOBJDUMP" -sass "$out.cubin" | grep -E '^\s+/\*[0-9a-f]+\*/ ' | sed -E 's#^\s+/\*[0-9a-f]+\*/ +##' > "$out"
 }
 
 "$PY" tools/gen_kernels.py --out "$work/gen" --archs 90a >/dev/null
@@ -35,8 +35,11 @@ status=0
 for form in "$@"; do
   [ -f "$work/gen/$form.cu" ] || { echo "$form: not a form here"; status=1; continue; }
   [ -f "$work/gen-base/$form.cu" ] || { echo "$form: not a form at $rev"; status=1; continue; }
-  sass "$PWD" "$work/gen/$form.cu" "$work/here.sass"
-  sass "$work/base" "$work/gen-base/$form.cu" "$work/base.sass"
+  rm -f "$work/here.sass" "$work/base.sass"
+  sass "$PWD" "$work/gen/$form.cu" "$work/here.sass" & here=$!   # the two trees' compiles side by side
+  sass "$work/base" "$work/gen-base/$form.cu" "$work/base.sass" & base=$!
+  ok=1; wait "$here" || ok=0; wait "$base" || ok=0
+  [ "$ok" = 1 ] || { echo "$form: compile failed"; status=1; continue; }
   if cmp -s "$work/here.sass" "$work/base.sass"; then
     echo "$form: same ($(wc -l < "$work/here.sass") instructions)"
   else
