@@ -1,6 +1,6 @@
 """Shared test plumbing: the `gpu` marker skips without CUDA (and says so), NaN poisoning, the
 check that calls never make the host wait for the GPU, the seeds of the randomized sweeps, and
-the family-B layers fixture (built once per test module)."""
+the family-B layers fixtures (built once per test module)."""
 from __future__ import annotations
 
 import contextlib
@@ -46,6 +46,19 @@ def layers():
     yield get
     cache.clear()
     torch.cuda.empty_cache()
+
+
+@pytest.fixture(scope="module")
+def wide_scale_layer():
+    """H = 1024 (GEMM1 spans two decode stages and eight wgmma stages) and scale codes on both
+    sides of 128 (wide_scale_weights)."""
+    from .mxfp4_moe_cases import Geometry, Layer, wide_scale_weights
+    geom = Geometry(1024, 256, 8, 2)
+    layer = Layer(geom, bank=wide_scale_weights(geom, seed=91))
+    for key in ("w1_scale", "w2_scale"):
+        sf = layer.bank[key]
+        assert (sf[1::4] > 128).float().mean() > 0.3 and (sf[3::4] > 128).any() and not (sf[0::2] > 128).any()
+    return layer
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,10 @@ Absolute imports only: ci/sanitize.py imports this file with tests/ on sys.path.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
+import sys
 
 from dataclasses import dataclass
 
@@ -379,6 +382,23 @@ def lookahead_case(layer: Layer, regime: str, t: int, tile: str | None, packed: 
     return case, layer.run(case, tile=tile)
 
 
+def plan_args(layer: Layer, t: int) -> dict:
+    """plan()'s arguments for a fresh case of T tokens, by name, with a NaN-poisoned output."""
+    case = make_case(layer.geom, t, seed=41)
+    p = layer.prepared
+    return dict(x=case.x, x_sf=case.x_sf, topk_ids=case.topk_ids, topk_weights=case.topk_weights, w1=p["w1"],
+                w1_sf=p["w1_sf"], w2=p["w2"], w2_sf=p["w2_sf"], beta=case.beta, linear_beta=case.linear_beta,
+                workspace=layer.workspace(t),
+                output=torch.empty(t, layer.geom.hidden, dtype=torch.bfloat16, device="cuda").fill_(float("nan")))
+
+
+def call_plan(layer: Layer, a: dict, runner=None):
+    """plan() with the arguments of plan_args, positional as the API takes them."""
+    return (runner or layer.runner).plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], a["w1"], a["w1_sf"], a["w2"],
+                             a["w2_sf"], beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"],
+                             output=a["output"])
+
+
 # --- checks shared by the GPU test modules -----------------------------------------------------
 
 # Kernel and reference round the same FP32/FP64 values at the same points (MXFP8 intermediate,
@@ -514,3 +534,16 @@ def routing_tables(ws: torch.Tensor, geom: Geometry, t: int) -> dict[str, torch.
     return {"offsets": seg[0], "row_token": seg[1], "route_row": seg[2], "tile_count": count, "tiles": tiles,
             "header": seg[3][1:_TILE_HEADER_INTS], "tile_done": seg[4][:count],
             "alt_tile_count": alt_count, "alt_tiles": alt_tiles, "alt_header": seg[5][1:_TILE_HEADER_INTS]}
+
+
+def digest(t: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes: the bits a new process compares against."""
+    return hashlib.sha256(t.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def run_python(code: str, **env: str) -> str:
+    """Runs `code` in a fresh interpreter (tests/ as its argv[1]) with `env` added; returns its stdout."""
+    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))],
+                         capture_output=True, text=True, env=dict(os.environ, **env))
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
