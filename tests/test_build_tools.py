@@ -164,3 +164,19 @@ def test_ab_table_reads_two_logs_and_rejects_a_missing_column(tmp_path):
     assert "| 1536 | 2048 | 16 | 4096 | random | 256 | 77.3 | 1.200, 1.100 | 1.300, 1.300 | 1.130 |" in out.stdout
     bad = subprocess.run([sys.executable, str(tool), str(log), f"{log}:nope"], capture_output=True, text=True)
     assert bad.returncode != 0 and "no column 'nope'" in bad.stderr
+
+
+def test_gpu_script_deselects_tests_that_exist():
+    """Every test ci/gpu.sh deselects is a test function of the module it names (a test moved to
+    another module would otherwise run on the device, or a typo deselect nothing)."""
+    import ast
+    import re
+    root = pathlib.Path(__file__).resolve().parents[1]
+    ids = re.findall(r'--deselect\s+"([^"]+)"', (root / "ci" / "gpu.sh").read_text())
+    assert ids, "ci/gpu.sh deselects nothing: update this test"
+    for node_id in ids:
+        path, _, name = node_id.partition("::")
+        module = root / path
+        assert module.is_file(), f"{node_id}: no module {path}"
+        defined = {n.name for n in ast.parse(module.read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert name.split("[")[0] in defined, f"{node_id}: {path} defines no such test"
