@@ -1,5 +1,6 @@
 """Build and experiment tools: the kernel build's compile wrapper (tools/nvcc_checked.py) on a
-stand-in compiler, and the bound-experiment trees (ci/bound_tree.py)."""
+stand-in compiler, the bound-experiment trees (ci/bound_tree.py), the tile tables that must agree,
+and the tests ci/gpu.sh deselects."""
 from __future__ import annotations
 
 import pathlib
