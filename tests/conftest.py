@@ -4,6 +4,7 @@ the family-B layers fixtures (built once per test module)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 
 import pytest
@@ -67,6 +68,11 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
         return t.fill_(float("nan"))
     t.view(torch.uint8).fill_(0xFF)
     return t
+
+
+def digest(t: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes: the bits another process or run is compared against."""
+    return hashlib.sha256(t.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
 
 @pytest.fixture

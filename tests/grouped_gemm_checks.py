@@ -20,6 +20,8 @@ BUDGET = 6e-3
 
 
 def problem(sizes, n, k, seed=0, leading_zero=False, pad=16):
+    """x [rows, K], w [E, N, K], g [rows, N] and the offsets of groups of `sizes` rows, with `pad`
+    rows past the last group end."""
     rows = sum(sizes) + pad  # rows past the last group end must stay untouched
     e = len(sizes)
     x = bf16(rows, k, seed=seed)
@@ -56,11 +58,13 @@ def check_dw(dw, want, budget=BUDGET):
 
 
 def fwd_poisoned(x, w, offs):
+    """The one-shot fwd into a NaN-poisoned output."""
     y = poison_(torch.empty(x.shape[0], w.shape[1], dtype=torch.bfloat16, device="cuda"))
     return cake_moe.grouped_gemm_fwd(x, w, offs, out=y)
 
 
 def dgrad_poisoned(g, w, offs):
+    """The one-shot dgrad into a NaN-poisoned output."""
     dx = poison_(torch.empty(g.shape[0], w.shape[2], dtype=torch.bfloat16, device="cuda"))
     return cake_moe.grouped_gemm_dgrad(g, w, offs, out=dx)
 
@@ -78,6 +82,7 @@ def replayed(launch) -> torch.Tensor:
 
 
 def on_side_stream(fn):
+    """fn() run on a new stream, ordered after and before the current one."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -12,7 +12,6 @@ Absolute imports only: ci/sanitize.py imports this file with tests/ on sys.path.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -534,11 +533,6 @@ def routing_tables(ws: torch.Tensor, geom: Geometry, t: int) -> dict[str, torch.
     return {"offsets": seg[0], "row_token": seg[1], "route_row": seg[2], "tile_count": count, "tiles": tiles,
             "header": seg[3][1:_TILE_HEADER_INTS], "tile_done": seg[4][:count],
             "alt_tile_count": alt_count, "alt_tiles": alt_tiles, "alt_header": seg[5][1:_TILE_HEADER_INTS]}
-
-
-def digest(t: torch.Tensor) -> str:
-    """SHA-256 of a tensor's bytes: the bits a new process compares against."""
-    return hashlib.sha256(t.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
 
 def run_python(code: str, **env: str) -> str:

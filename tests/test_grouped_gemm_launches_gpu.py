@@ -3,7 +3,6 @@ processes, prepared launches that follow new offsets, the launches one-shot call
 waits."""
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 
@@ -13,17 +12,13 @@ import torch
 import cake_moe
 from cake_moe.reference import grouped_gemm as ref
 
-from .conftest import host_never_waits, poison_
+from .conftest import digest, host_never_waits, poison_
 from .grouped_gemm_cases import bf16, offsets, random_sizes
 from .grouped_gemm_checks import (
     BUDGET, TESTS_DIR, check_dw, check_rows, dgrad_poisoned, fwd_poisoned, kept_plans, launch_without_allocating,
     on_side_stream, problem, replayed, warm_and_capture)
 
 pytestmark = pytest.mark.gpu
-
-
-def _digest(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
 
 def test_det_bitwise_repeatable_streams_graphs_processes():
@@ -48,7 +43,7 @@ def test_det_bitwise_repeatable_streams_graphs_processes():
         "print(h(cake_moe.grouped_gemm_fwd(x, w, o)), h(cake_moe.grouped_gemm_dgrad(g, w, o)),"
         " h(cake_moe.grouped_gemm_wgrad(g, x, o, variant='det')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == [_digest(y0), _digest(d0), _digest(w0)]
+    assert out.stdout.split() == [digest(y0), digest(d0), digest(w0)]
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad_det", "wgrad_fast", "wgrad_det_c2"])

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from .conftest import host_never_waits, poison_
-from .mxfp4_moe_cases import call_plan, check_output, digest, make_case, plan_args, reference, run_python
+from .conftest import digest, host_never_waits, poison_
+from .mxfp4_moe_cases import call_plan, check_output, make_case, plan_args, reference, run_python
 
 pytestmark = pytest.mark.gpu
 

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from .conftest import poison_
-from .mxfp4_moe_cases import (CONTRACT, LOOKAHEAD_CASES, SPLIT_FLAGS_AT, Case, Layer, check_output, digest,
-                              lookahead_case, make_case, reference, routing_tables, run_python)
+from .conftest import digest, poison_
+from .mxfp4_moe_cases import (CONTRACT, LOOKAHEAD_CASES, SPLIT_FLAGS_AT, Case, Layer, check_output, lookahead_case,
+                              make_case, reference, routing_tables, run_python)
 
 pytestmark = pytest.mark.gpu
 
