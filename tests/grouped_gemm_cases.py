@@ -35,3 +35,10 @@ def random_sizes(total: int, groups: int, seed: int) -> list[int]:
 def bf16(*shape, seed=0, device="cuda", scale=1.0) -> torch.Tensor:
     g = torch.Generator(device="cpu").manual_seed(seed)
     return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(device)
+
+
+def cpu_problem(sizes, n=32, k=64):
+    """x, w, g and offsets on the CPU for groups of `sizes` rows, with 4 rows past the last end."""
+    rows = sum(sizes) + 4
+    return (bf16(rows, k, device="cpu"), bf16(len(sizes), n, k, seed=1, device="cpu"),
+            bf16(rows, n, seed=2, device="cpu"), offsets(sizes, device="cpu"))

@@ -1,0 +1,197 @@
+"""CPU tests of family A's launches: the launches one-shot calls keep (prepared launches stood
+in), and the prepared launches that zero the rows past the last group end."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cake_moe
+from cake_moe import _runtime
+from cake_moe.reference import grouped_gemm as ref
+
+from .grouped_gemm_cases import bf16, cpu_problem, offsets
+
+
+def test_cpu_calls_keep_no_launch():
+    """One-shot calls keep their prepared launches for CUDA operands only: the CPU path (the
+    reference) leaves nothing behind, whatever it is called with."""
+    from cake_moe.grouped_gemm import _kept_launches
+    cake_moe.release()
+    x, w, g, offs = cpu_problem([2, 5, 0, 1])
+    for _ in range(2):
+        cake_moe.grouped_gemm_fwd(x, w, offs)
+        cake_moe.grouped_gemm_dgrad(g, w, offs)
+        cake_moe.grouped_gemm_wgrad(g, x, offs)
+    assert not _kept_launches._kept
+
+
+class _NoKernel:
+    def launch(self, stream):
+        pass
+
+    def launch_to(self, stream, out_ptr):
+        pass
+
+
+@pytest.fixture
+def launches_stood_in(monkeypatch):
+    """CPU tensors stand in for CUDA ones in one-shot calls, and each preparation is recorded
+    (its op, in the returned list) and binds a launch that runs nothing. The current stream is
+    ``stream[0]`` of the second value returned."""
+    from cake_moe.grouped_gemm import _kept_launches, _ops
+    prepared: list[str] = []
+
+    def stand_in(op):
+        def prepare(a, b, offs, out=None, *args, **kwargs):
+            prepared.append(op)
+            shape = ((offs.numel(), a.shape[1], b.shape[1]) if op == "wgrad"
+                     else (a.shape[0], b.shape[1] if op == "fwd" else b.shape[2]))
+            result = torch.empty(shape, dtype=a.dtype) if out is None else out
+            return cake_moe.GroupedGemmLaunch(op, _NoKernel(), a.device, result, (a, b, offs, None))
+        return prepare
+
+    for op in ("fwd", "dgrad", "wgrad"):
+        monkeypatch.setattr(_ops, f"prepare_grouped_gemm_{op}", stand_in(op))
+    monkeypatch.setattr(_kept_launches, "_is_cuda", lambda t: isinstance(t, torch.Tensor))
+    stream = [7]
+    monkeypatch.setattr(_runtime, "stream_handle", lambda device: stream[0])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.delenv("CAKE_MOE_ONE_SHOT_CACHE", raising=False)
+    monkeypatch.delenv("CAKE_MOE_GG_SPLIT_TAIL", raising=False)
+    cake_moe.release()
+    yield prepared, stream
+    cake_moe.release()
+
+
+def test_one_shot_keying_with_launches_stood_in(launches_stood_in, monkeypatch):
+    """The one-shot cache's keying, on the CPU (launches stood in). The same operands find the
+    kept launch (a fresh output each call); another stride at the same address, another dtype,
+    an ``out``, another stream (wgrad), a prepare-time switch or the cache switch prepare anew."""
+    from cake_moe.grouped_gemm import _kept_launches
+    prepared, stream = launches_stood_in
+    x, w, g, offs = cpu_problem([2, 5, 0, 1])
+    ys = [cake_moe.grouped_gemm_fwd(x, w, offs) for _ in range(3)]
+    assert prepared == ["fwd"] and len({y.data_ptr() for y in ys}) == 3
+    wide = torch.cat([x, x], dim=1)
+    cake_moe.grouped_gemm_fwd(wide[:, :x.shape[1]], w, offs)                # same address, row stride 2K
+    cake_moe.grouped_gemm_fwd(wide[:, :x.shape[1]], w, offs)
+    cake_moe.grouped_gemm_fwd(wide.view(-1, x.shape[1])[:x.shape[0]], w, offs)  # same address, contiguous
+    cake_moe.grouped_gemm_fwd(x[:-1], w, offs)                                  # same address, fewer rows
+    assert prepared == ["fwd"] * 4
+    out = torch.empty(x.shape[0], w.shape[1], dtype=torch.bfloat16)
+    assert cake_moe.grouped_gemm_fwd(x, w, offs, out=out) is out
+    assert cake_moe.grouped_gemm_fwd(x, w, offs, out=out) is out
+    assert prepared == ["fwd"] * 5
+    cake_moe.grouped_gemm_fwd(x, w.clone(), offs)                                  # the same values, new address
+    cake_moe.grouped_gemm_fwd(x.view(torch.float16), w, offs)                      # same address, other dtype
+    assert prepared == ["fwd"] * 7
+    for _ in range(2):
+        cake_moe.grouped_gemm_dgrad(g, w, offs)
+        cake_moe.grouped_gemm_wgrad(g, x, offs)
+    assert prepared[7:] == ["dgrad", "wgrad"]
+    stream[0] = 8   # wgrad binds the stream's workspace: kept per stream
+    cake_moe.grouped_gemm_wgrad(g, x, offs)
+    cake_moe.grouped_gemm_dgrad(g, w, offs)
+    assert prepared[9:] == ["wgrad"]
+    # eager grouped_mm steps: the backward's pair of launches is kept under one key too
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+    del prepared[:]
+    grads = []
+    for _ in range(3):
+        cake_moe.grouped_mm(xl, wl, offs).backward(g)
+        grads.append((xl.grad, wl.grad))
+        xl.grad = wl.grad = None
+    assert prepared == ["fwd", "dgrad", "wgrad"]
+    assert sum(key[0] == "grads" for key in _kept_launches._kept) == 1
+    assert all(dx.shape == x.shape and dw.shape == w.shape and dw.dtype == w.dtype for dx, dw in grads)
+    assert len({dx.data_ptr() for dx, _ in grads[1:]}) == 2   # each step's own gradients
+    stream[0] = 9
+    cake_moe.grouped_mm(xl, wl, offs).backward(g)
+    assert prepared == ["fwd", "dgrad", "wgrad", "wgrad"]     # wgrad's workspace is the stream's
+    wl.requires_grad_(False)
+    xl.grad = None
+    cake_moe.grouped_mm(xl, wl, offs).backward(g)
+    assert prepared[4:] == [] and xl.grad is not None           # dx alone: the kept dgrad
+    monkeypatch.setenv("CAKE_MOE_GG_SPLIT_TAIL", "0")
+    cake_moe.grouped_gemm_fwd(x, w, offs)
+    cake_moe.grouped_gemm_fwd(x, w, offs)
+    assert prepared == ["fwd", "dgrad", "wgrad", "wgrad", "fwd"]
+    monkeypatch.setenv("CAKE_MOE_ONE_SHOT_CACHE", "0")
+    kept = len(_kept_launches._kept)
+    cake_moe.grouped_gemm_fwd(x, w, offs)
+    cake_moe.grouped_gemm_fwd(x, w, offs)
+    assert prepared[5:] == ["fwd", "fwd"] and len(_kept_launches._kept) == kept
+    cake_moe.release()
+    assert not _kept_launches._kept
+
+
+def test_a_large_models_step_keeps_every_launch(launches_stood_in):
+    """A training step of a deep MoE model (here 64 layers, each with a w13 and a w2 grouped_mm)
+    keeps every one of its launches (fwd, dgrad, wgrad and the backward's pair: 8 a layer):
+    the next step prepares nothing. (A cache that cleared itself at 256 entries prepared
+    everything again every step.) Each layer's activations and gradients are fixed tensors
+    here, as the CUDA caching allocator's blocks are from step to step."""
+    prepared, _ = launches_stood_in
+    x, w13, g13, offs = cpu_problem([2, 5, 0, 1])
+    w2 = bf16(len(offs), x.shape[1], w13.shape[1], device="cpu")   # [E, K, N]: h [rows, N] -> [rows, K]
+    layers = [tuple(t.clone().requires_grad_(grad) for t, grad in
+                    ((x, True), (w13, True), (g13, False), (g13, True), (w2, True), (x, False)))
+              for _ in range(64)]
+
+    def step():
+        for x, w13, g13, h, w2, g2 in layers:
+            cake_moe.grouped_mm(x, w13, offs).backward(g13)
+            cake_moe.grouped_mm(h, w2, offs).backward(g2)
+
+    step()
+    assert len(prepared) == 64 * 2 * 3
+    step()
+    step()
+    assert len(prepared) == 64 * 2 * 3
+
+
+@pytest.mark.parametrize("op", ["fwd", "dgrad"])
+@pytest.mark.parametrize("leading_zero", [False, True])
+def test_zero_unrouted_rows_on_request(op, leading_zero):
+    """prepare_*(zero_unrouted_rows=True) zeroes the rows past the last group end (offs' last
+    entry in both conventions, clamped into the rows; all of them with no group) at every
+    launch, into a caller's out too, and leaves the groups' rows to the GEMM; rows before the
+    first start of an m_indptr that does not begin at 0 (malformed) are left alone."""
+    x, w, g, _ = cpu_problem([3, 0, 5], n=16, k=32)
+    offs = offsets([3, 0, 5], device="cpu", leading_zero=leading_zero)
+    a, cols = (x, w.shape[1]) if op == "fwd" else (g, w.shape[2])
+    prepare = getattr(cake_moe, f"prepare_grouped_gemm_{op}")
+    out = torch.full((a.shape[0], cols), float("nan"), dtype=torch.bfloat16)
+    launch = prepare(a, w, offs, out, zero_unrouted_rows=True)
+    plain = prepare(a, w, offs)
+    assert torch.equal(launch.launch()[:8], plain.launch()[:8]) and out[8:].eq(0).all()
+    cases = [((-1, 6), 6), ((-1, -3), 0), ((-1, 99), a.shape[0])]   # (index, value), first zeroed row
+    if leading_zero:
+        cases.append(((0, 2), 8))                                     # rows 0-1 in no group, left alone
+    for (index, value), zero_from in cases:                           # new offsets, read at each launch
+        out.fill_(float("nan"))
+        offs.copy_(offsets([3, 0, 5], device="cpu", leading_zero=leading_zero))
+        offs[index] = value
+        launch.launch()
+        want = plain.launch()
+        covered = torch.zeros(a.shape[0], dtype=torch.bool)
+        for start, end in ref.group_bounds(offs, leading_zero, rows=a.shape[0]):
+            covered[start:end] = True
+        assert torch.equal(out[covered], want[covered])
+        assert out[zero_from:][~covered[zero_from:]].eq(0).all()
+        assert out[:zero_from][~covered[:zero_from]].isnan().all()
+    assert not leading_zero or out[:2].isnan().all()
+    empty = prepare(a, w[:0], torch.zeros(int(leading_zero), dtype=torch.int32), zero_unrouted_rows=True)
+    empty.out.fill_(float("nan"))
+    assert empty.launch().eq(0).all()
+    with pytest.raises(ValueError, match="zero_unrouted_rows must be True or False"):
+        prepare(a, w, offs, zero_unrouted_rows=1)
+
+
+def test_opcheck_of_the_zeroing_ops():
+    """The dgrad op with zero_unrouted_rows and the grouped_mm op (its autograd included) pass
+    opcheck with rows past the last group end: those rows are defined (zero) there."""
+    x, w, g, offs = cpu_problem([3, 0, 5], n=16, k=32)
+    torch.library.opcheck(torch.ops.cake_moe.grouped_gemm_dgrad.default, (g, w, offs, True))
+    torch.library.opcheck(torch.ops.cake_moe.grouped_mm.default,
+                          (x.clone().requires_grad_(), w.clone().requires_grad_(), offs, "det"))
