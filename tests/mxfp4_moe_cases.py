@@ -393,9 +393,9 @@ def plan_args(layer: Layer, t: int) -> dict:
 
 def call_plan(layer: Layer, a: dict, runner=None):
     """plan() with the arguments of plan_args, positional as the API takes them."""
-    return (runner or layer.runner).plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], a["w1"], a["w1_sf"], a["w2"],
-                             a["w2_sf"], beta=a["beta"], linear_beta=a["linear_beta"], workspace=a["workspace"],
-                             output=a["output"])
+    return (runner or layer.runner).plan(a["x"], a["x_sf"], a["topk_ids"], a["topk_weights"], a["w1"], a["w1_sf"],
+                                         a["w2"], a["w2_sf"], beta=a["beta"], linear_beta=a["linear_beta"],
+                                         workspace=a["workspace"], output=a["output"])
 
 
 # --- checks shared by the GPU test modules -----------------------------------------------------
