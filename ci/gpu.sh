@@ -41,13 +41,14 @@ else
   record ctest "FAILED (misc.log)"
 fi
 
-# GPU tests (and the CPU ones, which must pass here too, but the inductor build of the family-B
-# compile test: 73 s of a cold inductor on the H200 machine, CPU only, run by CI)
+# GPU tests (and the CPU ones, which must pass here too, but the inductor builds of the two CPU
+# compile tests: 73 s and 58 s of a cold inductor on the H200 machine, CPU only, run by CI)
 # (family-B outputs also log their per-token errors: the data behind TOKEN_BUDGET; the 25
 # slowest tests are listed at the log's end)
 rm -f "$OUT/token_errors.txt"
 CAKE_TEST_TOKEN_ERRORS="$OUT/token_errors.txt" "$PY" -m pytest -q -p no:cacheprovider tests ${K:+-k "$K"} --durations=25 \
   --deselect "tests/test_mxfp4_moe_cpu_plans.py::test_compiled_run_leaves_the_bound_tensors_as_the_graph_expects[inductor]" \
+  --deselect "tests/test_grouped_gemm_autograd.py::test_compiled_moe_mlp_gives_the_eager_bits[inductor]" \
   --junitxml=/tmp/cake-pytest.xml >"$OUT/pytest.log" 2>&1
 record pytest "$(tail -1 "$OUT/pytest.log")"
 read -r p f < <("$PY" - /tmp/cake-pytest.xml <<'PYEOF'

@@ -1,6 +1,6 @@
-"""Shared test plumbing: the `gpu` marker skips without CUDA (and says so), NaN poisoning, the
-check that calls never make the host wait for the GPU, the seeds of the randomized sweeps, and
-the family-B layers fixtures (built once per test module)."""
+"""Shared test plumbing: the `gpu` marker skips without CUDA (and says so), NaN poisoning, tensor
+digests, the check that calls never make the host wait for the GPU, the seeds of the randomized
+sweeps, and the family-B layer fixtures (built once per test module)."""
 from __future__ import annotations
 
 import contextlib

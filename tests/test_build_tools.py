@@ -3,7 +3,9 @@ stand-in compiler, the bound-experiment trees (ci/bound_tree.py), the tile table
 and the tests ci/gpu.sh deselects."""
 from __future__ import annotations
 
+import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -101,7 +103,6 @@ def test_sm90_tile_lists_agree():
     host's tile choice (heuristics_sm90.hpp, which also resolves `form=` names) and the Python
     tile list the sweep, the sanitizer run and the GPU tests walk. A tile missing from one of
     them would be built but never chosen, refused by name, or never tested."""
-    import re
 
     root = pathlib.Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root / "cpp" / "kernels"))
@@ -125,7 +126,6 @@ def test_mxfp4_moe_tile_lists_agree():
     the host's table that binds a form by name (tilings.cpp `tiling_for`) and the Python
     decision table (`_decide`: the tiles it or a caller's `tile=` can name, the short-K and
     resident-rows GEMM2 forms derived from them). They must list the same forms."""
-    import re
 
     root = pathlib.Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root / "cpp" / "kernels"))
@@ -170,8 +170,6 @@ def test_ab_table_reads_two_logs_and_rejects_a_missing_column(tmp_path):
 def test_gpu_script_deselects_tests_that_exist():
     """Every test ci/gpu.sh deselects is a test function of the module it names (a test moved to
     another module would otherwise run on the device, or a typo deselect nothing)."""
-    import ast
-    import re
     root = pathlib.Path(__file__).resolve().parents[1]
     ids = re.findall(r'--deselect\s+"([^"]+)"', (root / "ci" / "gpu.sh").read_text())
     assert ids, "ci/gpu.sh deselects nothing: update this test"
