@@ -103,7 +103,6 @@ def test_sm90_tile_lists_agree():
     host's tile choice (heuristics_sm90.hpp, which also resolves `form=` names) and the Python
     tile list the sweep, the sanitizer run and the GPU tests walk. A tile missing from one of
     them would be built but never chosen, refused by name, or never tested."""
-
     root = pathlib.Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root / "cpp" / "kernels"))
     try:
@@ -126,7 +125,6 @@ def test_mxfp4_moe_tile_lists_agree():
     the host's table that binds a form by name (tilings.cpp `tiling_for`) and the Python
     decision table (`_decide`: the tiles it or a caller's `tile=` can name, the short-K and
     resident-rows GEMM2 forms derived from them). They must list the same forms."""
-
     root = pathlib.Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root / "cpp" / "kernels"))
     try:
