@@ -2,8 +2,6 @@
 reference, and the launch helpers (graph replay, side streams, allocation checks, kept plans)."""
 from __future__ import annotations
 
-import os
-
 import torch
 
 import cake_moe
@@ -11,9 +9,6 @@ from cake_moe.reference import grouped_gemm as ref
 
 from .conftest import poison_
 from .grouped_gemm_cases import bf16, offsets
-
-# the new-process checks import the case helpers from here, whatever the working directory
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # BF16 output rounding alone gives ~1.7e-3 relative RMS; a 2% perturbation gives ~2e-2.
 BUDGET = 6e-3

@@ -13,8 +13,6 @@ Absolute imports only: ci/sanitize.py imports this file with tests/ on sys.path.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 from dataclasses import dataclass
 
@@ -533,11 +531,3 @@ def routing_tables(ws: torch.Tensor, geom: Geometry, t: int) -> dict[str, torch.
     return {"offsets": seg[0], "row_token": seg[1], "route_row": seg[2], "tile_count": count, "tiles": tiles,
             "header": seg[3][1:_TILE_HEADER_INTS], "tile_done": seg[4][:count],
             "alt_tile_count": alt_count, "alt_tiles": alt_tiles, "alt_header": seg[5][1:_TILE_HEADER_INTS]}
-
-
-def run_python(code: str, **env: str) -> str:
-    """Runs `code` in a fresh interpreter (tests/ as its argv[1]) with `env` added; returns its stdout."""
-    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))],
-                         capture_output=True, text=True, env=dict(os.environ, **env))
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout

@@ -8,6 +8,7 @@ from cake_moe import formats
 from cake_moe.reference import formats as ref
 
 from .conftest import host_never_waits, poison_
+from .fresh_interpreter import run_python
 
 pytestmark = pytest.mark.gpu
 
@@ -307,9 +308,6 @@ def test_calls_never_make_the_host_wait():
 def test_sync_check_debug_mode_runs():
     """CAKE_MOE_SYNC_CHECK=1 synchronises after every launch (but under graph capture); results
     are unchanged."""
-    import os
-    import subprocess
-    import sys
     code = ("import torch, cake_moe; from cake_moe.reference import formats as ref;"
             "x = torch.randn(64, 256, device='cuda');"
             "q, s = cake_moe.formats.mxfp4_quantize(x); rq, rs = ref.quantize_mx(x.cpu(), 'mxfp4');"
@@ -318,6 +316,4 @@ def test_sync_check_debug_mode_runs():
             "g = torch.cuda.CUDAGraph(); q.zero_();"
             "exec('with torch.cuda.graph(g):\\n    cake_moe.formats.mxfp4_quantize(x, out=(q, s))');"
             "g.replay(); torch.cuda.synchronize(); assert torch.equal(q.cpu(), rq); print('ok')")
-    env = dict(os.environ, CAKE_MOE_SYNC_CHECK="1")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert run_python(code, CAKE_MOE_SYNC_CHECK="1").strip() == "ok"

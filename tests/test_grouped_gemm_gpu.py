@@ -2,10 +2,7 @@
 fwd and dgrad over every form, the budgets, bounds and refusals, and the randomized sweep."""
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +13,8 @@ from cake_moe.bench.grouped_gemm import SM90_TILES  # every sm_90a fwd/dgrad til
 
 from .conftest import RANDOM_SEEDS, poison_
 from .grouped_gemm_cases import LAYERS, PATTERNS, bf16, offsets, random_sizes
-from .grouped_gemm_checks import BUDGET, TESTS_DIR, check_dw, check_rows, dgrad_poisoned, fwd_poisoned, problem
+from .fresh_interpreter import run_python
+from .grouped_gemm_checks import BUDGET, check_dw, check_rows, dgrad_poisoned, fwd_poisoned, problem
 
 pytestmark = pytest.mark.gpu
 
@@ -155,11 +153,9 @@ def test_overlapping_groups_past_two_to_the_31_tiles_write_nothing(portable):
     run no tile then: a wrapped tile prefix decoded into negative row starts (on the code before,
     the native forward wrote 1.09e9 values and the portable one did not finish in 40 s).
     Nothing may be written, inside `out` or in the guard rows either side."""
-    env = dict(os.environ, CAKE_MOE_GG_FORCE_PORTABLE="1" if portable else "0")
-    out = subprocess.run([sys.executable, "-c", _OVERLAPPING_GROUPS_CHECK], capture_output=True, text=True,
-                         env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    forms = out.stdout.split()
+    printed = run_python(_OVERLAPPING_GROUPS_CHECK, timeout=300,
+                         CAKE_MOE_GG_FORCE_PORTABLE="1" if portable else "0")
+    forms = printed.split()
     assert len(forms) == 2 and all(("portable" in f) == portable for f in forms), forms
 
 
@@ -227,17 +223,13 @@ def test_row_strided_operands_give_the_bits_of_their_copies(portable):
     """Operands whose rows (and experts) start 16-byte multiples apart are read in place by
     the native and the portable forms, prepared or one-shot, with exactly the bits of their
     contiguous copies; a prepared launch follows new values written into the strided buffers."""
-    code = f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n" + _STRIDED_CHECK
-    env = dict(os.environ, CAKE_MOE_GG_FORCE_PORTABLE="1" if portable else "0")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    forms = out.stdout.strip()
+    forms = run_python(_STRIDED_CHECK, CAKE_MOE_GG_FORCE_PORTABLE="1" if portable else "0").strip()
     assert ("gg_portable" in forms) == portable and ("gg_sm90" in forms) != portable, forms
 
 
 def test_portable_forms_on_this_gpu():
     """The mma.sync forms that serve arches without a native form, run here on sm_90a."""
-    code = f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n" + """
+    code = """
 import torch, cake_moe
 from grouped_gemm_cases import PATTERNS, bf16, offsets
 from cake_moe.reference import grouped_gemm as ref
@@ -259,10 +251,7 @@ for name, sizes in PATTERNS.items():
                     ref.rel_rms(dw32, ref.wgrad(g, x, o)) * 50)  # FP32 output: 50x tighter
 print(worst)
 """
-    env = dict(__import__("os").environ, CAKE_MOE_GG_FORCE_PORTABLE="1")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert float(out.stdout.strip()) < BUDGET
+    assert float(run_python(code, CAKE_MOE_GG_FORCE_PORTABLE="1").strip()) < BUDGET
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])

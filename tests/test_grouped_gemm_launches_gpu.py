@@ -3,9 +3,6 @@ processes, prepared launches that follow new offsets, the launches one-shot call
 waits."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -13,9 +10,10 @@ import cake_moe
 from cake_moe.reference import grouped_gemm as ref
 
 from .conftest import digest, host_never_waits, poison_
+from .fresh_interpreter import run_python
 from .grouped_gemm_cases import bf16, offsets, random_sizes
 from .grouped_gemm_checks import (
-    BUDGET, TESTS_DIR, check_dw, check_rows, dgrad_poisoned, fwd_poisoned, kept_plans, launch_without_allocating,
+    BUDGET, check_dw, check_rows, dgrad_poisoned, fwd_poisoned, kept_plans, launch_without_allocating,
     on_side_stream, problem, replayed, warm_and_capture)
 
 pytestmark = pytest.mark.gpu
@@ -35,15 +33,14 @@ def test_det_bitwise_repeatable_streams_graphs_processes():
     assert torch.equal(on_side_stream(lambda: fwd_poisoned(x, w, offs)), y0)
     assert torch.equal(replayed(cake_moe.prepare_grouped_gemm_fwd(x, w, offs)), y0)
     code = (
-        f"import torch, cake_moe, hashlib, sys; sys.path.insert(0, {TESTS_DIR!r});"
+        "import torch, cake_moe, hashlib;"
         "from grouped_gemm_cases import bf16, offsets, random_sizes;"
         "s = random_sizes(6000, 8, seed=11); r = sum(s); o = offsets(s);"
         "x = bf16(r, 1024, seed=5); w = bf16(8, 512, 1024, seed=6, scale=0.05); g = bf16(r, 512, seed=7);"
         "h = lambda t: hashlib.sha256(t.view(torch.uint8).cpu().numpy().tobytes()).hexdigest();"
         "print(h(cake_moe.grouped_gemm_fwd(x, w, o)), h(cake_moe.grouped_gemm_dgrad(g, w, o)),"
         " h(cake_moe.grouped_gemm_wgrad(g, x, o, variant='det')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == [digest(y0), digest(d0), digest(w0)]
+    assert run_python(code).split() == [digest(y0), digest(d0), digest(w0)]
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad_det", "wgrad_fast", "wgrad_det_c2"])

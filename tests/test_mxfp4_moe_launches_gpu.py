@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from .conftest import digest, host_never_waits, poison_
-from .mxfp4_moe_cases import call_plan, check_output, make_case, plan_args, reference, run_python
+from .fresh_interpreter import run_python
+from .mxfp4_moe_cases import call_plan, check_output, make_case, plan_args, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +44,7 @@ def test_bitwise_repeatable_runs_and_streams(layers, name, t):
 def test_bitwise_repeatable_across_processes(layers):
     layer = layers("h512_e40_k5")
     code = (
-        "import sys, hashlib, torch; sys.path.insert(0, sys.argv[1]);"
+        "import hashlib, torch;"
         "from mxfp4_moe_cases import make_case, named_layer;"
         "layer = named_layer('h512_e40_k5');"
         "y = layer.run(make_case(layer.geom, 1025, 'zipf', seed=11));"
@@ -87,7 +88,7 @@ def test_plan_runs_nothing_and_a_capture_may_come_first(layers):
     stays poisoned), so a fresh process may capture the plan's very first run() under lazy
     module loading, and the replay gives an eager run's bits."""
     code = (
-        "import sys, hashlib, torch; sys.path.insert(0, sys.argv[1]);"
+        "import hashlib, torch;"
         "from mxfp4_moe_cases import make_case, named_layer;"
         "from conftest import poison_\n"
         f"for name, t in {_FIRST_CAPTURE_CASES!r}:\n"

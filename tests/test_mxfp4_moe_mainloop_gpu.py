@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from .conftest import digest, poison_
+from .fresh_interpreter import run_python
 from .mxfp4_moe_cases import (CONTRACT, LOOKAHEAD_CASES, SPLIT_FLAGS_AT, Case, Layer, check_output, lookahead_case,
-                              make_case, reference, routing_tables, run_python)
+                              make_case, reference, routing_tables)
 
 pytestmark = pytest.mark.gpu
 
@@ -240,7 +241,7 @@ def test_gemm1_lookahead_reload_changes_no_bit(layers):
     the list does not have): the kernel's reload and drain paths must give the same bits."""
     cases = [c for c in LOOKAHEAD_CASES if c[0] not in CONTRACT]   # small banks: the subprocess builds its own
     code = (
-        "import sys, hashlib, torch; sys.path.insert(0, sys.argv[1]);"
+        "import hashlib, torch;"
         "from mxfp4_moe_cases import named_layer, lookahead_case, LOOKAHEAD_CASES, CONTRACT;"
         "[print(hashlib.sha256(lookahead_case(named_layer(n), *c)[1].view(torch.uint8).cpu().numpy()"
         ".tobytes()).hexdigest()) for n, *c in LOOKAHEAD_CASES if n not in CONTRACT]")

@@ -14,6 +14,8 @@ import pytest
 import cake_moe
 from cake_moe import _runtime
 
+from .fresh_interpreter import run_python
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXT = _runtime.ext()
 
@@ -25,9 +27,7 @@ def _table():
 
 
 def test_import_loads_no_kernel():
-    out = subprocess.run([sys.executable, "-c", "import cake_moe, cake_moe._ext as e; print(e.loaded_image_count())"],
-                         capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "0"
+    assert run_python("import cake_moe, cake_moe._ext as e; print(e.loaded_image_count())").strip() == "0"
 
 
 def test_import_without_nvcc_or_gpu_and_fast():
@@ -35,8 +35,7 @@ def test_import_without_nvcc_or_gpu_and_fast():
     code = ("import time, torch; t = time.perf_counter(); import cake_moe; "
             "print(time.perf_counter() - t, cake_moe._ext.loaded_image_count())")
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    seconds, loaded = out.stdout.split()
+    seconds, loaded = run_python(code, env=env).split()
     assert loaded == "0"
     assert float(seconds) < 1.0, f"import cake_moe took {seconds} s (after torch)"
 
@@ -137,9 +136,8 @@ except RuntimeError as err:
     print("refused:", err)
 """
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert "refused:" in out.stdout and form in out.stdout and "SHA-256" in out.stdout
+    printed = run_python(code, env=env, cwd=tmp_path)
+    assert "refused:" in printed and form in printed and "SHA-256" in printed
     info = subprocess.run([sys.executable, "-m", "cake_moe", "info"], capture_output=True, text=True, env=env,
                           cwd=tmp_path)
     assert info.returncode == 1 and "SHA-BAD" in info.stdout and "1 failed" in info.stdout
