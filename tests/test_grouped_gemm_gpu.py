@@ -12,8 +12,8 @@ from cake_moe.reference import grouped_gemm as ref
 from cake_moe.bench.grouped_gemm import SM90_TILES  # every sm_90a fwd/dgrad tile form
 
 from .conftest import RANDOM_SEEDS, poison_
-from .grouped_gemm_cases import LAYERS, PATTERNS, bf16, offsets, random_sizes
 from .fresh_interpreter import run_python
+from .grouped_gemm_cases import LAYERS, PATTERNS, bf16, offsets, random_sizes
 from .grouped_gemm_checks import BUDGET, check_dw, check_rows, dgrad_poisoned, fwd_poisoned, problem
 
 pytestmark = pytest.mark.gpu
@@ -272,6 +272,21 @@ def test_every_sm90_tile_form(op, tile):
     check_rows(launch.launch(), want)
     with pytest.raises(ValueError, match="not a grouped GEMM fwd form of this build"):
         cake_moe.prepare_grouped_gemm_fwd(x, w, offs, form="gg_sm90_fwd_32x32")
+
+
+def test_tile_choice_follows_the_memory_bandwidth():
+    """The default fwd tile of 16384 rows in 9 groups, N = 4096 (the grid's (4096, 2048, 9) w2 row):
+    128x256 where DRAM bandwidth per SM is narrow (an H100, where it was 5-9% faster), 128x128
+    otherwise (an H200). The bandwidth the driver reports must be a real part's."""
+    ext = cake_moe._runtime.ext()
+    device = torch.cuda.current_device()
+    bandwidth, sms = ext.device_dram_bytes_per_s(device), ext.device_sm_count(device)
+    assert 1e12 < bandwidth < 2e13, bandwidth
+    narrow = bandwidth < 30e9 * sms
+    x, w, _, offs = problem([16384 // 9] * 9, 4096, 64, pad=16384 % 9)
+    launch = cake_moe.prepare_grouped_gemm_fwd(x, w, offs)
+    assert launch.form == ("gg_sm90_fwd_128x256" if narrow else "gg_sm90_fwd_128x128"), (launch.form, bandwidth)
+    check_rows(launch.launch(), ref.fwd(x, w, offs), poisoned=False)
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])

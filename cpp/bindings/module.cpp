@@ -55,6 +55,7 @@ NB_MODULE(_ext, m) {
   m.def("device_arch", &runtime::device_arch);
   m.def("device_name", &runtime::device_name);
   m.def("device_sm_count", &runtime::device_sm_count);
+  m.def("device_dram_bytes_per_s", &runtime::device_dram_bytes_per_s, "peak DRAM bandwidth (0: not reported)");
 
   bindings::bind_formats(m);
   bindings::bind_grouped_gemm(m);

@@ -171,6 +171,7 @@ namespace {
 struct DeviceInfo {
   std::string arch;
   int sm_count = 0;
+  double dram_bytes_per_s = 0;  // peak: two transfers per memory clock over the bus width
 };
 
 const DeviceInfo& device_info(int device) {
@@ -184,6 +185,9 @@ const DeviceInfo& device_info(int device) {
   const int minor = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "compute capability");
   info.arch = std::to_string(major * 10 + minor) + "a";
   info.sm_count = attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "multiprocessor count");
+  const double clock_khz = attribute(device, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, "memory clock");
+  const double bus_bits = attribute(device, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, "memory bus width");
+  info.dram_bytes_per_s = 2.0 * clock_khz * 1e3 * bus_bits / 8.0;
   return cache.emplace(device, std::move(info)).first->second;  // map nodes stay put
 }
 }  // namespace
@@ -191,6 +195,8 @@ const DeviceInfo& device_info(int device) {
 std::string device_arch(int device) { return device_info(device).arch; }
 
 int device_sm_count(int device) { return device_info(device).sm_count; }
+
+double device_dram_bytes_per_s(int device) { return device_info(device).dram_bytes_per_s; }
 
 int device_smem_per_sm(int device) {
   return attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, "shared memory per multiprocessor");

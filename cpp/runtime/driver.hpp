@@ -61,9 +61,11 @@ class ScopedDevice {
   bool pushed_ = false;
 };
 
-// Compute capability as "90a"-style arch names and the device's SM count.
+// Compute capability as "90a"-style arch names, the device's SM count and its peak DRAM
+// bandwidth (from the memory clock and bus width; 0 where the driver reports neither).
 std::string device_arch(int device);
 int device_sm_count(int device);
+double device_dram_bytes_per_s(int device);
 int device_smem_per_sm(int device);
 std::string device_name(int device);
 int device_count();

@@ -134,6 +134,34 @@ static void test_grouped_gemm_tiles() {
   EXPECT(choose_sm90_tile(256, 9, 4096, false, sms).bm == 64);
 }
 
+// Where DRAM bandwidth per SM is narrow (an H100 SXM, 3.35 TB/s on 132 SMs; not an H200, 4.9 TB/s)
+// the wider tiles win more rows: three sweeps of the grid on an H100 (2026-12-05,
+// bench/results/2026-12-05_h100_grouped_gemm_tiles.md), time against 128x128 in each.
+static void test_grouped_gemm_tiles_narrow_memory() {
+  using grouped_gemm::choose_sm90_tile;
+  using grouped_gemm::sm90_narrow_memory;
+  const int sms = 132;
+  EXPECT(sm90_narrow_memory(3.35e12, sms) && !sm90_narrow_memory(4.9e12, sms));
+  EXPECT(!sm90_narrow_memory(0, sms) && !sm90_narrow_memory(3.35e12, 0));  // unknown: the H200's rule
+  struct Row { int64_t rows; int32_t groups, n_out; bool dgrad; int wide_bn, narrow_bn; };
+  const Row rows[] = {
+      {16384, 9, 4096, false, 128, 256},  // fwd (4096,2048,9) w2: 128x256 0.925 / 0.912 / 0.944
+      {16384, 16, 1536, false, 128, 256}, // fwd (2048,768,16) w13: 0.972 / 0.983 / 0.902
+      {4096, 8, 4096, false, 128, 192},   // fwd (7168,2048,8) w13: 128x192 0.870 / 0.871 / 0.868
+      {4096, 9, 4096, true, 128, 256},    // dgrad (4096,2048,9) w13: 128x256 0.968 / 0.958 / 0.964
+      {65536, 8, 4096, false, 256, 256},  // large groups: 128x256 either way
+      {4096, 8, 3072, false, 128, 128},   // fwd (2048,1536,8) w13: 128x128 within 1.5% of the others
+  };
+  for (const Row& r : rows) {
+    EXPECT(choose_sm90_tile(r.rows, r.groups, r.n_out, r.dgrad, sms, false).bn == r.wide_bn);
+    EXPECT(choose_sm90_tile(r.rows, r.groups, r.n_out, r.dgrad, sms, true).bn == r.narrow_bn);
+  }
+  // under 48 rows per group the choice does not depend on the memory
+  for (const int32_t groups : {32, 64, 128})
+    EXPECT(choose_sm90_tile(1024, groups, 4096, false, sms, true).bn ==
+           choose_sm90_tile(1024, groups, 4096, false, sms, false).bn);
+}
+
 // Family B's GEMM1 pieces under K halves (mxfp4_moe/params.hpp, piece_of): over random unit
 // counts and split settings, the pieces cover each unit's K stages exactly once, as the whole
 // unit or as its two halves handed out one after the other (one parking slot each, the slots
@@ -198,6 +226,7 @@ int main(int argc, char** argv) {
   if (host_test::selected(which, "geometry")) test_geometry();
   if (host_test::selected(which, "fastdiv")) test_fast_divmod();
   if (host_test::selected(which, "gg_tiles")) test_grouped_gemm_tiles();
+  if (host_test::selected(which, "gg_tiles_narrow")) test_grouped_gemm_tiles_narrow_memory();
   if (host_test::selected(which, "split_pieces")) test_split_pieces();
   return host_test::report(which);
 }

@@ -1,6 +1,6 @@
 // Form choice of the sm_90a grouped GEMM (fwd / dgrad tiles, the wgrad's CTA pairs). Only
 // host-side facts are available (the group sizes live on the device): the row capacity, the group
-// count and the output width.
+// count, the output width, and the part's SM count and DRAM bandwidth.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -18,22 +18,36 @@ struct Sm90Tile {
 // The forms compiled for sm_90a (cpp/kernels/forms.py, SM90_GG_TILES).
 inline constexpr Sm90Tile kSm90Tiles[] = {{128, 128, 5}, {128, 256, 3, true}, {64, 128, 8}, {128, 192, 4}};
 
+// Parts with less DRAM bandwidth per SM than this (the H100 SXM: 3.35 TB/s over 132 SMs, 25 GB/s;
+// the H200: 4.9 TB/s, 37 GB/s) gain more from the wider tiles' fewer operand bytes per FLOP.
+inline constexpr double kNarrowMemoryBytesPerSmS = 30e9;
+inline bool sm90_narrow_memory(double dram_bytes_per_s, int sms) {
+  return dram_bytes_per_s > 0 && sms > 0 && dram_bytes_per_s < kNarrowMemoryBytesPerSmS * sms;
+}
+
 // Time of one wave of a tile form against a wave of 128x128 tiles, as (tile width) x (time per
-// FLOP). The wider tiles read fewer operand bytes per FLOP (128x192 0.87, 128x256 0.93 of
-// 128x128's time per FLOP: the 2026-12-01 H200 sweeps of the grid); a 64x128 wave costs ~0.8 of a
-// 128x128 one (0.69-0.86 in the 2026-12-04 small-T sweeps, ..._grouped_gemm_small_t.md).
+// FLOP). The wider tiles read fewer operand bytes per FLOP: 128x192 0.87, 128x256 0.93 of
+// 128x128's time per FLOP on the H200 (the 2026-12-01 sweeps of the grid), 0.80 / 0.85 where
+// memory is narrow (three sweeps of the grid on an H100, 2026-12-05,
+// ..._h100_grouped_gemm_tiles.md). A 64x128 wave costs ~0.8 of a 128x128 one (0.69-0.86 in the
+// 2026-12-04 small-T sweeps, ..._grouped_gemm_small_t.md).
 inline double sm90_wave_width(int bm, int bn) { return bm == 64 ? 1.0 : bn / 128.0; }
-inline double sm90_wave_per_flop(int bm, int bn) { return bm == 64 ? 0.8 : bn == 256 ? 0.93 : bn == 192 ? 0.87 : 1.0; }
+inline double sm90_wave_per_flop(int bm, int bn, bool narrow_memory = false) {
+  if (bm == 64) return 0.8;
+  if (bn == 256) return narrow_memory ? 0.85 : 0.93;
+  if (bn == 192) return narrow_memory ? 0.80 : 0.87;
+  return 1.0;
+}
 
 // Expected cost of a tile form: whole waves of persistent CTAs over the tiles, times the wave's
 // cost. The host does not know the group sizes: each group is taken to end in half a partial
 // tile, and, where groups are small (`small`), to have at least one.
 inline double sm90_tile_cost(int64_t rows, int32_t num_groups, int32_t n_out, int bm, int bn, int sms,
-                             bool small = false) {
+                             bool small = false, bool narrow_memory = false) {
   double m_tiles = double(rows) / bm + 0.5 * num_groups;
   if (small) m_tiles = std::max(m_tiles, double(num_groups));
   const double waves = std::ceil(m_tiles * double((n_out + bn - 1) / bn) / double(sms > 0 ? sms : 1));
-  return waves * sm90_wave_width(bm, bn) * sm90_wave_per_flop(bm, bn);
+  return waves * sm90_wave_width(bm, bn) * sm90_wave_per_flop(bm, bn, narrow_memory);
 }
 
 // The fwd / dgrad tile, from measurements on the H200 (docs/grouped_gemm.md, "Forms" and "Below
@@ -46,14 +60,21 @@ inline double sm90_tile_cost(int64_t rows, int32_t num_groups, int32_t n_out, in
 //   (..._grouped_gemm_128x192_ab.md; closer ratios won or lost up to 5%), 0.9 under 300 rows per
 //   group, where 128x192's two whole waves against 128x128's three won on 40 of 46 rows
 //   (..._grouped_gemm_192_margin_ab.md).
-inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out, bool dgrad, int sms) {
+// Where memory is narrow (an H100) the 128-row tiles' wave costs take the narrow constants and the
+// fwd takes 128x256 from 1024 rows per group: 128x256 was 0.5-8% faster than 128x128 on each of
+// the five grid rows of 1024-1820 rows per group (..._h100_grouped_gemm_tiles.md). The small-group
+// choice keeps the H200's constants: it was not measured on an H100.
+inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out, bool dgrad, int sms,
+                                 bool narrow_memory = false) {
   const int64_t per_group = num_groups > 0 ? rows / num_groups : rows;
+  const bool small = per_group < 48;
   const auto cost = [&](const Sm90Tile& t) {
-    return sm90_tile_cost(rows, num_groups, n_out, t.bm, t.bn, sms, per_group < 48);
+    return sm90_tile_cost(rows, num_groups, n_out, t.bm, t.bn, sms, small, narrow_memory && !small);
   };
-  if (per_group < 48) return cost(kSm90Tiles[3]) < cost(kSm90Tiles[2]) ? kSm90Tiles[3] : kSm90Tiles[2];
+  if (small) return cost(kSm90Tiles[3]) < cost(kSm90Tiles[2]) ? kSm90Tiles[3] : kSm90Tiles[2];
   Sm90Tile best = kSm90Tiles[0];
-  if (dgrad ? cost(kSm90Tiles[1]) < cost(best) : per_group >= 2048 && n_out >= 512) best = kSm90Tiles[1];
+  const int64_t fwd_wide_rows = narrow_memory ? 1024 : 2048;
+  if (dgrad ? cost(kSm90Tiles[1]) < cost(best) : per_group >= fwd_wide_rows && n_out >= 512) best = kSm90Tiles[1];
   const double margin_192 = per_group < 300 ? 0.9 : 0.85;
   if (per_group < 1024 && cost(kSm90Tiles[3]) < margin_192 * cost(best)) best = kSm90Tiles[3];
   return best;
