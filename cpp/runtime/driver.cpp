@@ -164,6 +164,15 @@ int attribute(int device, CUdevice_attribute a, const char* what) {
   check(d.DeviceGetAttribute(&v, a, dev), what);
   return v;
 }
+
+// An attribute only a heuristic reads: 0 where the driver does not report it.
+int attribute_or_zero(int device, CUdevice_attribute a) {
+  const Driver& d = driver();
+  CUdevice dev;
+  int v = 0;
+  if (d.DeviceGet(&dev, device) != CUDA_SUCCESS || d.DeviceGetAttribute(&v, a, dev) != CUDA_SUCCESS) return 0;
+  return v;
+}
 }  // namespace
 
 namespace {
@@ -185,8 +194,8 @@ const DeviceInfo& device_info(int device) {
   const int minor = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "compute capability");
   info.arch = std::to_string(major * 10 + minor) + "a";
   info.sm_count = attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "multiprocessor count");
-  const double clock_khz = attribute(device, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, "memory clock");
-  const double bus_bits = attribute(device, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, "memory bus width");
+  const double clock_khz = attribute_or_zero(device, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);
+  const double bus_bits = attribute_or_zero(device, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
   info.dram_bytes_per_s = 2.0 * clock_khz * 1e3 * bus_bits / 8.0;
   return cache.emplace(device, std::move(info)).first->second;  // map nodes stay put
 }

@@ -61,7 +61,7 @@ inline double sm90_tile_cost(int64_t rows, int32_t num_groups, int32_t n_out, in
 //   group, where 128x192's two whole waves against 128x128's three won on 40 of 46 rows
 //   (..._grouped_gemm_192_margin_ab.md).
 // Where memory is narrow (an H100) the 128-row tiles' wave costs take the narrow constants and the
-// fwd takes 128x256 from 1024 rows per group: 128x256 was 0.5-8% faster than 128x128 on each of
+// fwd takes 128x256 from 1024 rows per group: 128x256 was 0.2-10% faster than 128x128 on each of
 // the five grid rows of 1024-1820 rows per group (..._h100_grouped_gemm_tiles.md). The small-group
 // choice keeps the H200's constants: it was not measured on an H100.
 inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out, bool dgrad, int sms,
