@@ -276,7 +276,7 @@ def test_every_sm90_tile_form(op, tile):
 
 def test_tile_choice_follows_the_memory_bandwidth():
     """The default fwd tile of 16384 rows in 9 groups, N = 4096 (the grid's (4096, 2048, 9) w2 row):
-    128x256 where DRAM bandwidth per SM is narrow (an H100, where it was 5-9% faster), 128x128
+    128x256 where DRAM bandwidth per SM is narrow (an H100, where it was 5-13% faster), 128x128
     otherwise (an H200). The bandwidth the driver reports must be a real part's."""
     ext = cake_moe._runtime.ext()
     device = torch.cuda.current_device()
