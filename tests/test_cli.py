@@ -89,6 +89,23 @@ def test_info_without_the_extension_says_so_in_one_line(monkeypatch, capsys):
     assert err.count("\n") == 1 and "compiled extension (cake_moe._ext)" in err and "pip install ." in err
 
 
+
+@pytest.mark.parametrize("dram,shown", [(3.35e12, ", 3.35 TB/s peak DRAM)"), (0.0, " SMs)")])
+def test_info_device_line_names_the_dram_bandwidth_when_reported(monkeypatch, dram, shown):
+    """The device line of ``cake-moe info`` gives the peak DRAM bandwidth the tile choice reads,
+    and leaves it out where the driver reports none (0)."""
+    from types import SimpleNamespace
+
+    from cake_moe import _runtime
+    ext = SimpleNamespace(device_count=lambda: 1, device_arch=lambda d: "90a", device_name=lambda d: "Stand-in",
+                          device_sm_count=lambda d: 132, device_dram_bytes_per_s=lambda d: dram)
+    monkeypatch.setattr(_runtime, "driver_status", lambda: (True, 13000, ""))
+    monkeypatch.setattr(_runtime, "ext", lambda: ext)
+    monkeypatch.setattr(_runtime, "built_arches", lambda: ["90a"])
+    line, served = cli._device_line()
+    assert served and line.startswith("cuda:0 Stand-in (sm_90a, 132 SMs") and shown in line, line
+    assert ("TB/s" in line) == (dram > 0), line
+
 def _row(layout, t, path, tile, us, frac, tflops, speedup, peer=None):
     return {"layout": layout, "T": t, "path": path, "tile": tile, "ours_us": us, "naive_us": us * speedup,
             "speedup": speedup, "routed_experts": 1.0, "bytes": 1e6, "eff_bw_frac": frac, "tflops": tflops,

@@ -18,8 +18,9 @@ def _device_line() -> tuple[str, bool]:
     served = arch in _runtime.built_arches()
     name = _runtime.ext().device_name(0)
     sms = _runtime.ext().device_sm_count(0)
-    tbps = _runtime.ext().device_dram_bytes_per_s(0) / 1e12
-    return (f"cuda:0 {name} (sm_{arch}, {sms} SMs, {tbps:.2f} TB/s peak DRAM), driver {version // 1000}.{version % 1000 // 10}: "
+    dram = _runtime.ext().device_dram_bytes_per_s(0)  # 0 where the driver does not report it
+    memory = f", {dram / 1e12:.2f} TB/s peak DRAM" if dram > 0 else ""
+    return (f"cuda:0 {name} (sm_{arch}, {sms} SMs{memory}), driver {version // 1000}.{version % 1000 // 10}: "
             f"{'served by this build' if served else 'NOT served by this build'}"), served
 
 
