@@ -156,32 +156,25 @@ ScopedDevice::~ScopedDevice() {
 }
 
 namespace {
-int attribute(int device, CUdevice_attribute a, const char* what) {
+CUresult query_attribute(int device, CUdevice_attribute a, int* v) {
   const Driver& d = driver();
   CUdevice dev;
-  check(d.DeviceGet(&dev, device), "cuDeviceGet");
+  const CUresult r = d.DeviceGet(&dev, device);
+  return r != CUDA_SUCCESS ? r : d.DeviceGetAttribute(v, a, dev);
+}
+
+int attribute(int device, CUdevice_attribute a, const char* what) {
   int v = 0;
-  check(d.DeviceGetAttribute(&v, a, dev), what);
+  check(query_attribute(device, a, &v), what);
   return v;
 }
 
 // An attribute only a heuristic reads: 0 where the driver does not report it.
 int attribute_or_zero(int device, CUdevice_attribute a) {
-  const Driver& d = driver();
-  CUdevice dev;
   int v = 0;
-  if (d.DeviceGet(&dev, device) != CUDA_SUCCESS || d.DeviceGetAttribute(&v, a, dev) != CUDA_SUCCESS) return 0;
-  return v;
+  return query_attribute(device, a, &v) == CUDA_SUCCESS ? v : 0;
 }
 }  // namespace
-
-namespace {
-// Per-device properties that never change, queried once (every prepare asks for them).
-struct DeviceInfo {
-  std::string arch;
-  int sm_count = 0;
-  double dram_bytes_per_s = 0;  // peak: two transfers per memory clock over the bus width
-};
 
 const DeviceInfo& device_info(int device) {
   static std::mutex mu;
@@ -199,7 +192,6 @@ const DeviceInfo& device_info(int device) {
   info.dram_bytes_per_s = 2.0 * clock_khz * 1e3 * bus_bits / 8.0;
   return cache.emplace(device, std::move(info)).first->second;  // map nodes stay put
 }
-}  // namespace
 
 std::string device_arch(int device) { return device_info(device).arch; }
 

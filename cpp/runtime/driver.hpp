@@ -61,8 +61,15 @@ class ScopedDevice {
   bool pushed_ = false;
 };
 
-// Compute capability as "90a"-style arch names, the device's SM count and its peak DRAM
-// bandwidth (from the memory clock and bus width; 0 where the driver reports neither).
+// Per-device properties that never change, queried once per process (every prepare reads them).
+struct DeviceInfo {
+  std::string arch;              // compute capability as a "90a"-style arch name
+  int sm_count = 0;
+  double dram_bytes_per_s = 0;  // peak: two transfers per memory clock over the bus width; 0: not reported
+};
+const DeviceInfo& device_info(int device);  // the reference stays valid for the process
+
+// The fields of device_info one at a time.
 std::string device_arch(int device);
 int device_sm_count(int device);
 double device_dram_bytes_per_s(int device);
