@@ -134,7 +134,7 @@ static void test_grouped_gemm_tiles() {
   EXPECT(choose_sm90_tile(256, 9, 4096, false, sms).bm == 64);
 }
 
-// Where DRAM bandwidth per SM is narrow (an H100 SXM, 3.35 TB/s on 132 SMs; not an H200, 4.9 TB/s)
+// Where DRAM bandwidth per SM is narrow (an H100 SXM, 3.35 TB/s on 132 SMs; not an H200, 4.8 TB/s)
 // the wider tiles win more rows: three sweeps of the grid on an H100 (2026-12-05,
 // bench/results/2026-12-05_h100_grouped_gemm_tiles.md), time against 128x128 in each.
 static void test_grouped_gemm_tiles_narrow_memory() {

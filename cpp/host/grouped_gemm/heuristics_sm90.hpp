@@ -19,7 +19,7 @@ struct Sm90Tile {
 inline constexpr Sm90Tile kSm90Tiles[] = {{128, 128, 5}, {128, 256, 3, true}, {64, 128, 8}, {128, 192, 4}};
 
 // Parts with less DRAM bandwidth per SM than this (the H100 SXM: 3.35 TB/s over 132 SMs, 25 GB/s;
-// the H200: 4.9 TB/s, 37 GB/s) gain more from the wider tiles' fewer operand bytes per FLOP.
+// the H200: 4.8 TB/s, 36 GB/s, as its driver reports them) gain more from the wider tiles' fewer operand bytes per FLOP.
 inline constexpr double kNarrowMemoryBytesPerSmS = 30e9;
 inline bool sm90_narrow_memory(double dram_bytes_per_s, int sms) {
   return dram_bytes_per_s > 0 && sms > 0 && dram_bytes_per_s < kNarrowMemoryBytesPerSmS * sms;
