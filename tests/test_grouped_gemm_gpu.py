@@ -282,7 +282,8 @@ def test_tile_choice_follows_the_memory_bandwidth():
     device = torch.cuda.current_device()
     bandwidth, sms = ext.device_dram_bytes_per_s(device), ext.device_sm_count(device)
     assert 1e12 < bandwidth < 2e13, bandwidth
-    narrow = bandwidth < ext.grouped_gemm_narrow_memory_bytes_per_sm_s * sms
+    narrow = bandwidth < ext.narrow_memory_bytes_per_sm_s * sms
+    assert ext.device_narrow_memory(device) == narrow
     x, w, _, offs = problem([16384 // 9] * 9, 4096, 64, pad=16384 % 9)
     launch = cake_moe.prepare_grouped_gemm_fwd(x, w, offs)
     assert launch.form == ("gg_sm90_fwd_128x256" if narrow else "gg_sm90_fwd_128x128"), (launch.form, bandwidth)

@@ -8,7 +8,6 @@
 
 #include "bindings/common.hpp"
 #include "host/grouped_gemm/grouped_gemm.hpp"
-#include "host/grouped_gemm/heuristics_sm90.hpp"
 
 namespace cake_moe::bindings {
 namespace {
@@ -119,9 +118,6 @@ void bind_grouped_gemm(nb::module_& m) {
         nb::arg("leading_zero"), nb::arg("num_groups"), nb::arg("n"), nb::arg("k"), nb::arg("rows"),
         nb::arg("out_f32"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("form") = "",
         nb::arg("zero_unrouted_rows") = false);
-
-  // The tile heuristic's DRAM threshold, so tests predict its choice from the driver's figures.
-  m.attr("grouped_gemm_narrow_memory_bytes_per_sm_s") = grouped_gemm::kNarrowMemoryBytesPerSmS;
 
   m.def("grouped_gemm_workspace_bytes",
         [](int op, int variant, int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32, int device,

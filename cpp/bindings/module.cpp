@@ -56,6 +56,9 @@ NB_MODULE(_ext, m) {
   m.def("device_name", &runtime::device_name);
   m.def("device_sm_count", &runtime::device_sm_count);
   m.def("device_dram_bytes_per_s", &runtime::device_dram_bytes_per_s, "peak DRAM bandwidth (0: not reported)");
+  m.def("device_narrow_memory", [](int device) { return runtime::device_info(device).narrow_memory(); },
+        "less peak DRAM bandwidth per SM than narrow_memory_bytes_per_sm_s (the form choices read it)");
+  m.attr("narrow_memory_bytes_per_sm_s") = runtime::kNarrowMemoryBytesPerSmS;
 
   bindings::bind_formats(m);
   bindings::bind_grouped_gemm(m);

@@ -14,6 +14,7 @@
 #include "host/grouped_gemm/heuristics_sm90.hpp"
 #include "moe/params.hpp"
 #include "mxfp4_moe/split_pieces.hpp"
+#include "runtime/driver.hpp"
 #include "runtime/sha256.hpp"
 
 using namespace cake_moe;
@@ -139,10 +140,12 @@ static void test_grouped_gemm_tiles() {
 // bench/results/2026-12-05_h100_grouped_gemm_tiles.md), time against 128x128 in each.
 static void test_grouped_gemm_tiles_narrow_memory() {
   using grouped_gemm::choose_sm90_tile;
-  using grouped_gemm::sm90_narrow_memory;
   const int sms = 132;
-  EXPECT(sm90_narrow_memory(3.35e12, sms) && !sm90_narrow_memory(4.9e12, sms));
-  EXPECT(!sm90_narrow_memory(0, sms) && !sm90_narrow_memory(3.35e12, 0));  // unknown: the H200's rule
+  const auto narrow = [](double bytes_per_s, int sm_count) {
+    return runtime::DeviceInfo{"90a", sm_count, bytes_per_s}.narrow_memory();
+  };
+  EXPECT(narrow(3.35e12, sms) && !narrow(4.81e12, sms));
+  EXPECT(!narrow(0, sms) && !narrow(3.35e12, 0));  // unknown: the H200's rule
   struct Row { int64_t rows; int32_t groups, n_out; bool dgrad; int wide_bn, narrow_bn; };
   const Row rows[] = {
       {16384, 9, 4096, false, 128, 256},  // fwd (4096,2048,9) w2: 128x256 0.925 / 0.912 / 0.944

@@ -74,8 +74,8 @@ std::unique_ptr<Launch> prepare_gemm(const Problem& p) {
     if (p.op == Op::kWgrad) return make_sm90_wgrad_launch(p, use_sm90_wgrad_pair(p.rows, p.num_groups, p.out_f32));
     const int32_t n_out = p.op == Op::kDgrad ? p.k : p.n;
     const runtime::DeviceInfo& dev = runtime::device_info(p.device);
-    const bool narrow = sm90_narrow_memory(dev.dram_bytes_per_s, dev.sm_count);
-    return make_sm90_launch(p, choose_sm90_tile(p.rows, p.num_groups, n_out, p.op == Op::kDgrad, dev.sm_count, narrow));
+    return make_sm90_launch(p, choose_sm90_tile(p.rows, p.num_groups, n_out, p.op == Op::kDgrad, dev.sm_count,
+                                                dev.narrow_memory()));
   }
   return make_portable_launch(p);
 }

@@ -18,13 +18,6 @@ struct Sm90Tile {
 // The forms compiled for sm_90a (cpp/kernels/forms.py, SM90_GG_TILES).
 inline constexpr Sm90Tile kSm90Tiles[] = {{128, 128, 5}, {128, 256, 3, true}, {64, 128, 8}, {128, 192, 4}};
 
-// Parts with less DRAM bandwidth per SM than this (the H100 SXM: 3.35 TB/s over 132 SMs, 25 GB/s;
-// the H200: 4.8 TB/s, 36 GB/s, as its driver reports them) gain more from the wider tiles' fewer operand bytes per FLOP.
-inline constexpr double kNarrowMemoryBytesPerSmS = 30e9;
-inline bool sm90_narrow_memory(double dram_bytes_per_s, int sms) {
-  return dram_bytes_per_s > 0 && sms > 0 && dram_bytes_per_s < kNarrowMemoryBytesPerSmS * sms;
-}
-
 // Time of one wave of a tile form against a wave of 128x128 tiles, as (tile width) x (time per
 // FLOP). The wider tiles read fewer operand bytes per FLOP: 128x192 0.87, 128x256 0.93 of
 // 128x128's time per FLOP on the H200 (the 2026-12-01 sweeps of the grid), 0.80 / 0.85 where

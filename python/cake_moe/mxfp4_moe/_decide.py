@@ -58,6 +58,15 @@ SM90_MID_WG_MIN_LOAD = 24
 # (I = 3072) in the same runs kept the thresholds above (6.9: wg32x4 1.12x over n8; 27.4: wg64x4
 # 1.50x over wg32x4; 54.9: wg128x4 1.21x over wg64x4).
 SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 and wg64x4
+# Where DRAM bandwidth per SM is narrow (an H100 SXM: `_ext.device_narrow_memory`, the threshold
+# the grouped GEMM's tile choice reads too) the decode forms, held there by the bandwidth (0.87-0.94
+# of the copy bandwidth at 2-5 routes per expert), lose to wg32x4 at fewer routes per expert.
+# Measured on an H100 80GB HBM3, each row's two forms on the same inputs (bench/results/
+# 2026-12-05_h100_mxfp4_moe_decode_mid.md): ep8 (long shard) n8 won at 4.57 routes per expert
+# (1.09x) and lost at 5.71 (0.95x); tp8 (short shard) won at 6.86 (1.12x) and lost at 8.0 and 9.1
+# (0.98x, 0.96x); the limits below are where the time ratio, interpolated linearly, crosses 1.
+# The H200 keeps 6 and 10 (above).
+SM90_NARROW_MEMORY_DECODE_LOADS = (5.25, 7.75)  # the largest loads n8 serves there: long shard, short shard
 SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
 # The token-row loaders of the GEMMs address a row's 16-byte chunks with 32-bit indices
 # (stage_loader.cuh, Loader::b_src: row x K / 8), so GEMM1's x rows (T x H elements) and GEMM2's
@@ -279,7 +288,7 @@ def device_tile_listing(counts, tile: str, alt_tile: str) -> str:
     return device_tile_choice(counts, tile, alt_tile)
 
 
-def _sm90_form(load: float, inter: int) -> tuple[str, int, str, str]:
+def _sm90_form(load: float, inter: int, narrow_memory: bool) -> tuple[str, int, str, str]:
     """(path, block_n, tile, alt_tile) of an sm_90 device for ``load`` routes per expert: the
     wgmma paths name a second form for the device to choose from (alt_tile)."""
     short = inter <= RESIDENT_K
@@ -288,6 +297,8 @@ def _sm90_form(load: float, inter: int) -> tuple[str, int, str, str]:
         decode_max, mid_max, wg64_max = SM90_SHORT_SHARD_LOADS
     else:
         decode_max, mid_max, wg64_max = TILE_TABLE[0][0], SM90_MID_WG_MIN_LOAD, PREFILL_WG_MIN_LOAD
+    if narrow_memory:
+        decode_max = SM90_NARROW_MEMORY_DECODE_LOADS[1 if short else 0]
     if load > wg64_max:
         tile = prefill_tile(load, short)
         return "prefill", BLOCK_N_OF[tile], tile, alt_tile(load, short, tile)
@@ -299,10 +310,11 @@ def _sm90_form(load: float, inter: int) -> tuple[str, int, str, str]:
 
 
 def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, *, sm90: bool = False,
-           tile: str | None = None, tile_sync: bool | None = None) -> PlanDecision:
+           narrow_memory: bool = False, tile: str | None = None, tile_sync: bool | None = None) -> PlanDecision:
     """The decision for ``num_tokens`` tokens of a layer with ``hidden`` and ``inter`` (the
     rank's intermediate shard); every T >= 1 is served up to MAX_TOKEN_ROW_ELEMENTS. ``sm90``:
-    the device runs the sm_90a forms. ``tile`` forces a tile form (benchmarks and tests); an
+    the device runs the sm_90a forms; ``narrow_memory``: its DRAM bandwidth per SM is narrow (an
+    H100 SXM), which moves the sm_90 decode limit down. ``tile`` forces a tile form (benchmarks and tests); an
     sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile GEMM1 -> GEMM2 sync on or off
     (it never changes a bit of the result); True needs an mma.sync tile form (not one of
     SM90_TILES)."""
@@ -313,7 +325,7 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     load = routes_per_expert(num_tokens, top_k, num_experts)
     alt = ""
     if sm90:
-        path, block_n, chosen, alt = _sm90_form(load, inter)
+        path, block_n, chosen, alt = _sm90_form(load, inter, narrow_memory)
     else:
         _, path, block_n, chosen = next(row for row in TILE_TABLE if load <= row[0])
     if num_tokens * top_k <= MAX_FEW_ROUTES:

@@ -146,7 +146,9 @@ class CakeMxfp4MoEWrapper:
 
     The SM count is read once here, from ``device`` (default: the current CUDA device); without
     a visible CUDA device the host-only default is 132 (H100 SXM / H200). ``plan()`` refuses a
-    device whose SM count differs. ``decide`` and ``get_workspace_size`` are host only.
+    device whose SM count differs. So is whether the device's DRAM bandwidth per SM is narrow
+    (``narrow_memory``: an H100 SXM; host only: False, an H200's), which moves the decode forms'
+    limit down. ``decide`` and ``get_workspace_size`` are host only.
     ``device="cpu"`` makes plans of CPU tensors that run the FP64 reference (tests, CPU-only
     machines): same API and checks, no kernels.
     """
@@ -192,6 +194,8 @@ class CakeMxfp4MoEWrapper:
                 HOST_ONLY_SM_COUNT
         self.sm_count = _positive_int(sm_count, "sm_count")
         self.capability = tuple(torch.cuda.get_device_capability(self.device)) if on_gpu else HOST_ONLY_CAPABILITY
+        # DRAM bandwidth per SM below the form choices' threshold (an H100 SXM); host only: an H200's
+        self.narrow_memory = bool(_runtime.ext().device_narrow_memory(self.device.index)) if on_gpu else False
         self._kept = _kept_plans.KeptPlans()   # bound plans by their tensors' identities
 
     @staticmethod
@@ -234,7 +238,8 @@ class CakeMxfp4MoEWrapper:
         9.0 device; a forced form has no alternative), ``tile_sync`` the per-token-tile GEMM1 ->
         GEMM2 sync (mma.sync forms only)."""
         return _decide.decide(num_tokens, self.top_k, self.num_experts, self.hidden_size, self.intermediate_shard,
-                              sm90=self.capability == (9, 0), tile=tile, tile_sync=tile_sync)
+                              sm90=self.capability == (9, 0), narrow_memory=self.narrow_memory, tile=tile,
+                              tile_sync=tile_sync)
 
     def get_workspace_size(self, num_tokens: int | None = None, *, max_tokens: int | None = None) -> int:
         """Workspace bytes for ``num_tokens`` tokens (host only). The size is monotonic in T, so
