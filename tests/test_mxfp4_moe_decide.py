@@ -97,11 +97,11 @@ def test_decide_short_shard_thresholds_on_sm90(t, path, tile):
 
 @pytest.mark.parametrize("inter,t,wide,narrow", [(3072, 294, "n8", "n8"), (3072, 295, "n8", "wg32x4"),
                                                   (3072, 336, "n8", "wg32x4"), (3072, 337, "wg32x4", "wg32x4"),
-                                                  (384, 434, "n8", "n8"), (384, 435, "n8", "wg32x4"),
+                                                  (384, 462, "n8", "n8"), (384, 463, "n8", "wg32x4"),
                                                   (384, 560, "n8", "wg32x4"), (384, 561, "wg32x4", "wg32x4")])
 def test_decide_decode_limit_where_memory_is_narrow(inter, t, wide, narrow):
     """Narrow DRAM per SM (an H100) moves the sm_90 decode limit from 6 to 5.25 routes per expert
-    (long shards: T = 294 at T*k/E = T/56) and from 10 to 7.75 (short shards: T = 434); the other
+    (long shards: T = 294 at T*k/E = T/56) and from 10 to 8.25 (short shards: T = 462); the other
     limits, the portable forms and a host-only wrapper (an H200 assumed) keep theirs."""
     args = (*_TP8[:3], inter)
     assert _decide.decide(t, *args, sm90=True).tile == wide
@@ -109,7 +109,7 @@ def test_decide_decode_limit_where_memory_is_narrow(inter, t, wide, narrow):
     assert _decide.decide(t, *args, narrow_memory=True) == _decide.decide(t, *args)
     for later in (1344, 1345, 1792, 1793, 2688, 2689, 3584, 3585, 16384):
         assert _decide.decide(later, *args, sm90=True, narrow_memory=True) == _decide.decide(later, *args, sm90=True)
-    assert not CakeMxfp4MoEWrapper(**CONTRACT, **EP8).narrow_memory
+    assert not CakeMxfp4MoEWrapper(**CONTRACT, **EP8, device="cpu").narrow_memory
 
 
 @pytest.mark.parametrize("sm90", [False, True])

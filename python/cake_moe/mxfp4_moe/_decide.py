@@ -62,11 +62,11 @@ SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 
 # the grouped GEMM's tile choice reads too) the decode forms, held there by the bandwidth (0.87-0.94
 # of the copy bandwidth at 2-5 routes per expert), lose to wg32x4 at fewer routes per expert.
 # Measured on an H100 80GB HBM3, each row's two forms on the same inputs (bench/results/
-# 2026-12-05_h100_mxfp4_moe_decode_mid.md): ep8 (long shard) n8 won at 4.57 routes per expert
-# (1.09x) and lost at 5.71 (0.95x); tp8 (short shard) won at 6.86 (1.12x) and lost at 8.0 and 9.1
-# (0.98x, 0.96x); the limits below are where the time ratio, interpolated linearly, crosses 1.
-# The H200 keeps 6 and 10 (above).
-SM90_NARROW_MEMORY_DECODE_LOADS = (5.25, 7.75)  # the largest loads n8 serves there: long shard, short shard
+# 2026-12-05_h100_mxfp4_moe_decode_mid.md, two runs): ep8 (long shard) n8 won at 4.57 routes per
+# expert (1.09x) and lost at 5.71 (0.95x, 0.96x); tp8 (short shard) won at 6.86 (1.12x), was even
+# at 8.0 (0.98x, 1.04x) and lost at 9.14 (0.96x, 0.94x); the limits below are where the time
+# ratio, interpolated linearly (the runs' mean), crosses 1. The H200 keeps 6 and 10 (above).
+SM90_NARROW_MEMORY_DECODE_LOADS = (5.25, 8.25)  # the largest loads n8 serves there: long shard, short shard
 SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
 # The token-row loaders of the GEMMs address a row's 16-byte chunks with 32-bit indices
 # (stage_loader.cuh, Loader::b_src: row x K / 8), so GEMM1's x rows (T x H elements) and GEMM2's
