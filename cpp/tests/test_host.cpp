@@ -14,7 +14,7 @@
 #include "host/grouped_gemm/heuristics_sm90.hpp"
 #include "moe/params.hpp"
 #include "mxfp4_moe/split_pieces.hpp"
-#include "runtime/driver.hpp"
+#include "runtime/device_info.hpp"
 #include "runtime/sha256.hpp"
 
 using namespace cake_moe;
