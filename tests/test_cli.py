@@ -90,15 +90,20 @@ def test_info_without_the_extension_says_so_in_one_line(monkeypatch, capsys):
 
 
 
-@pytest.mark.parametrize("dram,shown", [(3.35e12, ", 3.35 TB/s peak DRAM)"), (0.0, " SMs)")])
+@pytest.mark.parametrize("dram,shown", [(4.81e12, ", 4.81 TB/s peak DRAM)"),
+                                        (3.35e12, ", 3.35 TB/s peak DRAM (under 30 GB/s per SM: narrow-memory form "
+                                                  "choices))"),
+                                        (0.0, " SMs)")])
 def test_info_device_line_names_the_dram_bandwidth_when_reported(monkeypatch, dram, shown):
-    """The device line of ``cake-moe info`` gives the peak DRAM bandwidth the tile choice reads,
-    and leaves it out where the driver reports none (0)."""
+    """The device line of ``cake-moe info`` gives the peak DRAM bandwidth the form choices read,
+    says where they take their narrow-memory rules, and leaves it out where the driver reports
+    none (0)."""
     from types import SimpleNamespace
 
     from cake_moe import _runtime
     ext = SimpleNamespace(device_count=lambda: 1, device_arch=lambda d: "90a", device_name=lambda d: "Stand-in",
-                          device_sm_count=lambda d: 132, device_dram_bytes_per_s=lambda d: dram)
+                          device_sm_count=lambda d: 132, device_dram_bytes_per_s=lambda d: dram,
+                          device_narrow_memory=lambda d: 0 < dram < 30e9 * 132, narrow_memory_bytes_per_sm_s=30e9)
     monkeypatch.setattr(_runtime, "driver_status", lambda: (True, 13000, ""))
     monkeypatch.setattr(_runtime, "ext", lambda: ext)
     monkeypatch.setattr(_runtime, "built_arches", lambda: ["90a"])

@@ -20,6 +20,9 @@ def _device_line() -> tuple[str, bool]:
     sms = _runtime.ext().device_sm_count(0)
     dram = _runtime.ext().device_dram_bytes_per_s(0)  # 0 where the driver does not report it
     memory = f", {dram / 1e12:.2f} TB/s peak DRAM" if dram > 0 else ""
+    if _runtime.ext().device_narrow_memory(0):  # the form choices' narrow-memory rules apply
+        per_sm = _runtime.ext().narrow_memory_bytes_per_sm_s / 1e9
+        memory += f" (under {per_sm:.0f} GB/s per SM: narrow-memory form choices)"
     return (f"cuda:0 {name} (sm_{arch}, {sms} SMs{memory}), driver {version // 1000}.{version % 1000 // 10}: "
             f"{'served by this build' if served else 'NOT served by this build'}"), served
 
