@@ -67,9 +67,9 @@ def test_contract_geometry(layers, layout, t):
 
 @pytest.mark.parametrize("layout,t", [("ep8", 320), ("tp8", 512)])
 def test_decode_limit_follows_the_memory_bandwidth(layers, layout, t):
-    """Between the narrow-memory decode limit and the H200's (ep8 5.71, tp8 9.14 routes per
-    expert) the layer runs wg32x4 where DRAM bandwidth per SM is narrow (an H100, where it was
-    3.6-5.7% faster there) and n8 otherwise; either way it meets the reference's budgets."""
+    """At 5.71 (ep8 T = 320) and 9.14 (tp8 T = 512) routes per expert, between the narrow-memory
+    decode limits and the H200's, the layer runs wg32x4 where DRAM bandwidth per SM is narrow (an
+    H100, where it was 3.6-5.7% faster there) and n8 otherwise; either way within the budgets."""
     from cake_moe import _runtime
     layer = layers(layout)
     narrow = _runtime.ext().device_narrow_memory(layer.runner.device.index)

@@ -314,8 +314,8 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     """The decision for ``num_tokens`` tokens of a layer with ``hidden`` and ``inter`` (the
     rank's intermediate shard); every T >= 1 is served up to MAX_TOKEN_ROW_ELEMENTS. ``sm90``:
     the device runs the sm_90a forms; ``narrow_memory``: its DRAM bandwidth per SM is narrow (an
-    H100 SXM), which moves the sm_90 decode limit down. ``tile`` forces a tile form (benchmarks and tests); an
-    sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile GEMM1 -> GEMM2 sync on or off
+    H100 SXM), which moves the sm_90 decode limit down (SM90_NARROW_MEMORY_DECODE_LOADS).
+    ``tile`` forces a tile form (benchmarks and tests); an sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile GEMM1 -> GEMM2 sync on or off
     (it never changes a bit of the result); True needs an mma.sync tile form (not one of
     SM90_TILES)."""
     refusal = token_count_refusal(num_tokens, top_k, hidden, inter)
