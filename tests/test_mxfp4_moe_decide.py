@@ -112,6 +112,17 @@ def test_decide_decode_limit_where_memory_is_narrow(inter, t, wide, narrow):
     assert not CakeMxfp4MoEWrapper(**CONTRACT, **EP8, device="cpu").narrow_memory
 
 
+def test_wrapper_narrow_memory_argument():
+    """``narrow_memory=`` takes a narrow part's decisions (or an H200's) whatever the device, for
+    host-only planning; anything but None / True / False is refused."""
+    for flag in (False, True):
+        w = CakeMxfp4MoEWrapper(**CONTRACT, **EP8, narrow_memory=flag, device="cpu")
+        assert w.narrow_memory is flag and f"narrow_memory={flag}" in repr(w)
+        assert w.decide(320).tile == ("wg32x4" if flag else "n8")
+    with pytest.raises(ValueError, match="narrow_memory must be None, True or False"):
+        CakeMxfp4MoEWrapper(**CONTRACT, **EP8, narrow_memory=1)
+
+
 @pytest.mark.parametrize("sm90", [False, True])
 @pytest.mark.parametrize("shape", [(16, 896, 7168, 3072), (16, 896, 7168, 384), (2, 8, 256, 128), (8, 64, 384, 512),
                                    (8, 64, 384, 640), (32, 1024, 128, 128)])

@@ -148,7 +148,9 @@ class CakeMxfp4MoEWrapper:
     a visible CUDA device the host-only default is 132 (H100 SXM / H200). ``plan()`` refuses a
     device whose SM count differs. So is whether the device's DRAM bandwidth per SM is narrow
     (``narrow_memory``: an H100 SXM; host only: False, an H200's), which moves the decode forms'
-    limit down. ``decide`` and ``get_workspace_size`` are host only.
+    limit down; passing it takes that part's decisions (or the H200's) whatever the device, for
+    host-only planning and tuning: like ``tile=``, another form gives results within rounding of
+    the default's, never wrong ones. ``decide`` and ``get_workspace_size`` are host only.
     ``device="cpu"`` makes plans of CPU tensors that run the FP64 reference (tests, CPU-only
     machines): same API and checks, no kernels.
     """
@@ -156,7 +158,7 @@ class CakeMxfp4MoEWrapper:
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                  num_local_experts: int | None = None, local_expert_offset: int | None = None,
                  intermediate_shard: int | None = None, sm_count: int | None = None,
-                 device: torch.device | str | int | None = None):
+                 narrow_memory: bool | None = None, device: torch.device | str | int | None = None):
         e = _positive_int(num_experts, "num_experts")
         k = _positive_int(top_k, "top_k")
         h = _positive_int(hidden_size, "hidden_size")
@@ -194,8 +196,11 @@ class CakeMxfp4MoEWrapper:
                 HOST_ONLY_SM_COUNT
         self.sm_count = _positive_int(sm_count, "sm_count")
         self.capability = tuple(torch.cuda.get_device_capability(self.device)) if on_gpu else HOST_ONLY_CAPABILITY
-        # DRAM bandwidth per SM below the form choices' threshold (an H100 SXM); host only: an H200's
-        self.narrow_memory = bool(_runtime.ext().device_narrow_memory(self.device.index)) if on_gpu else False
+        if narrow_memory is None:   # the device's DRAM bandwidth per SM against the threshold; host only: an H200's
+            narrow_memory = bool(_runtime.ext().device_narrow_memory(self.device.index)) if on_gpu else False
+        elif not isinstance(narrow_memory, bool):
+            raise ValueError(f"narrow_memory must be None, True or False, got {narrow_memory!r}")
+        self.narrow_memory = narrow_memory
         self._kept = _kept_plans.KeptPlans()   # bound plans by their tensors' identities
 
     @staticmethod
@@ -464,4 +469,5 @@ class CakeMxfp4MoEWrapper:
         return (f"CakeMxfp4MoEWrapper(num_experts={self.num_experts}, top_k={self.top_k}, "
                 f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
                 f"num_local_experts={self.num_local_experts}, local_expert_offset={self.local_expert_offset}, "
-                f"intermediate_shard={self.intermediate_shard}, sm_count={self.sm_count}, device={self.device})")
+                f"intermediate_shard={self.intermediate_shard}, sm_count={self.sm_count}, "
+                f"narrow_memory={self.narrow_memory}, device={self.device})")
