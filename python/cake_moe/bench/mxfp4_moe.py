@@ -24,6 +24,7 @@ import dataclasses
 import datetime
 import functools
 import math
+from typing import TypedDict
 
 import torch
 
@@ -32,7 +33,17 @@ from ..reference import moe as ref
 from . import timing
 
 H, I, E, TOP_K = 7168, 3072, 896, 16
-LAYOUTS = {"ep8": {"num_local_experts": 112, "local_expert_offset": 336}, "tp8": {"intermediate_shard": 384}}
+
+
+class LayoutArgs(TypedDict, total=False):
+    """A contract layout's CakeMxfp4MoEWrapper keywords."""
+    num_local_experts: int
+    local_expert_offset: int
+    intermediate_shard: int
+
+
+LAYOUTS: dict[str, LayoutArgs] = {"ep8": {"num_local_experts": 112, "local_expert_offset": 336},
+                                  "tp8": {"intermediate_shard": 384}}
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 ROTATE_MAX_T, ROTATIONS = 64, 8
 GRAPH_MAX_T = 1024
