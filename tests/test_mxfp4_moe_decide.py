@@ -112,9 +112,17 @@ def test_decide_decode_limit_where_memory_is_narrow(inter, t, wide, narrow):
     assert not CakeMxfp4MoEWrapper(**CONTRACT, **EP8, device="cpu").narrow_memory
 
 
-def test_wrapper_narrow_memory_argument():
+def test_wrapper_narrow_memory_argument(monkeypatch):
     """``narrow_memory=`` takes a narrow part's decisions (or an H200's) whatever the device, for
-    host-only planning; anything but None / True / False is refused."""
+    host-only planning; anything but None / True / False is refused. Read from a device without
+    the compiled extension, the flag is an H200's (decide() still serves there)."""
+    from cake_moe import _runtime
+
+    def missing():
+        raise ImportError("no extension")
+    monkeypatch.setattr(_runtime, "ext", missing)
+    assert CakeMxfp4MoEWrapper(**CONTRACT, **EP8, device="cpu")._device_narrow_memory() is False
+    monkeypatch.undo()
     for flag in (False, True):
         w = CakeMxfp4MoEWrapper(**CONTRACT, **EP8, narrow_memory=flag, device="cpu")
         assert w.narrow_memory is flag and f"narrow_memory={flag}" in repr(w)

@@ -197,11 +197,19 @@ class CakeMxfp4MoEWrapper:
         self.sm_count = _positive_int(sm_count, "sm_count")
         self.capability = tuple(torch.cuda.get_device_capability(self.device)) if on_gpu else HOST_ONLY_CAPABILITY
         if narrow_memory is None:   # the device's DRAM bandwidth per SM against the threshold; host only: an H200's
-            narrow_memory = bool(_runtime.ext().device_narrow_memory(self.device.index)) if on_gpu else False
+            narrow_memory = on_gpu and self._device_narrow_memory()
         elif not isinstance(narrow_memory, bool):
             raise ValueError(f"narrow_memory must be None, True or False, got {narrow_memory!r}")
         self.narrow_memory = narrow_memory
         self._kept = _kept_plans.KeptPlans()   # bound plans by their tensors' identities
+
+    def _device_narrow_memory(self) -> bool:
+        """The device's narrow-memory flag; False (an H200's decisions) without the compiled
+        extension, where decide() and get_workspace_size() still serve and plan() refuses."""
+        try:
+            return bool(_runtime.ext().device_narrow_memory(self.device.index))
+        except (ImportError, AttributeError):
+            return False
 
     @staticmethod
     def _resolve_device(device: torch.device | str | int | None) -> torch.device:
