@@ -10,6 +10,7 @@ collection, so the CPU suite collects these files on a build without the extensi
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 
@@ -69,15 +70,22 @@ def test_contract_geometry(layers, layout, t):
 def test_decode_limit_follows_the_memory_bandwidth(layers, layout, t):
     """At 5.71 (ep8 T = 320) and 9.14 (tp8 T = 512) routes per expert, between the narrow-memory
     decode limits and the H200's, the layer runs wg32x4 where DRAM bandwidth per SM is narrow (an
-    H100, where it was 3.6-5.7% faster there) and n8 otherwise; either way within the budgets."""
+    H100, where it was 3.6-5.7% faster there) and n8 otherwise; either way within the budgets.
+    A wrapper made with ``narrow_memory=`` the other way takes the other part's form."""
     from cake_moe import _runtime
+    from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper
     layer = layers(layout)
     narrow = _runtime.ext().device_narrow_memory(layer.runner.device.index)
     assert layer.runner.narrow_memory == narrow
-    d = layer.runner.decide(t)
-    assert (d.path, d.tile) == (("mid", "wg32x4") if narrow else ("decode", "n8")), (d, narrow)
     case = make_case(layer.geom, t, seed=t)
-    check_output(case, layer.run(case), reference(case, layer.bank))
+    want = reference(case, layer.bank)
+    args, kw = layer.geom.wrapper_args()
+    other = copy.copy(layer)
+    other.runner = CakeMxfp4MoEWrapper(*args, device=layer.device, narrow_memory=not narrow, **kw)
+    for runs_narrow, on in ((narrow, layer), (not narrow, other)):
+        d = on.runner.decide(t)
+        assert (d.path, d.tile) == (("mid", "wg32x4") if runs_narrow else ("decode", "n8")), (d, runs_narrow)
+        check_output(case, on.run(case), want)
 
 
 _CONTRACT_REGIMES = [(layout, regime, t) for layout in sorted(CONTRACT) for regime in REGIMES if regime != "balanced"
