@@ -67,6 +67,12 @@ SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 
 # at 8.0 (0.98x, 1.04x) and lost at 9.14 (0.96x, 0.94x); the limits below are where the time
 # ratio, interpolated linearly (the runs' mean), crosses 1. The H200 keeps 6 and 10 (above).
 SM90_NARROW_MEMORY_DECODE_LOADS = (5.25, 8.25)  # the largest loads n8 serves there: long shard, short shard
+# There the four-warp narrow tiling also stays ahead of n8 past NARROW4_ROUTES: on an H100, same
+# inputs, two calls (bench/results/2026-12-05_h100_mxfp4_moe_decode_forms.md and
+# ..._h100_mxfp4_moe_narrow4_limit.md), n8_narrow4 ran 0.3-1.2% faster than n8 on all 18 row
+# pairs at T = 6..32 (96-512 routes, both contract layouts); on the H200 it was 1.3% slower to 0.6%
+# faster at T = 8 and 12 (2026-12-01_h200_mxfp4_moe_narrow4.md), so the H200 keeps 64.
+SM90_NARROW_MEMORY_NARROW4_ROUTES = 512
 SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
 # The token-row loaders of the GEMMs address a row's 16-byte chunks with 32-bit indices
 # (stage_loader.cuh, Loader::b_src: row x K / 8), so GEMM1's x rows (T x H elements) and GEMM2's
@@ -314,7 +320,8 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     """The decision for ``num_tokens`` tokens of a layer with ``hidden`` and ``inter`` (the
     rank's intermediate shard); every T >= 1 is served up to MAX_TOKEN_ROW_ELEMENTS. ``sm90``:
     the device runs the sm_90a forms; ``narrow_memory``: its DRAM bandwidth per SM is narrow (an
-    H100 SXM), which moves the sm_90 decode limit down (SM90_NARROW_MEMORY_DECODE_LOADS).
+    H100 SXM), which moves the sm_90 decode limit down (SM90_NARROW_MEMORY_DECODE_LOADS) and the
+    four-warp narrow tiling's up (SM90_NARROW_MEMORY_NARROW4_ROUTES).
     ``tile`` forces a tile form (benchmarks and tests); an sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile GEMM1 -> GEMM2 sync on or off
     (it never changes a bit of the result); True needs an mma.sync tile form (not one of
     SM90_TILES)."""
@@ -330,7 +337,8 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
         _, path, block_n, chosen = next(row for row in TILE_TABLE if load <= row[0])
     if num_tokens * top_k <= MAX_FEW_ROUTES:
         alt = ""  # the few-route routing path lists one form's tiles
-    if block_n == 8 and num_tokens * top_k <= NARROW4_ROUTES:
+    narrow4_max = SM90_NARROW_MEMORY_NARROW4_ROUTES if sm90 and narrow_memory else NARROW4_ROUTES
+    if block_n == 8 and num_tokens * top_k <= narrow4_max:
         chosen = "n8_narrow" if num_tokens * top_k <= NARROW_ROUTES else "n8_narrow4"
     if tile is not None:
         if tile not in TILES:
