@@ -15,7 +15,7 @@ from cake_moe.mxfp4_moe import _decide, _wrapper
 from .mxfp4_moe_cases import CONTRACT_ARGS as CONTRACT, EP8_ARGS as EP8, TP8_ARGS as TP8
 
 def test_decide_contract_rows():
-    w = CakeMxfp4MoEWrapper(**CONTRACT, **EP8)
+    w = CakeMxfp4MoEWrapper(**CONTRACT, **EP8, narrow_memory=False)   # an H200's table on any sm_90 part
     assert w.capability == (9, 0)   # host only: an H200 is assumed, like the SM count
     d = w.decide(1)
     assert (d.supported, d.path, d.block_n, d.tile) == (True, "decode", 8, "n8_narrow")
@@ -270,7 +270,7 @@ def test_expected_tiles_matches_the_poisson_sum(load, block_n):
 def test_decide_short_k_form_for_a_tp_shard():
     """tp8: GEMM2 reduces over the 384-wide shard, so decode takes its short-K tiling; after the
     narrow GEMM1 (T = 1) its two-K-warp variant, for K from 256 to 512."""
-    w = CakeMxfp4MoEWrapper(**CONTRACT, **TP8)
+    w = CakeMxfp4MoEWrapper(**CONTRACT, **TP8, narrow_memory=False)
     assert w.decide(1).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow", "mxfp4_moe_gemm2_n8_shortk2")
     assert w.decide(4).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow4", "mxfp4_moe_gemm2_n8_shortk")
     assert w.decide(8).forms[2:4] == ("mxfp4_moe_gemm1_n8", "mxfp4_moe_gemm2_n8_shortk")
