@@ -9,6 +9,7 @@ import torch
 
 from cake_moe import cli
 from cake_moe.bench import mxfp4_moe as bench_moe
+from cake_moe.mxfp4_moe import _decide
 
 
 def test_bench_refuses_unknown_layouts():
@@ -286,3 +287,26 @@ def test_grouped_gemm_group_draws_keep_the_grids_and_differ_by_seed():
     grid = bench_gg._sizes(4096, 16, "random", bench_gg.case_seed(0))
     other = bench_gg._sizes(4096, 16, "random", bench_gg.case_seed(0, seed=1))
     assert sum(grid) == sum(other) == 4096 and grid != other
+
+
+@pytest.mark.parametrize("narrow,want", [("no", {8: "n8", 320: "n8", 512: "n8"}),
+                                         ("yes", {8: "n8_narrow4", 320: "n8", 512: "wg32x4 or wg64x4"})])
+def test_decide_prints_the_decision_table(capsys, narrow, want):
+    """``cake-moe decide`` prints, per token count, the tile forms plan() would bind (host only),
+    with an H200's or a narrow-memory part's decisions as asked."""
+    assert cli.main(["decide", "--layouts", "tp8", "--tokens", "8", "320", "512", "--narrow-memory", narrow]) == 0
+    out = capsys.readouterr().out
+    assert f"narrow_memory={narrow == 'yes'}" in out and "intermediate_shard=384" in out
+    rows = {int(line.split()[0]): line for line in out.splitlines() if line.strip()[:1].isdigit()}
+    assert sorted(rows) == [8, 320, 512]
+    for t, tile in want.items():
+        assert f"  {tile} " in rows[t], rows[t]
+        assert ("gemm2_n8_shortk" in rows[t]) == (tile != "wg32x4 or wg64x4"), rows[t]   # tp8: K = 384
+    assert f"{_decide.routes_per_expert(512, 16, 896):.3g}" in rows[512]
+
+
+def test_decide_refuses_an_unknown_layout(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["decide", "--layouts", "ep4"])
+    assert e.value.code == 2 and "expected a comma list of ep8, tp8" in capsys.readouterr().err
+

@@ -1,4 +1,4 @@
-"""The ``cake-moe`` command: ``info``, ``demo`` (the main job) and ``bench``."""
+"""The ``cake-moe`` command: ``info``, ``demo`` (the main job), ``decide`` and ``bench``."""
 from __future__ import annotations
 
 import argparse
@@ -49,6 +49,34 @@ def cmd_info(_args) -> int:
     n = sum(len(f["arches"]) for f in m["forms"])
     print(f"{len(m['forms'])} forms, {n} images, {n - bad} checksums verified, {bad} failed")
     return 1 if bad else 0
+
+
+DECIDE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096, 16384)
+
+
+def cmd_decide(args) -> int:
+    """Family B's decisions at the contract geometry: per token count, the path, the tile forms
+    (with the one the device may take instead from the call's route counts), the per-tile sync,
+    the workspace and the GEMM kernels ``plan()`` binds. Host only: no kernel runs."""
+    from .bench.mxfp4_moe import E, H, I, LAYOUTS, TOP_K
+    from .mxfp4_moe import CakeMxfp4MoEWrapper
+    from .mxfp4_moe._decide import routes_per_expert
+    import torch
+    narrow = {"device": None, "yes": True, "no": False}[args.narrow_memory]
+    if not torch.cuda.is_available():
+        print("no CUDA device: a host-only wrapper's decisions (sm_90a, 132 SMs, an H200's unless --narrow-memory yes)")
+    for layout in args.layouts:
+        w = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS[layout], narrow_memory=narrow)
+        print(f"{layout}: {w!r}")
+        print(f"{'T':>6} {'T*k/E':>8}  {'path':8} {'tile':18} {'sync':5} {'workspace':>10}  GEMM kernels")
+        for t in args.tokens or DECIDE_TOKENS:
+            d = w.decide(t)
+            tile = d.tile + (f" or {d.alt_tile}" if d.alt_tile else "")
+            gemms = ", ".join(f.removeprefix("mxfp4_moe_") for f in d.forms if f.startswith("mxfp4_moe_gemm"))
+            mib = w.get_workspace_size(t) / 2**20
+            print(f"{t:>6} {routes_per_expert(t, TOP_K, E):>8.3g}  {d.path:8} {tile:18} {'yes' if d.tile_sync else 'no':5} "
+                  f"{mib:>6.1f} MiB  {gemms}")
+    return 0
 
 
 def cmd_demo(args) -> int:
@@ -132,6 +160,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="token count of the format and grouped_mm steps (default 4096 on GPU, 64 on CPU); the "
                         "MXFP4 MoE step is always a decode step of 8 tokens")
     d.set_defaults(fn=cmd_demo)
+    c = sub.add_parser("decide", help="the MXFP4 MoE layer's kernel forms per token count (host only)")
+    c.add_argument("--layouts", default="ep8,tp8", type=_layouts, help="comma list of ep8,tp8")
+    c.add_argument("--tokens", type=_positive, nargs="+", default=None,
+                   help=f"token counts (default {' '.join(map(str, DECIDE_TOKENS))})")
+    c.add_argument("--narrow-memory", choices=("device", "yes", "no"), default="device",
+                   help="the decisions of a part with narrow DRAM bandwidth per SM (an H100 SXM: yes) or not "
+                        "(an H200: no); device (default) reads the current device, an H200's without one")
+    c.set_defaults(fn=cmd_decide)
     b = sub.add_parser("bench", help="benchmarks against their anchors, JSON + markdown")
     b.add_argument("what", choices=["formats", "grouped-gemm", "mxfp4-moe"])
     b.add_argument("--ops", default="fwd,dgrad,wgrad", type=_ops, help="grouped-gemm: comma list of fwd,dgrad,wgrad")
