@@ -14,7 +14,9 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 K=${1:-}
 declare -a NAMES RESULTS
-record() { NAMES+=("$1"); RESULTS+=("$2"); printf '%-10s %s\n' "$1" "$2" >>"$OUT/summary.txt"; }
+# (summary.txt also says when each step ended, in seconds from the start: a run cut short by a
+# time limit tells what the next one needs)
+record() { NAMES+=("$1"); RESULTS+=("$2"); printf '%-10s %s [%d s]\n' "$1" "$2" "$(( $(date +%s) - t0 ))" >>"$OUT/summary.txt"; }
 rm -f "$OUT/summary.txt"
 passed=0; failed=0
 
