@@ -68,7 +68,7 @@ SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 
 # ratio, interpolated linearly (the runs' mean), crosses 1. The H200 keeps 6 and 10 (above).
 SM90_NARROW_MEMORY_DECODE_LOADS = (5.25, 8.25)  # the largest loads n8 serves there: long shard, short shard
 # There the four-warp narrow tiling also stays ahead of n8 past NARROW4_ROUTES: on an H100, same
-# inputs, two calls (bench/results/2026-12-05_h100_mxfp4_moe_decode_forms.md and
+# inputs, two runs (bench/results/2026-12-05_h100_mxfp4_moe_decode_forms.md and
 # ..._h100_mxfp4_moe_narrow4_limit.md), n8_narrow4 ran 0.3-1.2% faster than n8 on all 18 row
 # pairs at T = 6..32 (96-512 routes, both contract layouts); on the H200 it was 1.3% slower to 0.6%
 # faster at T = 8 and 12 (2026-12-01_h200_mxfp4_moe_narrow4.md), so the H200 keeps 64.
