@@ -310,3 +310,23 @@ def test_decide_refuses_an_unknown_layout(capsys):
         cli.main(["decide", "--layouts", "ep4"])
     assert e.value.code == 2 and "expected a comma list of ep8, tp8" in capsys.readouterr().err
 
+
+def test_decide_takes_another_layer(capsys):
+    """``--layer E,K,H,I`` with a rank (``--local-experts`` / ``--expert-offset`` or ``--shard``)
+    replaces the contract layouts; what the wrapper refuses, and a rank without a layer, exit 2
+    with the reason."""
+    assert cli.main(["decide", "--layer", "256,8,7168,2048", "--local-experts", "32", "--expert-offset", "64",
+                     "--tokens", "1", "4096", "--narrow-memory", "no"]) == 0
+    out = capsys.readouterr().out
+    assert "num_local_experts=32, local_expert_offset=64" in out and "ep8" not in out
+    rows = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert len(rows) == 2 and "n8_narrow" in rows[0] and "prefill" in rows[1], rows
+    assert f"{_decide.routes_per_expert(4096, 8, 256):.3g}" in rows[1]
+    assert cli.main(["decide", "--layer", "256,8,7168,2048", "--shard", "100"]) == 2
+    assert "intermediate_shard must be a multiple of 128" in capsys.readouterr().err
+    assert cli.main(["decide", "--shard", "256"]) == 2
+    assert "describe a --layer's rank" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["decide", "--layer", "1,2,3"])
+    assert e.value.code == 2 and "expected E,K,H,I" in capsys.readouterr().err
+

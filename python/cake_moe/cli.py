@@ -54,28 +54,47 @@ def cmd_info(_args) -> int:
 DECIDE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096, 16384)
 
 
+def _decision_line(w, t: int) -> str:
+    """One token count's row of ``cake-moe decide``."""
+    from .mxfp4_moe._decide import routes_per_expert
+    d = w.decide(t)
+    if not d.supported:
+        return f"{t:>6} refused: {d.reason}"
+    tile = d.tile + (f" or {d.alt_tile}" if d.alt_tile else "")
+    gemms = ", ".join(f.removeprefix("mxfp4_moe_") for f in d.forms if f.startswith("mxfp4_moe_gemm"))
+    mib = w.get_workspace_size(t) / 2**20
+    return (f"{t:>6} {routes_per_expert(t, w.top_k, w.num_experts):>8.3g}  {d.path:8} {tile:18} "
+            f"{'yes' if d.tile_sync else 'no':5} {mib:>6.1f} MiB  {gemms}")
+
+
 def cmd_decide(args) -> int:
-    """Family B's decisions at the contract geometry: per token count, the path, the tile forms
-    (with the one the device may take instead from the call's route counts), the per-tile sync,
-    the workspace and the GEMM kernels ``plan()`` binds. Host only: no kernel runs."""
+    """Family B's decisions (the contract layouts, or ``--layer``): per token count, the path,
+    the tile forms (with the one the device may take instead from the call's route counts), the
+    per-tile sync, the workspace and the GEMM kernels ``plan()`` binds. Host only: no kernel runs."""
+    import torch
+
     from .bench.mxfp4_moe import E, H, I, LAYOUTS, TOP_K
     from .mxfp4_moe import CakeMxfp4MoEWrapper
-    from .mxfp4_moe._decide import routes_per_expert
-    import torch
     narrow = {"device": None, "yes": True, "no": False}[args.narrow_memory]
+    rank = {"num_local_experts": args.local_experts, "local_expert_offset": args.expert_offset,
+            "intermediate_shard": args.shard}
+    if args.layer is None and any(v is not None for v in rank.values()):
+        print("cake-moe decide: --local-experts, --expert-offset and --shard describe a --layer's rank", file=sys.stderr)
+        return 2
+    layers = ({"layer": (args.layer, rank)} if args.layer is not None
+              else {name: ((E, TOP_K, H, I), dict(LAYOUTS[name])) for name in args.layouts})
+    try:
+        wrappers = {name: CakeMxfp4MoEWrapper(*dims, **kw, narrow_memory=narrow) for name, (dims, kw) in layers.items()}
+    except ValueError as err:
+        print(f"cake-moe decide: {err}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("no CUDA device: a host-only wrapper's decisions (sm_90a, 132 SMs, an H200's unless --narrow-memory yes)")
-    for layout in args.layouts:
-        w = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS[layout], narrow_memory=narrow)
-        print(f"{layout}: {w!r}")
+    for name, w in wrappers.items():
+        print(f"{name}: {w!r}")
         print(f"{'T':>6} {'T*k/E':>8}  {'path':8} {'tile':18} {'sync':5} {'workspace':>10}  GEMM kernels")
         for t in args.tokens or DECIDE_TOKENS:
-            d = w.decide(t)
-            tile = d.tile + (f" or {d.alt_tile}" if d.alt_tile else "")
-            gemms = ", ".join(f.removeprefix("mxfp4_moe_") for f in d.forms if f.startswith("mxfp4_moe_gemm"))
-            mib = w.get_workspace_size(t) / 2**20
-            print(f"{t:>6} {routes_per_expert(t, TOP_K, E):>8.3g}  {d.path:8} {tile:18} {'yes' if d.tile_sync else 'no':5} "
-                  f"{mib:>6.1f} MiB  {gemms}")
+            print(_decision_line(w, t))
     return 0
 
 
@@ -143,6 +162,16 @@ def _out_prefix(text: str) -> str:
     return text
 
 
+def _layer_dims(text: str) -> tuple[int, int, int, int]:
+    try:
+        dims = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        dims = ()
+    if len(dims) != 4:
+        raise argparse.ArgumentTypeError(f"expected E,K,H,I (four ints), got {text!r}")
+    return dims[0], dims[1], dims[2], dims[3]
+
+
 def _layouts(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     if not names or any(n not in ("ep8", "tp8") for n in names):
@@ -164,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--layouts", default="ep8,tp8", type=_layouts, help="comma list of ep8,tp8")
     c.add_argument("--tokens", type=_positive, nargs="+", default=None,
                    help=f"token counts (default {' '.join(map(str, DECIDE_TOKENS))})")
+    c.add_argument("--layer", type=_layer_dims, default=None, metavar="E,K,H,I",
+                   help="another layer instead of the contract layouts: experts, top_k, hidden and intermediate size")
+    c.add_argument("--local-experts", type=_positive, default=None, help="--layer: this rank's experts (expert parallel)")
+    c.add_argument("--expert-offset", type=int, default=None, help="--layer: the first local expert's id")
+    c.add_argument("--shard", type=_positive, default=None, help="--layer: this rank's intermediate shard (MoE TP)")
     c.add_argument("--narrow-memory", choices=("device", "yes", "no"), default="device",
                    help="the decisions of a part with narrow DRAM bandwidth per SM (an H100 SXM: yes) or not "
                         "(an H200: no); device (default) reads the current device, an H200's without one")
