@@ -322,6 +322,9 @@ def test_decide_takes_another_layer(capsys):
     rows = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert len(rows) == 2 and "n8_narrow" in rows[0] and "prefill" in rows[1], rows
     assert f"{_decide.routes_per_expert(4096, 8, 256):.3g}" in rows[1]
+    assert cli.main(["decide", "--layer", "8,2,7168,128", "--tokens", "4", "5000000", "--narrow-memory", "no"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    assert "n8_narrow" in rows[0] and rows[1].startswith("5000000 refused: T = 5000000"), rows   # T x H >= 2^35
     assert cli.main(["decide", "--layer", "256,8,7168,2048", "--shard", "100"]) == 2
     assert "intermediate_shard must be a multiple of 128" in capsys.readouterr().err
     assert cli.main(["decide", "--shard", "256"]) == 2

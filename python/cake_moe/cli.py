@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from . import __version__, _runtime
+
+if TYPE_CHECKING:
+    from .mxfp4_moe import CakeMxfp4MoEWrapper
 
 
 def _device_line() -> tuple[str, bool]:
@@ -54,7 +58,7 @@ def cmd_info(_args) -> int:
 DECIDE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096, 16384)
 
 
-def _decision_line(w, t: int) -> str:
+def _decision_line(w: CakeMxfp4MoEWrapper, t: int) -> str:
     """One token count's row of ``cake-moe decide``."""
     from .mxfp4_moe._decide import routes_per_expert
     d = w.decide(t)
