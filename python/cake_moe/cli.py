@@ -83,7 +83,8 @@ def cmd_decide(args) -> int:
     rank = {"num_local_experts": args.local_experts, "local_expert_offset": args.expert_offset,
             "intermediate_shard": args.shard}
     if args.layer is None and any(v is not None for v in rank.values()):
-        print("cake-moe decide: --local-experts, --expert-offset and --shard describe a --layer's rank", file=sys.stderr)
+        print("cake-moe decide: --local-experts, --expert-offset and --shard describe a --layer's rank",
+              file=sys.stderr)
         return 2
     layers = ({"layer": (args.layer, rank)} if args.layer is not None
               else {name: ((E, TOP_K, H, I), dict(LAYOUTS[name])) for name in args.layouts})
@@ -199,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"token counts (default {' '.join(map(str, DECIDE_TOKENS))})")
     c.add_argument("--layer", type=_layer_dims, default=None, metavar="E,K,H,I",
                    help="another layer instead of the contract layouts: experts, top_k, hidden and intermediate size")
-    c.add_argument("--local-experts", type=_positive, default=None, help="--layer: this rank's experts (expert parallel)")
+    c.add_argument("--local-experts", type=_positive, default=None,
+                   help="--layer: this rank's experts (expert parallel)")
     c.add_argument("--expert-offset", type=int, default=None, help="--layer: the first local expert's id")
     c.add_argument("--shard", type=_positive, default=None, help="--layer: this rank's intermediate shard (MoE TP)")
     c.add_argument("--narrow-memory", choices=("device", "yes", "no"), default="device",
