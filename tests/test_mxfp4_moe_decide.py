@@ -291,18 +291,18 @@ def test_decide_narrow_forms_by_route_count(sm90):
 
 @pytest.mark.parametrize("inter", [3072, 384])
 def test_decide_narrow4_limit_where_memory_is_narrow(inter):
-    """Narrow DRAM per SM (an H100) keeps n8_narrow4 up to 512 routes (T = 32 at top_k 16) where an
-    H200 takes n8 from 65; the narrow tiling at T = 1, the later forms and the portable table are
-    the same on both."""
+    """Narrow DRAM per SM (an H100) keeps n8_narrow4 up to 2048 routes (T = 128 at top_k 16)
+    where an H200 takes n8 from 65; the narrow tiling at T = 1, the later forms and the portable
+    table are the same on both."""
     args = (*_TP8[:3], inter)
 
     def tiles(**kw):
-        return {t: _decide.decide(t, *args, **kw).tile for t in (1, 4, 5, 32, 33, 64)}
-    assert tiles(sm90=True) == {1: "n8_narrow", 4: "n8_narrow4", 5: "n8", 32: "n8", 33: "n8", 64: "n8"}
+        return {t: _decide.decide(t, *args, **kw).tile for t in (1, 4, 5, 32, 128, 129)}
+    assert tiles(sm90=True) == {1: "n8_narrow", 4: "n8_narrow4", 5: "n8", 32: "n8", 128: "n8", 129: "n8"}
     assert tiles(sm90=True, narrow_memory=True) == {1: "n8_narrow", 4: "n8_narrow4", 5: "n8_narrow4",
-                                                     32: "n8_narrow4", 33: "n8", 64: "n8"}
+                                                     32: "n8_narrow4", 128: "n8_narrow4", 129: "n8"}
     assert tiles(narrow_memory=True) == tiles()
-    forms = _decide.decide(32, *args, sm90=True, narrow_memory=True).forms
+    forms = _decide.decide(128, *args, sm90=True, narrow_memory=True).forms
     assert forms[2] == "mxfp4_moe_gemm1_n8_narrow4"
     assert forms[3] == ("mxfp4_moe_gemm2_n8_narrow4" if inter > _decide.SHORT_K else "mxfp4_moe_gemm2_n8_shortk")
 

@@ -68,11 +68,13 @@ SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 
 # ratio, interpolated linearly (the runs' mean), crosses 1. The H200 keeps 6 and 10 (above).
 SM90_NARROW_MEMORY_DECODE_LOADS = (5.25, 8.25)  # the largest loads n8 serves there: long shard, short shard
 # There the four-warp narrow tiling also stays ahead of n8 past NARROW4_ROUTES: on an H100, same
-# inputs, two runs (bench/results/2026-12-05_h100_mxfp4_moe_decode_forms.md and
-# ..._h100_mxfp4_moe_narrow4_limit.md), n8_narrow4 ran 0.3-1.2% faster than n8 on all 18 row
-# pairs at T = 6..32 (96-512 routes, both contract layouts); on the H200 it was 1.3% slower to 0.6%
-# faster at T = 8 and 12 (2026-12-01_h200_mxfp4_moe_narrow4.md), so the H200 keeps 64.
-SM90_NARROW_MEMORY_NARROW4_ROUTES = 512
+# inputs, two runs each (bench/results/2026-12-05_h100_mxfp4_moe_decode_forms.md,
+# ..._h100_mxfp4_moe_narrow4_limit.md and ..._h100_mxfp4_moe_narrow4_to_128.md), n8_narrow4 ran
+# 0.3-1.2% faster than n8 on all 18 row pairs at T = 6..32 (96-512 routes, both contract
+# layouts), 0.3-0.8% faster on all 12 at T = 48..96, and at T = 128 (2048 routes) even on ep8
+# (+-0.1%) and 0.2-0.4% faster on tp8; past that it was not measured. On the H200 it was 1.3%
+# slower to 0.6% faster at T = 8 and 12 (2026-12-01_h200_mxfp4_moe_narrow4.md): it keeps 64.
+SM90_NARROW_MEMORY_NARROW4_ROUTES = 2048
 SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
 # The token-row loaders of the GEMMs address a row's 16-byte chunks with 32-bit indices
 # (stage_loader.cuh, Loader::b_src: row x K / 8), so GEMM1's x rows (T x H elements) and GEMM2's
