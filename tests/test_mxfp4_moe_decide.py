@@ -108,8 +108,30 @@ def test_decide_decode_limit_where_memory_is_narrow(inter, t, wide, narrow):
     assert _decide.decide(t, *args, sm90=True, narrow_memory=True).tile == narrow
     assert _decide.decide(t, *args, narrow_memory=True) == _decide.decide(t, *args)
     for later in (1344, 1345, 1792, 1793, 2688, 2689, 3584, 3585, 16384):
-        assert _decide.decide(later, *args, sm90=True, narrow_memory=True) == _decide.decide(later, *args, sm90=True)
+        n, w = (_decide.decide(later, *args, sm90=True, narrow_memory=m) for m in (True, False))
+        assert (n.path, n.tile, n.block_n, n.tile_sync) == (w.path, w.tile, w.block_n, w.tile_sync)
     assert not CakeMxfp4MoEWrapper(**CONTRACT, **EP8, device="cpu").narrow_memory
+
+
+@pytest.mark.parametrize("t,wide,narrow", [(1345, "wg64x4/wg128x4", "wg64x4/wg96x4"),
+                                           (2688, "wg64x4/wg128x4", "wg64x4/wg96x4"),
+                                           (3072, "wg128x4/wg160x3", "wg128x4/wg96x4"),
+                                           (4144, "wg128x4/wg160x3", "wg128x4/wg96x4"),
+                                           (4145, "wg128x4/wg160x3", "wg128x4/wg160x3"),
+                                           (16384, "wg160x3/wg128x4", "wg160x3/wg128x4")])
+def test_decide_long_shard_offers_wg96_where_memory_is_narrow(t, wide, narrow):
+    """Narrow DRAM per SM makes wg96x4 a long shard's second wgmma form: wg64x4's, and wg128x4's
+    up to 74 routes per expert (T = 4144 at T*k/E = T/56) instead of wg160x3; the table's own
+    form stays, and short shards keep theirs."""
+    def pair(inter, **kw):
+        d = _decide.decide(t, *_TP8[:3], inter, sm90=True, **kw)
+        return f"{d.tile}/{d.alt_tile}", d.forms
+    assert pair(3072)[0] == wide
+    got, forms = pair(3072, narrow_memory=True)
+    assert got == narrow
+    if narrow.endswith("wg96x4"):
+        assert forms[3] == "mxfp4_moe_gemm1_wg96x4" and forms[5] == "mxfp4_moe_gemm2_wg96x4"
+    assert pair(384, narrow_memory=True) == pair(384)
 
 
 def test_wrapper_narrow_memory_argument(monkeypatch):

@@ -75,6 +75,14 @@ SM90_NARROW_MEMORY_DECODE_LOADS = (5.25, 8.25)  # the largest loads n8 serves th
 # (+-0.1%) and 0.2-0.4% faster on tp8; past that it was not measured. On the H200 it was 1.3%
 # slower to 0.6% faster at T = 8 and 12 (2026-12-01_h200_mxfp4_moe_narrow4.md): it keeps 64.
 SM90_NARROW_MEMORY_NARROW4_ROUTES = 2048
+# There a long shard's wgmma decisions offer the device wg96x4 as well: as wg64x4's second form
+# (instead of wg128x4), and as wg128x4's (instead of wg160x3) up to this load, below which even
+# an expert-parallel rank's ~1.43x load leaves few experts past 128 routes (wg160x3's case) and
+# many within one 96-row tile. Measured on an H100, the ep8 rank, the table before and after in
+# turn (bench/results/2026-12-05_h100_mxfp4_moe_wg96_long_shard_ab.md, two runs): 1.6-13.4%
+# faster at T = 2048..4096 (36.6-73.1); even at 77.7 and 3-31% slower at 82.3-96 with the limit
+# at 96, so 74. (Found by forcing each form: ..._h100_mxfp4_moe_mid_sweep.md.)
+SM90_NARROW_MEMORY_WG96_ALT_MAX_LOAD = 74
 SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
 # The token-row loaders of the GEMMs address a row's 16-byte chunks with 32-bit indices
 # (stage_loader.cuh, Loader::b_src: row x K / 8), so GEMM1's x rows (T x H elements) and GEMM2's
@@ -242,17 +250,20 @@ def prefill_tile(load: float, short_shard: bool) -> str:
     return _by_expected_cost(_wide_prefill(load, short_shard), load)[0]
 
 
-def alt_tile(load: float, short_shard: bool, tile: str) -> str:
+def alt_tile(load: float, short_shard: bool, tile: str, narrow_memory: bool = False) -> str:
     """The second form of an sm_90a wgmma decision, which the device runs instead where the
     call's actual counts make it cheaper (device_tile_choice): past wg64x4's range the other
-    wide form of least expected cost; below it the next larger token tile (wg32x4 -> wg64x4 ->
-    wg96x4 for a short shard, else wg128x4), since a rank's load runs above the T * k / E
+    wide form of least expected cost (or wg96x4, SM90_NARROW_MEMORY_WG96_ALT_MAX_LOAD); below it
+    the next larger token tile (wg32x4 -> wg64x4 -> wg96x4 for a short shard or where DRAM per SM
+    is narrow, else wg128x4), since a rank's load runs above the T * k / E
     estimate wherever tokens reach it by expert-parallel dispatch (every token has a local
     route: ~1.43x at the contract's ep8)."""
     if tile == "wg32x4":
         return "wg64x4"
     if tile == "wg64x4":
-        return "wg96x4" if short_shard and load <= NARROW_PREFILL_MAX_LOAD else "wg128x4"
+        return "wg96x4" if (short_shard or narrow_memory) and load <= NARROW_PREFILL_MAX_LOAD else "wg128x4"
+    if tile == "wg128x4" and narrow_memory and load <= SM90_NARROW_MEMORY_WG96_ALT_MAX_LOAD:
+        return "wg96x4"
     return _by_expected_cost([f for f in _wide_prefill(load, short_shard) if f != tile], load)[0]
 
 
@@ -309,9 +320,9 @@ def _sm90_form(load: float, inter: int, narrow_memory: bool) -> tuple[str, int, 
         decode_max = SM90_NARROW_MEMORY_DECODE_LOADS[1 if short else 0]
     if load > wg64_max:
         tile = prefill_tile(load, short)
-        return "prefill", BLOCK_N_OF[tile], tile, alt_tile(load, short, tile)
+        return "prefill", BLOCK_N_OF[tile], tile, alt_tile(load, short, tile, narrow_memory)
     if load > mid_max:
-        return (*SM90_MID_PREFILL[1:], alt_tile(load, short, SM90_MID_PREFILL[3]))
+        return (*SM90_MID_PREFILL[1:], alt_tile(load, short, SM90_MID_PREFILL[3], narrow_memory))
     if load > decode_max:
         return "mid", BLOCK_N_OF[SM90_MID], SM90_MID, alt_tile(load, short, SM90_MID)
     return (*TILE_TABLE[0][1:], "")
