@@ -114,23 +114,25 @@ def test_decide_decode_limit_where_memory_is_narrow(inter, t, wide, narrow):
 
 
 @pytest.mark.parametrize("t,wide,narrow", [(1345, "wg64x4/wg128x4", "wg64x4/wg96x4"),
-                                           (2688, "wg64x4/wg128x4", "wg64x4/wg96x4"),
-                                           (3072, "wg128x4/wg160x3", "wg128x4/wg96x4"),
-                                           (4144, "wg128x4/wg160x3", "wg128x4/wg96x4"),
+                                           (2240, "wg64x4/wg128x4", "wg64x4/wg96x4"),
+                                           (2241, "wg64x4/wg96x4", "wg64x4/wg96x4"),
+                                           (3072, "wg128x4/wg96x4", "wg128x4/wg96x4"),
+                                           (4144, "wg128x4/wg96x4", "wg128x4/wg96x4"),
                                            (4145, "wg128x4/wg160x3", "wg128x4/wg160x3"),
                                            (16384, "wg160x3/wg128x4", "wg160x3/wg128x4")])
-def test_decide_long_shard_offers_wg96_where_memory_is_narrow(t, wide, narrow):
-    """Narrow DRAM per SM makes wg96x4 a long shard's second wgmma form: wg64x4's, and wg128x4's
-    up to 74 routes per expert (T = 4144 at T*k/E = T/56) instead of wg160x3; the table's own
-    form stays, and short shards keep theirs."""
+def test_decide_long_shard_offers_wg96(t, wide, narrow):
+    """A long shard's wgmma decisions take wg96x4 as the second form: wg128x4's up to 74 routes
+    per expert (T = 4144 at T*k/E = T/56) instead of wg160x3, and wg64x4's past 40 (T = 2240)
+    instead of wg128x4, or at every load where DRAM per SM is narrow; the table's own form
+    stays, and short shards keep theirs."""
     def pair(inter, **kw):
         d = _decide.decide(t, *_TP8[:3], inter, sm90=True, **kw)
         return f"{d.tile}/{d.alt_tile}", d.forms
-    assert pair(3072)[0] == wide
-    got, forms = pair(3072, narrow_memory=True)
-    assert got == narrow
-    if narrow.endswith("wg96x4"):
+    got, forms = pair(3072)
+    assert got == wide
+    if wide.endswith("wg96x4"):
         assert forms[3] == "mxfp4_moe_gemm1_wg96x4" and forms[5] == "mxfp4_moe_gemm2_wg96x4"
+    assert pair(3072, narrow_memory=True)[0] == narrow
     assert pair(384, narrow_memory=True) == pair(384)
 
 

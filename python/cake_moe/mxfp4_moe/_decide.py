@@ -75,14 +75,18 @@ SM90_NARROW_MEMORY_DECODE_LOADS = (5.25, 8.25)  # the largest loads n8 serves th
 # (+-0.1%) and 0.2-0.4% faster on tp8; past that it was not measured. On the H200 it was 1.3%
 # slower to 0.6% faster at T = 8 and 12 (2026-12-01_h200_mxfp4_moe_narrow4.md): it keeps 64.
 SM90_NARROW_MEMORY_NARROW4_ROUTES = 2048
-# There a long shard's wgmma decisions offer the device wg96x4 as well: as wg64x4's second form
-# (instead of wg128x4), and as wg128x4's (instead of wg160x3) up to this load, below which even
-# an expert-parallel rank's ~1.43x load leaves few experts past 128 routes (wg160x3's case) and
-# many within one 96-row tile. Measured on an H100, the ep8 rank, the table before and after in
-# turn (bench/results/2026-12-05_h100_mxfp4_moe_wg96_long_shard_ab.md, two runs): 1.6-13.4%
-# faster at T = 2048..4096 (36.6-73.1); even at 77.7 and 3-31% slower at 82.3-96 with the limit
-# at 96, so 74. (Found by forcing each form: ..._h100_mxfp4_moe_mid_sweep.md.)
-SM90_NARROW_MEMORY_WG96_ALT_MAX_LOAD = 74
+# A long shard's wgmma decisions offer the device wg96x4 as well (short shards have it among
+# their prefill forms): as wg128x4's second form (instead of wg160x3) up to the first load below,
+# where even an expert-parallel rank's ~1.43x load leaves few experts past 128 routes (wg160x3's
+# case) and many within one 96-row tile, and as wg64x4's (instead of wg128x4) from the second
+# (where DRAM per SM is narrow, at every load). Measured on the ep8 rank, the table before and
+# after in turn on the same inputs, two runs each (bench/results/
+# 2026-12-05_h100_mxfp4_moe_wg96_long_shard_ab.md, ..._h200_mxfp4_moe_wg96_long_shard_ab.md):
+# the H200 4-14% faster at 45.7-73.1 routes per expert (T = 2560..4096) and 3-6% slower at 36.6
+# (T = 2048, wg64x4's pair; the ratio, interpolated linearly, crosses 1 at ~40); the H100 1.6-13.4%
+# faster at 36.6-73.1, even at 77.7 and 3-31% slower at 82.3-96 with the first limit at 96.
+# (Found by forcing each form on the H100: ..._h100_mxfp4_moe_mid_sweep.md.)
+SM90_LONG_SHARD_WG96_LOADS = (74, 40)  # wg128x4's alt up to, wg64x4's alt above
 SM90_TILES: tuple[str, ...] = ("wg128", "wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg96x4")
 # The token-row loaders of the GEMMs address a row's 16-byte chunks with 32-bit indices
 # (stage_loader.cuh, Loader::b_src: row x K / 8), so GEMM1's x rows (T x H elements) and GEMM2's
@@ -253,16 +257,18 @@ def prefill_tile(load: float, short_shard: bool) -> str:
 def alt_tile(load: float, short_shard: bool, tile: str, narrow_memory: bool = False) -> str:
     """The second form of an sm_90a wgmma decision, which the device runs instead where the
     call's actual counts make it cheaper (device_tile_choice): past wg64x4's range the other
-    wide form of least expected cost (or wg96x4, SM90_NARROW_MEMORY_WG96_ALT_MAX_LOAD); below it
-    the next larger token tile (wg32x4 -> wg64x4 -> wg96x4 for a short shard or where DRAM per SM
-    is narrow, else wg128x4), since a rank's load runs above the T * k / E
-    estimate wherever tokens reach it by expert-parallel dispatch (every token has a local
-    route: ~1.43x at the contract's ep8)."""
+    wide form of least expected cost, or wg96x4 for wg128x4 up to the first of
+    SM90_LONG_SHARD_WG96_LOADS; below it the next larger token tile (wg32x4 -> wg64x4 -> wg96x4
+    for a short shard, past the second of SM90_LONG_SHARD_WG96_LOADS or where DRAM per SM is
+    narrow, else wg128x4), since a rank's load runs above the T * k / E estimate wherever tokens
+    reach it by expert-parallel dispatch (every token has a local route: ~1.43x at the
+    contract's ep8)."""
     if tile == "wg32x4":
         return "wg64x4"
     if tile == "wg64x4":
-        return "wg96x4" if (short_shard or narrow_memory) and load <= NARROW_PREFILL_MAX_LOAD else "wg128x4"
-    if tile == "wg128x4" and narrow_memory and load <= SM90_NARROW_MEMORY_WG96_ALT_MAX_LOAD:
+        wg96 = short_shard or narrow_memory or load > SM90_LONG_SHARD_WG96_LOADS[1]
+        return "wg96x4" if wg96 and load <= NARROW_PREFILL_MAX_LOAD else "wg128x4"
+    if tile == "wg128x4" and load <= SM90_LONG_SHARD_WG96_LOADS[0]:
         return "wg96x4"
     return _by_expected_cost([f for f in _wide_prefill(load, short_shard) if f != tile], load)[0]
 
