@@ -12,6 +12,12 @@ pair, no device choice between two), e.g. the cost of that choice:
 
     python ci/moe_gemm_pairs.py tp8 4096 16384 --tiles wg96x4,wg160x3 --rotations 1
 
+`--alts A+B,...` adds plans whose decision names sm_90a forms A and B as its two forms (both
+pairs bound; the routing kernel chooses between them, or lists each expert's last tile on the
+narrower, as for the table's own two), e.g. a second form the table does not offer:
+
+    python ci/moe_gemm_pairs.py ep8 6144 8192 --alts wg128x4+wg160x3,wg160x3+wg32x4 --rotations 1
+
 A pair is GEMM1_SUFFIX/GEMM2_SUFFIX (see `_decide.gemm_tiles`); both must share a block_n. Rows
 use the benchmark's inputs and weights (`cake_moe.bench.mxfp4_moe`), eight routings rotated
 (`--rotations`), timed as the benchmark times its rows (one CUDA graph up to T = 1024, eager
@@ -25,6 +31,7 @@ one of a decision's two forms, or both, the width per expert).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 
@@ -40,6 +47,24 @@ def _routed_experts(ids: torch.Tensor, offset: int, l: int) -> int:
     return local[(local >= 0) & (local < l)].unique().numel()
 
 
+def _two_forms(runner, tile: str, alt: str):
+    """A stand-in for ``runner.decide`` whose decisions name ``tile`` and ``alt`` as their two
+    sm_90a forms (the GEMM kernels of both in the decision's order), the rest the table's."""
+    if tile not in _decide.SM90_TILES or alt not in _decide.SM90_TILES or tile == alt:
+        raise SystemExit(f"--alts {tile}+{alt}: two different sm_90a forms of {_decide.SM90_TILES}")
+    table = type(runner).decide
+
+    def decide(num_tokens, **kw):
+        d = table(runner, num_tokens, **kw)
+        (g1, g2), (a1, a2) = (_decide.gemm_forms(f, runner.hidden_size, runner.intermediate_shard)
+                              for f in (tile, alt))
+        forms = (_decide.DEQUANT_FORM, _decide.ROUTE_FORM, g1, a1, g2, a2, _decide.FINALIZE_FORM)
+        return dataclasses.replace(d, reason=f"forced: {tile} or {alt}, as the device finds cheaper", path="forced",
+                                   block_n=_decide.BLOCK_N_OF[tile], tile=tile, alt_tile=alt, forms=forms,
+                                   tile_sync=False)
+    return decide
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("layout", choices=sorted(bench.LAYOUTS))
@@ -47,6 +72,7 @@ def main() -> None:
     ap.add_argument("--pairs", default="", help="comma list of GEMM1/GEMM2 form suffixes")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE[,NAME=VALUE...]: the table's pair planned with them set")
     ap.add_argument("--tiles", default="", help="comma list of tile forms, each planned forced")
+    ap.add_argument("--alts", default="", help="comma list of A+B: sm_90a forms planned as a decision's two forms")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--rotations", type=int, default=bench.ROTATIONS, help="routings per variant (one graph)")
     ap.add_argument("--graph", action="store_true",
@@ -56,6 +82,7 @@ def main() -> None:
     pairs = [tuple(p.split("/")) for p in args.pairs.split(",") if p]
     pairs += [("table", env) for env in args.env]
     pairs += [("tile", tile) for tile in args.tiles.split(",") if tile]
+    pairs += [("alts", alts) for alts in args.alts.split(",") if alts]
     copy_bw = timing.copy_bandwidth(1 << 30)
     gen = torch.Generator(device="cuda").manual_seed(0)
     r = bench.rank_layer(args.layout, gen)
@@ -69,7 +96,9 @@ def main() -> None:
         nbytes = experts * bench.expert_bytes(i_shard)
         calls, outs, bound = {}, {}, {}
         for pair in [("table", "")] + pairs:
-            _decide.gemm_tiles = table_tiles if pair[0] in ("table", "tile") else (lambda *_a, p=pair: p)
+            _decide.gemm_tiles = table_tiles if pair[0] in ("table", "tile", "alts") else (lambda *_a, p=pair: p)
+            if pair[0] == "alts":
+                runner.decide = _two_forms(runner, *pair[1].split("+"))
             env = dict(kv.split("=", 1) for kv in pair[1].split(",")) if pair[0] == "table" and pair[1] else {}
             saved = {name: os.environ.get(name) for name in env}
             os.environ.update(env)
@@ -78,11 +107,12 @@ def main() -> None:
                 out = torch.full((t, bench.H), float("nan"), dtype=torch.bfloat16, device="cuda")
                 ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
                 # a forced pair binds no second form: it is planned at the table's tile, forced
-                tile = pair[1] if pair[0] == "tile" else None if pair[0] == "table" else runner.decide(t).tile
+                tile = pair[1] if pair[0] == "tile" else None if pair[0] in ("table", "alts") else runner.decide(t).tile
                 bound[pair].append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta,
                                                workspace=ws, output=out, tile=tile))
                 outs[pair].append(out)
             calls[pair] = timing.cycling([plan.run for plan in bound[pair]])
+            vars(runner).pop("decide", None)
             for name, value in saved.items():
                 if value is None:
                     del os.environ[name]
@@ -110,7 +140,8 @@ def main() -> None:
             d = runner.decide(t)
             table = "/".join(table_tiles(d.tile, bench.H, i_shard)) + (f" or {d.alt_tile}" if d.alt_tile else "")
             name = (f"table {table}" + (f" {pair[1]}" if pair[1] else "") if pair[0] == "table" else
-                    f"tile {pair[1]}" if pair[0] == "tile" else "/".join(pair))
+                    f"tile {pair[1]}" if pair[0] == "tile" else f"forms {pair[1]}" if pair[0] == "alts"
+                    else "/".join(pair))
             print(f"{args.layout} T={t:3} {name:28} {ms * 1e3:8.1f} us  {nbytes / (ms * 1e-3) / copy_bw:.4f} of copy"
                   f"  rounds {' '.join(f'{x * 1e3:.1f}' for x in ts)}  diff {diff:.2e}"
                   f"  ran {','.join(sorted({plan.last_tile() for plan in bound[pair]}))}", flush=True)
