@@ -339,8 +339,9 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     """The decision for ``num_tokens`` tokens of a layer with ``hidden`` and ``inter`` (the
     rank's intermediate shard); every T >= 1 is served up to MAX_TOKEN_ROW_ELEMENTS. ``sm90``:
     the device runs the sm_90a forms; ``narrow_memory``: its DRAM bandwidth per SM is narrow (an
-    H100 SXM), which moves the sm_90 decode limit down (SM90_NARROW_MEMORY_DECODE_LOADS) and the
-    four-warp narrow tiling's up (SM90_NARROW_MEMORY_NARROW4_ROUTES). ``tile`` forces a tile form
+    H100 SXM), which moves the sm_90 decode limit down (SM90_NARROW_MEMORY_DECODE_LOADS), the
+    four-warp narrow tiling's up (SM90_NARROW_MEMORY_NARROW4_ROUTES) and a long shard's wg96x4
+    second form down to every wg64x4 load (SM90_LONG_SHARD_WG96_LOADS). ``tile`` forces a tile form
     (benchmarks and tests); an sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile
     GEMM1 -> GEMM2 sync on or off (it never changes a bit of the result); True needs an mma.sync
     tile form (not one of SM90_TILES)."""
