@@ -113,20 +113,25 @@ def _check_replays_follow(plan, out: torch.Tensor, bound: Case, runs) -> None:
 # h384_ep_k8 at T = 2048 (16384 routes: the several-CTA routing) binds wg128x4 and wg160x3. Per
 # local expert 260 routes = 160 + 100 (split: 1.3 + 1.0 against 2 x 1.3 and 3 x 1.0), 100 (one
 # 128-row tile) and 150 (one 160-row tile). ep8 at T = 8192 binds the two the other way round
-# (wg160x3 first): the narrower form's list is then the second one.
-@pytest.mark.parametrize("name,t,n,want", [("h384_ep_k8", 2048, 260, "wg128x4+wg160x3"),
-                                           ("h384_ep_k8", 2048, 100, "wg128x4"),
-                                           ("h384_ep_k8", 2048, 150, "wg160x3"),
-                                           ("ep8", 8192, 260, "wg160x3+wg128x4")])
-def test_width_per_expert(layers, monkeypatch, name, t, n, want):
-    """The width per expert (on by default): the routing kernel lists each expert's full 160-row
-    tiles for wg160x3 and its last tile of <= 128 rows for wg128x4, or one form's tiles alone, by
-    the rule _decide.device_tile_listing mirrors, and each listing gives the bits of wg160x3
-    forced alone (every wgmma form gives the same bits). CAKE_MOE_TILE_SPLIT=0 keeps one list
-    (device_tile_choice), with the same bits."""
+# (wg160x3 first, the table's own pair: the modeled pair is held off, since it binds wg128x4 and
+# wg96x4 there): the narrower form's list is then the second one.
+# The modeled pairs (SM90_PAIR_MIN_LOAD) with a narrow last-tile form: ep8 T = 6144 binds wg160x3
+# and wg32x4 (170 = 160 + 10), T = 6656 wg128x4 and wg64x4 (170 = 128 + 42).
+@pytest.mark.parametrize("name,t,n,want,pair", [
+    ("h384_ep_k8", 2048, 260, "wg128x4+wg160x3", "table"), ("h384_ep_k8", 2048, 100, "wg128x4", "table"),
+    ("h384_ep_k8", 2048, 150, "wg160x3", "table"), ("ep8", 8192, 260, "wg160x3+wg128x4", "table"),
+    ("ep8", 6144, 170, "wg160x3+wg32x4", "wg160x3+wg32x4"), ("ep8", 6656, 170, "wg128x4+wg64x4", "wg128x4+wg64x4")])
+def test_width_per_expert(layers, monkeypatch, name, t, n, want, pair):
+    """The width per expert (on by default): the routing kernel lists each expert's full tiles of
+    the wider form (wg160x3) and its last tile of at most the narrower form's rows for the
+    narrower, or one form's tiles alone, by the rule _decide.device_tile_listing mirrors, and each
+    listing gives the bits of wg160x3 forced alone (every wgmma form gives the same bits).
+    CAKE_MOE_TILE_SPLIT=0 keeps one list (device_tile_choice), with the same bits."""
     from cake_moe.mxfp4_moe import _decide
     from cake_moe.mxfp4_moe._wrapper import split_width
     monkeypatch.delenv("CAKE_MOE_TILE_SPLIT", raising=False)
+    if pair == "table":
+        monkeypatch.setattr(_decide, "SM90_PAIR_MIN_LOAD", float("inf"))
     layer = layers(name)
     geom = layer.geom
     case = _case_with_local_counts(geom, t, n, seed=60 + n)
@@ -136,7 +141,7 @@ def test_width_per_expert(layers, monkeypatch, name, t, n, want):
     ws.fill_(0xA5)
     plan, out = layer.plan(case, workspace=ws)
     d = plan.decision
-    assert {d.tile, d.alt_tile} == {"wg128x4", "wg160x3"}, d
+    assert f"{d.tile}+{d.alt_tile}" == pair if pair != "table" else {d.tile, d.alt_tile} == {"wg128x4", "wg160x3"}, d
     assert "+" not in want or want == f"{d.tile}+{d.alt_tile}", d  # plan.last_tile() names the table's first
     assert split_width(d, t, geom.top_k) and plan._plan.split_width, "the mirror and the host must agree"
     assert _decide.device_tile_listing([n] * geom.local, d.tile, d.alt_tile) == want

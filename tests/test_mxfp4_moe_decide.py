@@ -23,7 +23,7 @@ def test_decide_contract_rows():
                        "moe_finalize")
     assert w.decide(3).tile == "n8_narrow4" and w.decide(3).forms[2] == "mxfp4_moe_gemm1_n8_narrow4"
     assert w.decide(5).tile == "n8" and w.decide(5).forms[2] == "mxfp4_moe_gemm1_n8"
-    d = w.decide(12288)
+    d = w.decide(10240)
     assert (d.supported, d.path, d.block_n, d.tile, d.alt_tile) == (True, "prefill", 128, "wg128x4", "wg160x3")
     assert d.forms[2:6] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm2_wg128x4",
                             "mxfp4_moe_gemm2_wg160x3")
@@ -52,7 +52,7 @@ def test_decide_resident_rows_for_a_short_gemm2():
     """A four-warpgroup GEMM2 with K = the intermediate shard <= 512 keeps the token rows
     resident (tp8's 384); GEMM1, longer shards and the two-warpgroup wg128 keep their form."""
     w = CakeMxfp4MoEWrapper(**CONTRACT, **TP8)
-    assert w.decide(12288).forms[2:6] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm1_wg160x3",
+    assert w.decide(14336).forms[2:6] == ("mxfp4_moe_gemm1_wg128x4", "mxfp4_moe_gemm1_wg160x3",
                                           "mxfp4_moe_gemm2_wg128x4_rb", "mxfp4_moe_gemm2_wg160x3_rb")
     assert w.decide(16384).forms[2:6] == ("mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm1_wg128x4",
                                           "mxfp4_moe_gemm2_wg160x3_rb", "mxfp4_moe_gemm2_wg128x4_rb")
@@ -158,10 +158,12 @@ def test_wrapper_narrow_memory_argument(monkeypatch):
 @pytest.mark.parametrize("sm90", [False, True])
 @pytest.mark.parametrize("shape", [(16, 896, 7168, 3072), (16, 896, 7168, 384), (2, 8, 256, 128), (8, 64, 384, 512),
                                    (8, 64, 384, 640), (32, 1024, 128, 128)])
-def test_decide_token_tiles_grow_with_t(shape, sm90):
-    """Whatever the shard, the token-tile size never shrinks as T grows (the crossovers are
-    ordered), and every T is served. The one exception is the prefill choice between 128- and
-    160-token tiles, which follows the expected tile costs (prefill_tile) both ways."""
+def test_decide_token_tiles_grow_with_t(shape, sm90, monkeypatch):
+    """Whatever the shard, the table's token-tile size never shrinks as T grows (the crossovers
+    are ordered), and every T is served. The one exception is the prefill choice between 128- and
+    160-token tiles, which follows the expected tile costs (prefill_tile) both ways. (The table's
+    own forms: the modeled pairs past SM90_PAIR_MIN_LOAD are test_decide_modeled_pair's.)"""
+    monkeypatch.setattr(_decide, "SM90_PAIR_MIN_LOAD", math.inf)
     sizes = [_decide.decide(t, *shape, sm90=sm90) for t in range(1, 6000, 7)]
     assert all(d.supported for d in sizes)
     block_ns = [min(d.block_n, 128) for d in sizes]
@@ -176,19 +178,25 @@ def test_decide_token_tiles_grow_with_t(shape, sm90):
 def test_decide_alt_tile_for_every_sm90_wgmma_path(shape):
     """On sm_90 every wgmma decision names a second form of another token-tile size for the
     device to choose from: the next larger tile below wg64x4's range, the other wide form of
-    least expected cost past it. Not the mma.sync paths, a forced tile, a portable device, nor
+    least expected cost past it, and past SM90_PAIR_MIN_LOAD the modeled pair. Not the mma.sync paths, a forced tile, a portable device, nor
     32 routes or fewer (the routing kernel's one-warp path lists one form's tiles)."""
     short = shape[3] <= _decide.RESIDENT_K
     for t in range(1, 30000, 97):
         d = _decide.decide(t, *shape, sm90=True)
         load = _decide.routes_per_expert(t, *shape[:2])
         if d.tile in _decide.SM90_TILES and t * shape[0] > _decide.MAX_FEW_ROUTES:
-            assert d.alt_tile == _decide.alt_tile(load, short, d.tile) and len(d.forms) == 7, (t, d)
-            assert _decide.BLOCK_N_OF[d.alt_tile] != d.block_n
-            if d.block_n < 96:
-                assert _decide.BLOCK_N_OF[d.alt_tile] > d.block_n
+            assert len(d.forms) == 7 and _decide.BLOCK_N_OF[d.alt_tile] != d.block_n, (t, d)
+            if load > _decide.SM90_PAIR_MIN_LOAD:
+                table = _decide.prefill_tile(load, short)
+                split = t * shape[0] >= _decide.SPLIT_MIN_ROUTES
+                assert (d.tile, d.alt_tile) == _decide.modeled_pair(load, short, table, _decide.alt_tile(load, short, table),
+                                                                     split), (t, d)
             else:
-                assert d.alt_tile in ("wg96x4", "wg128x4", "wg160x3")
+                assert d.alt_tile == _decide.alt_tile(load, short, d.tile), (t, d)
+                if d.block_n < 96:
+                    assert _decide.BLOCK_N_OF[d.alt_tile] > d.block_n
+                else:
+                    assert d.alt_tile in ("wg96x4", "wg128x4", "wg160x3")
         else:
             assert d.alt_tile == "" and len(d.forms) == 5, (t, d)
         assert _decide.decide(t, *shape, sm90=False).alt_tile == ""
@@ -198,6 +206,78 @@ def test_decide_alt_tile_for_every_sm90_wgmma_path(shape):
     assert _decide.alt_tile(40.0, True, "wg64x4") == "wg96x4"
     assert _decide.alt_tile(110.0, False, "wg128x4") == "wg160x3"
     assert _decide.alt_tile(73.0, True, "wg96x4") == "wg128x4"
+
+
+# Past SM90_PAIR_MIN_LOAD (T > 5376 at T * k / E = T / 56): the pairs measured faster than the
+# table's on an H100, same process and inputs (bench/results/2026-12-05_h100_mxfp4_moe_modeled_pairs.md),
+# and rows where the table's own pair stays (no pair models 3% cheaper).
+_MODELED = {("ep8", 5632): ("wg128x4", "wg160x3"), ("ep8", 6144): ("wg160x3", "wg32x4"),
+            ("ep8", 6656): ("wg128x4", "wg64x4"), ("ep8", 7168): ("wg128x4", "wg64x4"),
+            ("ep8", 8192): ("wg128x4", "wg96x4"), ("ep8", 10240): ("wg128x4", "wg160x3"),
+            ("ep8", 12288): ("wg128x4", "wg64x4"), ("ep8", 16384): ("wg160x3", "wg128x4"),
+            ("tp8", 5632): ("wg128x4", "wg96x4"), ("tp8", 8192): ("wg160x3", "wg128x4"),
+            ("tp8", 10240): ("wg128x4", "wg64x4"), ("tp8", 12288): ("wg128x4", "wg96x4"),
+            ("tp8", 16384): ("wg160x3", "wg128x4")}
+
+
+@pytest.mark.parametrize("layout,t", sorted(_MODELED))
+def test_decide_modeled_pair(layout, t):
+    """The two forms past SM90_PAIR_MIN_LOAD: the pair of least modeled cost at the rank's load
+    where it models SM90_PAIR_GAIN cheaper than the table's, the table's tile first where the
+    pair holds it; the same on a device whose DRAM per SM is narrow."""
+    inter = 3072 if layout == "ep8" else 384
+    for narrow in (False, True):
+        d = _decide.decide(t, *_TP8[:3], inter, sm90=True, narrow_memory=narrow)
+        assert (d.tile, d.alt_tile) == _MODELED[layout, t], (layout, t, d)
+        assert d.block_n == _decide.BLOCK_N_OF[d.tile] and d.path == "prefill"
+
+
+def _pair_cost_by_the_sum(load: float, wide: str, narrow: str, split: bool) -> float:
+    """pair_costs' reference: each Poisson term on its own, the listing rule as written."""
+    cost, bn_w, bn_n = _decide.SM90_TILE_COST, _decide.BLOCK_N_OF[wide], _decide.BLOCK_N_OF[narrow]
+    single_w = single_n = split_w = split_n = 0.0
+    for n in range(int(load + 10 * math.sqrt(load) + 20)):
+        p = math.exp(n * math.log(load) - load - math.lgamma(n + 1))
+        single_w += p * -(-n // bn_w)
+        single_n += p * -(-n // bn_n)
+        full, rest = divmod(n, bn_w)
+        split_w += p * (full + (rest > bn_n))
+        split_n += p * (0 < rest <= bn_n)
+    single = min(cost[wide] * single_w, cost[narrow] * single_n)
+    both = cost[wide] * split_w + cost[narrow] * split_n
+    return both if split and both * 100 < single * (100 - _decide.SPLIT_GAIN_PCT) else single
+
+
+@pytest.mark.parametrize("load", [40.0, 157.0, 292.6, 1071.4])
+def test_pair_costs_match_the_poisson_sum(load):
+    """Every pair's modeled cost (one vectorized pass) against the sum term by term, with and
+    without the width per expert; at ep8 T = 6144's rank load (157) the split wg160x3 + wg32x4
+    models >10% below every single form."""
+    for split in (False, True):
+        costs = _decide.pair_costs(load, split)
+        assert len(costs) == 10
+        for (wide, narrow), c in costs.items():
+            assert _decide.BLOCK_N_OF[wide] > _decide.BLOCK_N_OF[narrow]
+            assert c == pytest.approx(_pair_cost_by_the_sum(load, wide, narrow, split), rel=1e-9), (wide, narrow)
+    singles = [_decide.SM90_TILE_COST[f] * _decide.expected_tiles(157.0, _decide.BLOCK_N_OF[f])
+               for f in _decide.SM90_PAIR_FORMS]
+    assert _decide.pair_costs(157.0, True)["wg160x3", "wg32x4"] < 0.9 * min(singles)
+    assert _decide.pair_costs(157.0, False)["wg160x3", "wg32x4"] == pytest.approx(min(singles[0], singles[4]))
+    # no pair 3% cheaper: the table's own, in its order
+    assert _decide.modeled_pair(292.6, True, "wg160x3", "wg128x4", split=True) == ("wg160x3", "wg128x4")
+
+
+def test_decide_modeled_pair_needs_the_width_per_expert():
+    """Without the width per expert (fewer than SPLIT_MIN_ROUTES routes, or tile_split=False:
+    CAKE_MOE_TILE_SPLIT=0) a pair is worth its cheaper single form only: ep8 T = 6144 then pairs
+    wg160x3 with wg96x4 (two 96-row tiles beat two 128-row ones past 160 routes), not wg32x4."""
+    args = (*_TP8[:3], 3072)
+    one = _decide.decide(6144, *args, sm90=True, tile_split=False)
+    assert (one.tile, one.alt_tile) == ("wg160x3", "wg96x4")
+    assert (one.tile, one.alt_tile) == _decide.modeled_pair(6144 / 56, False, "wg128x4", "wg160x3", split=False)
+    assert _decide.decide(6144, *args, sm90=True).alt_tile == "wg32x4"
+    few = _decide.decide(1000, 16, 112, 7168, 3072, sm90=True)   # 16000 routes: one routing CTA, no split
+    assert few.alt_tile == _decide.decide(1000, 16, 112, 7168, 3072, sm90=True, tile_split=False).alt_tile
 
 
 def test_device_tile_choice_rule():

@@ -7,8 +7,11 @@ a rank sees its share of them), which sets how many token rows a GEMM tile shoul
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
+
+import torch
 
 from .. import _validate
 
@@ -144,6 +147,26 @@ BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n8_narrow4": 8, "n32": 3
 # keeps its measured thresholds; the device's choice between a decision's two forms uses these.
 SM90_TILE_COST = {"wg32x4": 0.5, "wg64x4": 0.63, "wg96x4": 0.85, "wg128x4": 1.0, "wg160x3": 1.3}
 NARROW_PREFILL_MAX_LOAD = 96
+SPLIT_GAIN_PCT = 2  # moe::kSplitGainPct: the split's second kernel pair costs a boundary and a tail
+# Past wg64x4's range the table's two forms (prefill_tile and its alt_tile) give way to the pair
+# of these forms that the model above says costs at least SM90_PAIR_GAIN less (modeled_pair):
+# with the width per expert, a narrow form for each expert's last tile pays where the rank's
+# counts sit just past a multiple of the wide form's rows (ep8 T = 6144: ~157 routes per expert,
+# one 160-row tile and a 32-row one where 128-row tiles take two). The model overstates a split's
+# gain (about 0.4-0.9x of it reached the layer), hence the margin. Measured on an H100, the table
+# and the modeled pairs in one process on the same inputs (bench/results/
+# 2026-12-05_h100_mxfp4_moe_modeled_pairs.md): ep8 T = 6144 / 6656 / 7168 / 7680 / 8192 / 12288
+# 7.4 / 10.0 / 7.3 / 2.4 / 2.3 / 4.2% faster, tp8 T = 5632 / 10240 / 12288 5.1 / 7.1 / 3.4%.
+SM90_PAIR_FORMS: tuple[str, ...] = ("wg32x4", "wg64x4", "wg96x4", "wg128x4", "wg160x3")
+SM90_PAIR_GAIN = 0.03
+# From here (where a short shard's wg96x4 stops serving one tile per expert) up: below, the
+# table's measured limits stand (the model favours wg96x4 / wg64x4 over wg128x4 where an H200 ran
+# them 3-6% slower: ep8 T = 2048, ..._h200_mxfp4_moe_wg96_long_shard_ab.md).
+SM90_PAIR_MIN_LOAD = NARROW_PREFILL_MAX_LOAD
+# An expert-parallel rank (a long shard, by the table's convention) sees more routes per local
+# expert than T * top_k / E: every token it is sent has at least one local route (the contract's
+# ep8 rank: 1.43x).
+LONG_SHARD_RANK_LOAD = 1.43
 SM90_MID_PREFILL = (SM90_MID_WG_MIN_LOAD, "prefill", BLOCK_N_OF["wg64x4"], "wg64x4")
 SM90_MID = "wg32x4"  # the mid rows' form on sm_90 (BN 32, like n32)
 TILES: tuple[str, ...] = tuple(BLOCK_N_OF)
@@ -171,6 +194,10 @@ RESIDENT_TILES: tuple[str, ...] = ("wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg
 TILE_SYNC_MAX_LOAD = 0.3
 # moe::kMaxFewRoutes: up to this many routes the routing kernel takes its one-warp path.
 MAX_FEW_ROUTES = 32
+# moe::kRouteChunkMin: from 4x this many routes the routing runs over several CTAs, and a plan with
+# two forms binds the width per expert (unless CAKE_MOE_TILE_SPLIT=0: _wrapper.split_width).
+ROUTE_CHUNK_MIN = 4096
+SPLIT_MIN_ROUTES = 4 * ROUTE_CHUNK_MIN
 
 
 @dataclass(frozen=True)
@@ -254,6 +281,51 @@ def prefill_tile(load: float, short_shard: bool) -> str:
     return _by_expected_cost(_wide_prefill(load, short_shard), load)[0]
 
 
+@functools.lru_cache(maxsize=1024)
+def pair_costs(load: float, split: bool) -> dict[tuple[str, str], float]:
+    """The modeled tile cost per expert (SM90_TILE_COST x expected tiles, the counts Poisson
+    with mean ``load > 0``) of a decision naming each pair of SM90_PAIR_FORMS (keys: the wider
+    form first): the cheaper single form's, or with the width per expert bound (``split``) the
+    split listing's (each expert's full tiles on the wider form, its last on the narrower where
+    it fits) where that saves SPLIT_GAIN_PCT. The device chooses per call from the actual counts;
+    over many experts that is close to this choice made on the expected costs. One pass over the
+    counts within 8 standard deviations, all pairs at once (a few hundred microseconds)."""
+    spread = 8.0 * math.sqrt(load) + 2.0
+    n = torch.arange(max(0, int(load - spread)), int(load + spread) + 1, dtype=torch.float64)
+    p = torch.exp(n * math.log(load) - load - torch.lgamma(n + 1))
+    forms = sorted(SM90_PAIR_FORMS, key=lambda f: BLOCK_N_OF[f], reverse=True)
+    rows = torch.tensor([BLOCK_N_OF[f] for f in forms], dtype=torch.float64)
+    cost = torch.tensor([SM90_TILE_COST[f] for f in forms], dtype=torch.float64)
+    wide, narrow = (torch.tensor(ix) for ix in zip(*itertools.combinations(range(len(forms)), 2)))
+    single_each = cost * (torch.ceil(n / rows[:, None]) @ p)
+    single = torch.minimum(single_each[wide], single_each[narrow])
+    if split:
+        full = torch.floor(n / rows[wide, None])
+        rest = n - full * rows[wide, None]
+        last_narrow = (rest > 0) & (rest <= rows[narrow, None])
+        both = cost[wide] * ((full + (rest > 0) * ~last_narrow) @ p) + cost[narrow] * (last_narrow.double() @ p)
+        single = torch.where(both * 100 < single * (100 - SPLIT_GAIN_PCT), both, single)
+    return {(forms[i], forms[j]): c for i, j, c in zip(wide.tolist(), narrow.tolist(), single.tolist())}
+
+
+def _pair_key(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if BLOCK_N_OF[a] > BLOCK_N_OF[b] else (b, a)
+
+
+def modeled_pair(load: float, short_shard: bool, tile: str, alt: str, split: bool) -> tuple[str, str]:
+    """The two forms of a prefill decision (past wg64x4's range): the table's (``tile``,
+    ``alt``), or the pair of SM90_PAIR_FORMS of least pair_costs at the rank's load
+    (LONG_SHARD_RANK_LOAD for a long shard) where that models at least SM90_PAIR_GAIN cheaper:
+    the table's ``tile`` first where the pair holds it, else the wider form (the first form
+    takes the device's ties)."""
+    costs = pair_costs(load * (1.0 if short_shard else LONG_SHARD_RANK_LOAD), split)
+    (a, b), cost = min(costs.items(), key=lambda item: item[1])
+    if cost > (1.0 - SM90_PAIR_GAIN) * costs[_pair_key(tile, alt)]:
+        return tile, alt
+    first, second = sorted((a, b), key=lambda f: (f != tile, -BLOCK_N_OF[f]))
+    return first, second
+
+
 def alt_tile(load: float, short_shard: bool, tile: str, narrow_memory: bool = False) -> str:
     """The second form of an sm_90a wgmma decision, which the device runs instead where the
     call's actual counts make it cheaper (device_tile_choice): past wg64x4's range the other
@@ -290,8 +362,6 @@ def device_tile_choice(counts, tile: str, alt_tile: str) -> str:
     return alt_tile if _listing_cost(counts, alt_tile) < _listing_cost(counts, tile) else tile
 
 
-SPLIT_GAIN_PCT = 2  # moe::kSplitGainPct: the split's second kernel pair costs a boundary and a tail
-
 
 def device_tile_listing(counts, tile: str, alt_tile: str) -> str:
     """With the width per expert bound (``_wrapper.split_width``): the routing kernel's listing
@@ -313,9 +383,10 @@ def device_tile_listing(counts, tile: str, alt_tile: str) -> str:
     return device_tile_choice(counts, tile, alt_tile)
 
 
-def _sm90_form(load: float, inter: int, narrow_memory: bool) -> tuple[str, int, str, str]:
+def _sm90_form(load: float, inter: int, narrow_memory: bool, split: bool) -> tuple[str, int, str, str]:
     """(path, block_n, tile, alt_tile) of an sm_90 device for ``load`` routes per expert: the
-    wgmma paths name a second form for the device to choose from (alt_tile)."""
+    wgmma paths name a second form for the device to choose from (alt_tile); ``split``: the
+    plan would bind the width per expert (the several-CTA routing)."""
     short = inter <= RESIDENT_K
     decode_max: float
     if short:
@@ -326,7 +397,10 @@ def _sm90_form(load: float, inter: int, narrow_memory: bool) -> tuple[str, int, 
         decode_max = SM90_NARROW_MEMORY_DECODE_LOADS[1 if short else 0]
     if load > wg64_max:
         tile = prefill_tile(load, short)
-        return "prefill", BLOCK_N_OF[tile], tile, alt_tile(load, short, tile, narrow_memory)
+        alt = alt_tile(load, short, tile, narrow_memory)
+        if load > SM90_PAIR_MIN_LOAD:
+            tile, alt = modeled_pair(load, short, tile, alt, split)
+        return "prefill", BLOCK_N_OF[tile], tile, alt
     if load > mid_max:
         return (*SM90_MID_PREFILL[1:], alt_tile(load, short, SM90_MID_PREFILL[3], narrow_memory))
     if load > decode_max:
@@ -335,7 +409,8 @@ def _sm90_form(load: float, inter: int, narrow_memory: bool) -> tuple[str, int, 
 
 
 def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, *, sm90: bool = False,
-           narrow_memory: bool = False, tile: str | None = None, tile_sync: bool | None = None) -> PlanDecision:
+           narrow_memory: bool = False, tile: str | None = None, tile_sync: bool | None = None,
+           tile_split: bool = True) -> PlanDecision:
     """The decision for ``num_tokens`` tokens of a layer with ``hidden`` and ``inter`` (the
     rank's intermediate shard); every T >= 1 is served up to MAX_TOKEN_ROW_ELEMENTS. ``sm90``:
     the device runs the sm_90a forms; ``narrow_memory``: its DRAM bandwidth per SM is narrow (an
@@ -344,7 +419,8 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     second form down to every wg64x4 load (SM90_LONG_SHARD_WG96_LOADS). ``tile`` forces a tile form
     (benchmarks and tests); an sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile
     GEMM1 -> GEMM2 sync on or off (it never changes a bit of the result); True needs an mma.sync
-    tile form (not one of SM90_TILES)."""
+    tile form (not one of SM90_TILES). ``tile_split``: a plan of two forms may bind the width per
+    expert (False under CAKE_MOE_TILE_SPLIT=0), which the modeled pairs count on."""
     refusal = token_count_refusal(num_tokens, top_k, hidden, inter)
     if refusal:
         return PlanDecision(False, refusal, "none", 0, ())
@@ -352,7 +428,8 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     load = routes_per_expert(num_tokens, top_k, num_experts)
     alt = ""
     if sm90:
-        path, block_n, chosen, alt = _sm90_form(load, inter, narrow_memory)
+        split = tile_split and num_tokens * top_k >= SPLIT_MIN_ROUTES
+        path, block_n, chosen, alt = _sm90_form(load, inter, narrow_memory, split)
     else:
         _, path, block_n, chosen = next(row for row in TILE_TABLE if load <= row[0])
     if num_tokens * top_k <= MAX_FEW_ROUTES:

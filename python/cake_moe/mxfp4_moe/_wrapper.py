@@ -49,7 +49,6 @@ _MAX_SPLIT_UNITS = 128  # moe::kMaxSplitUnits
 _TILE_HEADER_INTS = 4 + _MAX_SPLIT_UNITS  # moe::kTileHeaderInts: count, unit queue, tile choice, pad, the split flags
 _TILE_CHOICE_AT = 2                       # moe::kTileChoiceAt: the header's int32 naming the chosen GEMM pair
 _SPLIT_PARK_BYTES = 16384  # moe::kSplitParkBytes
-_ROUTE_CHUNK_MIN = 4096    # moe::kRouteChunkMin: from 4x this many routes the routing runs over several CTAs
 
 
 def split_width(decision: PlanDecision, num_tokens: int, top_k: int) -> bool:
@@ -58,7 +57,7 @@ def split_width(decision: PlanDecision, num_tokens: int, top_k: int) -> bool:
     no ``CAKE_MOE_TILE_SPLIT=0`` in the environment at plan time. The routing kernel may then
     list each expert's full tiles for the wider pair and its last, partly filled tile for the
     narrower one, and run both pairs."""
-    return (bool(decision.alt_tile) and num_tokens * top_k >= 4 * _ROUTE_CHUNK_MIN
+    return (bool(decision.alt_tile) and num_tokens * top_k >= _decide.SPLIT_MIN_ROUTES
             and _env_int("CAKE_MOE_TILE_SPLIT", 1) != 0)
 
 
@@ -254,7 +253,7 @@ class CakeMxfp4MoEWrapper:
         GEMM2 sync (mma.sync forms only)."""
         return _decide.decide(num_tokens, self.top_k, self.num_experts, self.hidden_size, self.intermediate_shard,
                               sm90=self.capability == (9, 0), narrow_memory=self.narrow_memory, tile=tile,
-                              tile_sync=tile_sync)
+                              tile_sync=tile_sync, tile_split=_env_int("CAKE_MOE_TILE_SPLIT", 1) != 0)
 
     def get_workspace_size(self, num_tokens: int | None = None, *, max_tokens: int | None = None) -> int:
         """Workspace bytes for ``num_tokens`` tokens (host only). The size is monotonic in T, so
