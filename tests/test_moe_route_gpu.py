@@ -132,6 +132,8 @@ def test_width_per_expert(layers, monkeypatch, name, t, n, want, pair):
     monkeypatch.delenv("CAKE_MOE_TILE_SPLIT", raising=False)
     if pair == "table":
         monkeypatch.setattr(_decide, "SM90_PAIR_MIN_LOAD", float("inf"))
+    else:   # the modeled pair on any sm_90 part (the H200 keeps the table's unless told)
+        monkeypatch.setattr(_decide, "SM90_PAIR_WIDE_MEMORY", True)
     layer = layers(name)
     geom = layer.geom
     case = _case_with_local_counts(geom, t, n, seed=60 + n)

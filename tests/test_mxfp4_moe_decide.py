@@ -174,25 +174,27 @@ def test_decide_token_tiles_grow_with_t(shape, sm90, monkeypatch):
         assert (d.block_n == 160) == (sm90 and d.block_n >= 128 and _decide.prefill_tile(load, short) == "wg160x3")
 
 
+@pytest.mark.parametrize("narrow", [False, True])
 @pytest.mark.parametrize("shape", [(16, 896, 7168, 3072), (16, 896, 7168, 384), (8, 64, 384, 256)])
-def test_decide_alt_tile_for_every_sm90_wgmma_path(shape):
+def test_decide_alt_tile_for_every_sm90_wgmma_path(shape, narrow):
     """On sm_90 every wgmma decision names a second form of another token-tile size for the
     device to choose from: the next larger tile below wg64x4's range, the other wide form of
-    least expected cost past it, and past SM90_PAIR_MIN_LOAD the modeled pair. Not the mma.sync paths, a forced tile, a portable device, nor
+    least expected cost past it, and past SM90_PAIR_MIN_LOAD the modeled pair (where DRAM per SM
+    is narrow, as measured). Not the mma.sync paths, a forced tile, a portable device, nor
     32 routes or fewer (the routing kernel's one-warp path lists one form's tiles)."""
     short = shape[3] <= _decide.RESIDENT_K
     for t in range(1, 30000, 97):
-        d = _decide.decide(t, *shape, sm90=True)
+        d = _decide.decide(t, *shape, sm90=True, narrow_memory=narrow)
         load = _decide.routes_per_expert(t, *shape[:2])
         if d.tile in _decide.SM90_TILES and t * shape[0] > _decide.MAX_FEW_ROUTES:
             assert len(d.forms) == 7 and _decide.BLOCK_N_OF[d.alt_tile] != d.block_n, (t, d)
-            if load > _decide.SM90_PAIR_MIN_LOAD:
+            if load > _decide.SM90_PAIR_MIN_LOAD and narrow:
                 table = _decide.prefill_tile(load, short)
                 split = t * shape[0] >= _decide.SPLIT_MIN_ROUTES
-                assert (d.tile, d.alt_tile) == _decide.modeled_pair(load, short, table, _decide.alt_tile(load, short, table),
-                                                                     split), (t, d)
+                assert (d.tile, d.alt_tile) == _decide.modeled_pair(
+                    load, short, table, _decide.alt_tile(load, short, table, narrow), split), (t, d)
             else:
-                assert d.alt_tile == _decide.alt_tile(load, short, d.tile), (t, d)
+                assert d.alt_tile == _decide.alt_tile(load, short, d.tile, narrow), (t, d)
                 if d.block_n < 96:
                     assert _decide.BLOCK_N_OF[d.alt_tile] > d.block_n
                 else:
@@ -221,15 +223,22 @@ _MODELED = {("ep8", 5632): ("wg128x4", "wg160x3"), ("ep8", 6144): ("wg160x3", "w
 
 
 @pytest.mark.parametrize("layout,t", sorted(_MODELED))
-def test_decide_modeled_pair(layout, t):
+def test_decide_modeled_pair(layout, t, monkeypatch):
     """The two forms past SM90_PAIR_MIN_LOAD: the pair of least modeled cost at the rank's load
     where it models SM90_PAIR_GAIN cheaper than the table's, the table's tile first where the
-    pair holds it; the same on a device whose DRAM per SM is narrow."""
+    pair holds it. Where DRAM per SM is narrow (measured there); a wide-memory device keeps the
+    table's pair unless SM90_PAIR_WIDE_MEMORY."""
     inter = 3072 if layout == "ep8" else 384
-    for narrow in (False, True):
-        d = _decide.decide(t, *_TP8[:3], inter, sm90=True, narrow_memory=narrow)
-        assert (d.tile, d.alt_tile) == _MODELED[layout, t], (layout, t, d)
-        assert d.block_n == _decide.BLOCK_N_OF[d.tile] and d.path == "prefill"
+    table = _decide.decide(t, *_TP8[:3], inter, sm90=True)
+    d = _decide.decide(t, *_TP8[:3], inter, sm90=True, narrow_memory=True)
+    assert (d.tile, d.alt_tile) == _MODELED[layout, t], (layout, t, d)
+    assert d.block_n == _decide.BLOCK_N_OF[d.tile] and d.path == "prefill"
+    load = t / 56
+    assert table.tile == _decide.prefill_tile(load, layout == "tp8")
+    assert table.alt_tile == _decide.alt_tile(load, layout == "tp8", table.tile)
+    monkeypatch.setattr(_decide, "SM90_PAIR_WIDE_MEMORY", True)
+    wide = _decide.decide(t, *_TP8[:3], inter, sm90=True)
+    assert (wide.tile, wide.alt_tile) == _MODELED[layout, t]
 
 
 def _pair_cost_by_the_sum(load: float, wide: str, narrow: str, split: bool) -> float:
@@ -272,12 +281,12 @@ def test_decide_modeled_pair_needs_the_width_per_expert():
     CAKE_MOE_TILE_SPLIT=0) a pair is worth its cheaper single form only: ep8 T = 6144 then pairs
     wg160x3 with wg96x4 (two 96-row tiles beat two 128-row ones past 160 routes), not wg32x4."""
     args = (*_TP8[:3], 3072)
-    one = _decide.decide(6144, *args, sm90=True, tile_split=False)
+    one = _decide.decide(6144, *args, sm90=True, narrow_memory=True, tile_split=False)
     assert (one.tile, one.alt_tile) == ("wg160x3", "wg96x4")
     assert (one.tile, one.alt_tile) == _decide.modeled_pair(6144 / 56, False, "wg128x4", "wg160x3", split=False)
-    assert _decide.decide(6144, *args, sm90=True).alt_tile == "wg32x4"
-    few = _decide.decide(1000, 16, 112, 7168, 3072, sm90=True)   # 16000 routes: one routing CTA, no split
-    assert few.alt_tile == _decide.decide(1000, 16, 112, 7168, 3072, sm90=True, tile_split=False).alt_tile
+    assert _decide.decide(6144, *args, sm90=True, narrow_memory=True).alt_tile == "wg32x4"
+    few = [_decide.decide(1000, 16, 112, 7168, 3072, sm90=True, narrow_memory=True, tile_split=s) for s in (True, False)]
+    assert few[0] == few[1]   # 16000 routes: one routing CTA, no split either way
 
 
 def test_device_tile_choice_rule():

@@ -153,12 +153,16 @@ SPLIT_GAIN_PCT = 2  # moe::kSplitGainPct: the split's second kernel pair costs a
 # with the width per expert, a narrow form for each expert's last tile pays where the rank's
 # counts sit just past a multiple of the wide form's rows (ep8 T = 6144: ~157 routes per expert,
 # one 160-row tile and a 32-row one where 128-row tiles take two). The model overstates a split's
-# gain (about 0.4-0.9x of it reached the layer), hence the margin. Measured on an H100, the table
-# and the modeled pairs in one process on the same inputs (bench/results/
-# 2026-12-05_h100_mxfp4_moe_modeled_pairs.md): ep8 T = 6144 / 6656 / 7168 / 7680 / 8192 / 12288
-# 7.4 / 10.0 / 7.3 / 2.4 / 2.3 / 4.2% faster, tp8 T = 5632 / 10240 / 12288 5.1 / 7.1 / 3.4%.
+# gain (about 0.4-0.9x of it reached the layer), hence the margin. Measured on an H100 (where the
+# rule applies: SM90_PAIR_WIDE_MEMORY below), the table's pair and the modeled one in one process
+# on the same inputs (bench/results/2026-12-05_h100_mxfp4_moe_modeled_pairs.md): ep8 T = 6144 /
+# 6656 / 7168 / 7680 / 8192 / 12288 7.4 / 10.0 / 7.3 / 2.4 / 2.3 / 4.2% faster, tp8 T = 5632 /
+# 10240 / 12288 5.1 / 7.1 / 3.4%.
 SM90_PAIR_FORMS: tuple[str, ...] = ("wg32x4", "wg64x4", "wg96x4", "wg128x4", "wg160x3")
 SM90_PAIR_GAIN = 0.03
+# Measured only where DRAM per SM is narrow (the H100 above): an H200 (wide memory) keeps the
+# table's pairs until a same-call A/B there (ci/ab_decide.sh with this set True) says otherwise.
+SM90_PAIR_WIDE_MEMORY = False
 # From here (where a short shard's wg96x4 stops serving one tile per expert) up: below, the
 # table's measured limits stand (the model favours wg96x4 / wg64x4 over wg128x4 where an H200 ran
 # them 3-6% slower: ep8 T = 2048, ..._h200_mxfp4_moe_wg96_long_shard_ab.md).
@@ -398,7 +402,7 @@ def _sm90_form(load: float, inter: int, narrow_memory: bool, split: bool) -> tup
     if load > wg64_max:
         tile = prefill_tile(load, short)
         alt = alt_tile(load, short, tile, narrow_memory)
-        if load > SM90_PAIR_MIN_LOAD:
+        if load > SM90_PAIR_MIN_LOAD and (narrow_memory or SM90_PAIR_WIDE_MEMORY):
             tile, alt = modeled_pair(load, short, tile, alt, split)
         return "prefill", BLOCK_N_OF[tile], tile, alt
     if load > mid_max:
@@ -416,7 +420,8 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     the device runs the sm_90a forms; ``narrow_memory``: its DRAM bandwidth per SM is narrow (an
     H100 SXM), which moves the sm_90 decode limit down (SM90_NARROW_MEMORY_DECODE_LOADS), the
     four-warp narrow tiling's up (SM90_NARROW_MEMORY_NARROW4_ROUTES) and a long shard's wg96x4
-    second form down to every wg64x4 load (SM90_LONG_SHARD_WG96_LOADS). ``tile`` forces a tile form
+    second form down to every wg64x4 load (SM90_LONG_SHARD_WG96_LOADS), and past
+    SM90_PAIR_MIN_LOAD binds the modeled pair (modeled_pair; SM90_PAIR_WIDE_MEMORY: elsewhere too). ``tile`` forces a tile form
     (benchmarks and tests); an sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile
     GEMM1 -> GEMM2 sync on or off (it never changes a bit of the result); True needs an mma.sync
     tile form (not one of SM90_TILES). ``tile_split``: a plan of two forms may bind the width per
