@@ -21,6 +21,7 @@ edited=$(mktemp -d)
 cp -r "$pkg" "$edited/"
 table="$edited/cake_moe/mxfp4_moe/_decide.py"
 sed -i "$edit" "$table"
+rm -rf "$(dirname "$table")/__pycache__"  # a cached _decide.pyc of the same size and second would win
 if cmp -s "$table" "$pkg/mxfp4_moe/_decide.py"; then
   echo "ci/ab_decide.sh: '$edit' changed nothing in _decide.py" >&2
   exit 2
