@@ -188,11 +188,10 @@ def test_decide_alt_tile_for_every_sm90_wgmma_path(shape, narrow):
         load = _decide.routes_per_expert(t, *shape[:2])
         if d.tile in _decide.SM90_TILES and t * shape[0] > _decide.MAX_FEW_ROUTES:
             assert len(d.forms) == 7 and _decide.BLOCK_N_OF[d.alt_tile] != d.block_n, (t, d)
-            if load > _decide.SM90_PAIR_MIN_LOAD and narrow:
+            if load > _decide.SM90_PAIR_MIN_LOAD and narrow and t * shape[0] >= _decide.SPLIT_MIN_ROUTES:
                 table = _decide.prefill_tile(load, short)
-                split = t * shape[0] >= _decide.SPLIT_MIN_ROUTES
                 assert (d.tile, d.alt_tile) == _decide.modeled_pair(
-                    load, short, table, _decide.alt_tile(load, short, table, narrow), split), (t, d)
+                    load, short, table, _decide.alt_tile(load, short, table, narrow), True), (t, d)
             else:
                 assert d.alt_tile == _decide.alt_tile(load, short, d.tile, narrow), (t, d)
                 if d.block_n < 96:
@@ -278,15 +277,17 @@ def test_pair_costs_match_the_poisson_sum(load):
 
 def test_decide_modeled_pair_needs_the_width_per_expert():
     """Without the width per expert (fewer than SPLIT_MIN_ROUTES routes, or tile_split=False:
-    CAKE_MOE_TILE_SPLIT=0) a pair is worth its cheaper single form only: ep8 T = 6144 then pairs
-    wg160x3 with wg96x4 (two 96-row tiles beat two 128-row ones past 160 routes), not wg32x4."""
+    CAKE_MOE_TILE_SPLIT=0) a decision keeps the table's pair: ep8 T = 6144 wg128x4 + wg160x3,
+    not wg160x3 + wg32x4 (the model alone would pair wg160x3 with wg96x4 there, unmeasured)."""
     args = (*_TP8[:3], 3072)
     one = _decide.decide(6144, *args, sm90=True, narrow_memory=True, tile_split=False)
-    assert (one.tile, one.alt_tile) == ("wg160x3", "wg96x4")
-    assert (one.tile, one.alt_tile) == _decide.modeled_pair(6144 / 56, False, "wg128x4", "wg160x3", split=False)
+    assert (one.tile, one.alt_tile) == ("wg128x4", "wg160x3")
+    assert _decide.modeled_pair(6144 / 56, False, "wg128x4", "wg160x3", split=False) == ("wg160x3", "wg96x4")
     assert _decide.decide(6144, *args, sm90=True, narrow_memory=True).alt_tile == "wg32x4"
-    few = [_decide.decide(1000, 16, 112, 7168, 3072, sm90=True, narrow_memory=True, tile_split=s) for s in (True, False)]
-    assert few[0] == few[1]   # 16000 routes: one routing CTA, no split either way
+    few = _decide.decide(1000, 16, 112, 7168, 3072, sm90=True, narrow_memory=True)   # 16000 routes: no split
+    load = _decide.routes_per_expert(1000, 16, 112)
+    assert load > _decide.SM90_PAIR_MIN_LOAD
+    assert (few.tile, few.alt_tile) == (_decide.prefill_tile(load, False), _decide.alt_tile(load, False, few.tile, True))
 
 
 def test_device_tile_choice_rule():

@@ -167,6 +167,9 @@ SM90_PAIR_WIDE_MEMORY = False
 # table's measured limits stand (the model favours wg96x4 / wg64x4 over wg128x4 where an H200 ran
 # them 3-6% slower: ep8 T = 2048, ..._h200_mxfp4_moe_wg96_long_shard_ab.md).
 SM90_PAIR_MIN_LOAD = NARROW_PREFILL_MAX_LOAD
+# And only with the width per expert (every measured row had it): without it a pair is a choice
+# between two single forms, which the table makes from measured limits (the model's single
+# wg96x4 at two tiles per expert ran 3.9% slower than the table's pair at ep8 T = 6144).
 # An expert-parallel rank (a long shard, by the table's convention) sees more routes per local
 # expert than T * top_k / E: every token it is sent has at least one local route (the contract's
 # ep8 rank: 1.43x).
@@ -402,7 +405,7 @@ def _sm90_form(load: float, inter: int, narrow_memory: bool, split: bool) -> tup
     if load > wg64_max:
         tile = prefill_tile(load, short)
         alt = alt_tile(load, short, tile, narrow_memory)
-        if load > SM90_PAIR_MIN_LOAD and (narrow_memory or SM90_PAIR_WIDE_MEMORY):
+        if split and load > SM90_PAIR_MIN_LOAD and (narrow_memory or SM90_PAIR_WIDE_MEMORY):
             tile, alt = modeled_pair(load, short, tile, alt, split)
         return "prefill", BLOCK_N_OF[tile], tile, alt
     if load > mid_max:
@@ -425,7 +428,7 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     (benchmarks and tests); an sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile
     GEMM1 -> GEMM2 sync on or off (it never changes a bit of the result); True needs an mma.sync
     tile form (not one of SM90_TILES). ``tile_split``: a plan of two forms may bind the width per
-    expert (False under CAKE_MOE_TILE_SPLIT=0), which the modeled pairs count on."""
+    expert (False under CAKE_MOE_TILE_SPLIT=0), which the modeled pairs need."""
     refusal = token_count_refusal(num_tokens, top_k, hidden, inter)
     if refusal:
         return PlanDecision(False, refusal, "none", 0, ())
