@@ -39,7 +39,7 @@ import torch
 
 from cake_moe.bench import mxfp4_moe as bench
 from cake_moe.bench import timing
-from cake_moe.mxfp4_moe import _decide
+from cake_moe.mxfp4_moe import _decide, _tile_cost
 
 
 def _routed_experts(ids: torch.Tensor, offset: int, l: int) -> int:
@@ -72,7 +72,7 @@ def _two_forms(runner, tile: str, alt: str):
                               for f in (tile, alt))
         forms = (_decide.DEQUANT_FORM, _decide.ROUTE_FORM, g1, a1, g2, a2, _decide.FINALIZE_FORM)
         return dataclasses.replace(d, reason=f"forced: {tile} or {alt}, as the device finds cheaper", path="forced",
-                                   block_n=_decide.BLOCK_N_OF[tile], tile=tile, alt_tile=alt, forms=forms,
+                                   block_n=_tile_cost.BLOCK_N_OF[tile], tile=tile, alt_tile=alt, forms=forms,
                                    tile_sync=False)
     return decide
 

@@ -131,7 +131,7 @@ def test_mxfp4_moe_tile_lists_agree():
         import forms
     finally:
         sys.path.pop(0)
-    from cake_moe.mxfp4_moe import _decide
+    from cake_moe.mxfp4_moe import _decide, _tile_cost
 
     built = {t[0] for t in forms.MXFP4_MOE_TILINGS + forms.MXFP4_MOE_SM90_TILINGS}
     source = (root / "cpp" / "host" / "mxfp4_moe" / "tilings.cpp").read_text()
@@ -147,7 +147,7 @@ def test_mxfp4_moe_tile_lists_agree():
     assert set(_decide.SM90_TILES) == {t[0] for t in forms.MXFP4_MOE_SM90_TILINGS if not t[0].endswith("_rb")}
     # and the token rows per tile the decision table counts are the forms' BN
     bn_built = {t[0]: t[1] for t in forms.MXFP4_MOE_TILINGS + forms.MXFP4_MOE_SM90_TILINGS}
-    assert {t: bn_built[t] for t in _decide.BLOCK_N_OF} == _decide.BLOCK_N_OF
+    assert {t: bn_built[t] for t in _tile_cost.BLOCK_N_OF} == _tile_cost.BLOCK_N_OF
 
 
 def test_ab_table_reads_two_logs_and_rejects_a_missing_column(tmp_path):

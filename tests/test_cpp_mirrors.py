@@ -22,7 +22,7 @@ MIRRORS = [
     ("cake_moe.mxfp4_moe._wrapper", "_TILE_CHOICE_AT", "kTileChoiceAt"),
     ("cake_moe.mxfp4_moe._wrapper", "_SPLIT_PARK_BYTES", "kSplitParkBytes"),
     ("cake_moe.mxfp4_moe._decide", "ROUTE_CHUNK_MIN", "kRouteChunkMin"),
-    ("cake_moe.mxfp4_moe._decide", "SPLIT_GAIN_PCT", "kSplitGainPct"),
+    ("cake_moe.mxfp4_moe._tile_cost", "SPLIT_GAIN_PCT", "kSplitGainPct"),
     ("cake_moe.mxfp4_moe._decide", "MAX_FEW_ROUTES", "kMaxFewRoutes"),
     ("cake_moe.grouped_gemm._checks", "_MAX_TILES", "kTileCap"),
     ("tests.mxfp4_moe_cases", "TILE_CHOICE_AT", "kTileChoiceAt"),

@@ -49,7 +49,7 @@ def test_device_tile_choice(layers, t, counts, pair):
     counts: each run's bits are those of the chosen form forced, the choice follows the counts
     the routes set (sum of ceil(count / BN) x cost per tile), and a replayed graph follows new
     routes across the two forms without a new plan."""
-    from cake_moe.mxfp4_moe import _decide
+    from cake_moe.mxfp4_moe import _decide, _tile_cost
     layer = layers("h384_ep_k8")
     geom = layer.geom
     low, high = counts
@@ -61,8 +61,8 @@ def test_device_tile_choice(layers, t, counts, pair):
     assert len(d.forms) == 7 and _decide.gemm_forms(d.alt_tile, geom.hidden, geom.i_shard)[0] in plan.forms
     want = {}
     for n, case in cases.items():
-        choice = _decide.device_tile_choice([n] * geom.local, d.tile, d.alt_tile)
-        assert choice == (min if n == low else max)(pair, key=_decide.BLOCK_N_OF.get)  # more routes: wider
+        choice = _tile_cost.device_tile_choice([n] * geom.local, d.tile, d.alt_tile)
+        assert choice == (min if n == low else max)(pair, key=_tile_cost.BLOCK_N_OF.get)  # more routes: wider
         forced = layer.run(case, tile=choice)
         check_output(case, forced, reference(case, layer.bank))
         auto_plan, auto_out = layer.plan(case)
@@ -124,10 +124,10 @@ def _check_replays_follow(plan, out: torch.Tensor, bound: Case, runs) -> None:
 def test_width_per_expert(layers, monkeypatch, name, t, n, want, pair):
     """The width per expert (on by default): the routing kernel lists each expert's full tiles of
     the wider form (wg160x3) and its last tile of at most the narrower form's rows for the
-    narrower, or one form's tiles alone, by the rule _decide.device_tile_listing mirrors, and each
+    narrower, or one form's tiles alone, by the rule _tile_cost.device_tile_listing mirrors, and each
     listing gives the bits of wg160x3 forced alone (every wgmma form gives the same bits).
     CAKE_MOE_TILE_SPLIT=0 keeps one list (device_tile_choice), with the same bits."""
-    from cake_moe.mxfp4_moe import _decide
+    from cake_moe.mxfp4_moe import _decide, _tile_cost
     from cake_moe.mxfp4_moe._wrapper import split_width
     monkeypatch.delenv("CAKE_MOE_TILE_SPLIT", raising=False)
     if pair == "table":
@@ -146,7 +146,7 @@ def test_width_per_expert(layers, monkeypatch, name, t, n, want, pair):
     assert f"{d.tile}+{d.alt_tile}" == pair if pair != "table" else {d.tile, d.alt_tile} == {"wg128x4", "wg160x3"}, d
     assert "+" not in want or want == f"{d.tile}+{d.alt_tile}", d  # plan.last_tile() names the table's first
     assert split_width(d, t, geom.top_k) and plan._plan.split_width, "the mirror and the host must agree"
-    assert _decide.device_tile_listing([n] * geom.local, d.tile, d.alt_tile) == want
+    assert _tile_cost.device_tile_listing([n] * geom.local, d.tile, d.alt_tile) == want
     for _ in range(2):  # the second run: the lists and words of the first are rewritten
         poison_(out)
         plan.run()
@@ -160,7 +160,7 @@ def test_width_per_expert(layers, monkeypatch, name, t, n, want, pair):
     poison_(one_out)
     one_plan.run()
     torch.cuda.synchronize()
-    assert one_plan.last_tile() == _decide.device_tile_choice([n] * geom.local, d.tile, d.alt_tile)
+    assert one_plan.last_tile() == _tile_cost.device_tile_choice([n] * geom.local, d.tile, d.alt_tile)
     assert torch.equal(one_out, forced), "CAKE_MOE_TILE_SPLIT=0 changed the bits"
 
 
@@ -168,7 +168,7 @@ def test_width_per_expert_graph_replay(layers, monkeypatch):
     """One captured plan follows new routes across the width per expert's listings (split, the
     first form alone, the second alone): the words and lists the routing kernel writes, not the
     plan, decide which pairs run."""
-    from cake_moe.mxfp4_moe import _decide
+    from cake_moe.mxfp4_moe import _tile_cost
     monkeypatch.delenv("CAKE_MOE_TILE_SPLIT", raising=False)
     layer = layers("h384_ep_k8")
     geom = layer.geom
@@ -177,7 +177,7 @@ def test_width_per_expert_graph_replay(layers, monkeypatch):
     bound = _bindable(cases[counts[0]])
     plan, out = layer.plan(bound)
     d = plan.decision
-    listing = {n: _decide.device_tile_listing([n] * geom.local, d.tile, d.alt_tile) for n in counts}
+    listing = {n: _tile_cost.device_tile_listing([n] * geom.local, d.tile, d.alt_tile) for n in counts}
     assert sorted(listing.values()) == ["wg128x4", "wg128x4+wg160x3", "wg160x3"], listing
     forced = {n: layer.run(cases[n], tile="wg160x3") for n in counts}
     _check_replays_follow(plan, out, bound, [(n, cases[n], listing[n], forced[n]) for n in (*counts, counts[0])])
@@ -188,8 +188,8 @@ def _want_tile_lists(counts: list[int], d, split: bool):
     writes for route counts per local expert under decision d: ((first list, its word), None),
     or with the width per expert ``split`` ((first list, word), (second list, word)); a pair
     runs where its word is 0 (moe_route.cuh, publish_offsets and publish_offsets_split)."""
-    from cake_moe.mxfp4_moe import _decide
-    bn_of = _decide.BLOCK_N_OF
+    from cake_moe.mxfp4_moe import _tile_cost
+    bn_of = _tile_cost.BLOCK_N_OF
     starts = [sum(counts[:e]) for e in range(len(counts))]
 
     def listed(rows_of) -> list[tuple[int, int]]:  # rows_of(count): an expert's tiles' first rows
@@ -201,9 +201,9 @@ def _want_tile_lists(counts: list[int], d, split: bool):
     if not d.alt_tile:
         return (listed(every(d.block_n)), 0), None
     if not split:
-        chosen = _decide.device_tile_choice(counts, d.tile, d.alt_tile)
+        chosen = _tile_cost.device_tile_choice(counts, d.tile, d.alt_tile)
         return (listed(every(bn_of[chosen])), int(chosen == d.alt_tile)), None
-    listing = _decide.device_tile_listing(counts, d.tile, d.alt_tile)
+    listing = _tile_cost.device_tile_listing(counts, d.tile, d.alt_tile)
     if "+" not in listing:
         whole, first = listed(every(bn_of[listing])), listing == d.tile
         return (whole if first else [], int(not first)), ([] if first else whole, int(first))

@@ -1,6 +1,6 @@
-"""CPU tests of the MXFP4 MoE decision table (python/cake_moe/mxfp4_moe/_decide.py): the path
-and token-tile forms per token count, the rules the routing kernel applies on the device, and
-the width per expert."""
+"""CPU tests of the MXFP4 MoE decision table (python/cake_moe/mxfp4_moe/_decide.py) and its
+tile-cost model (_tile_cost.py): the path and token-tile forms per token count, the rules the
+routing kernel applies on the device, and the width per expert."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, PlanDecision
-from cake_moe.mxfp4_moe import _decide, _wrapper
+from cake_moe.mxfp4_moe import _decide, _tile_cost, _wrapper
 
 from .mxfp4_moe_cases import CONTRACT_ARGS as CONTRACT, EP8_ARGS as EP8, TP8_ARGS as TP8
 
@@ -90,7 +90,7 @@ def test_decide_short_shard_thresholds_on_sm90(t, path, tile):
     expert's routes fit one of them (up to ~85: T = 4800; 96 at T = 5376 takes wg128x4); other
     arches keep 6, 24 (n32 / n64)."""
     d = _decide.decide(t, *_TP8, sm90=True)
-    assert (d.path, d.tile, d.block_n) == (path, tile, _decide.BLOCK_N_OF[tile])
+    assert (d.path, d.tile, d.block_n) == (path, tile, _tile_cost.BLOCK_N_OF[tile])
     portable = _decide.decide(t, *_TP8)
     assert portable.tile == ("n8" if t <= 336 else "n32" if t <= 1344 else "n64")
 
@@ -187,7 +187,7 @@ def test_decide_alt_tile_for_every_sm90_wgmma_path(shape, narrow):
         d = _decide.decide(t, *shape, sm90=True, narrow_memory=narrow)
         load = _decide.routes_per_expert(t, *shape[:2])
         if d.tile in _decide.SM90_TILES and t * shape[0] > _decide.MAX_FEW_ROUTES:
-            assert len(d.forms) == 7 and _decide.BLOCK_N_OF[d.alt_tile] != d.block_n, (t, d)
+            assert len(d.forms) == 7 and _tile_cost.BLOCK_N_OF[d.alt_tile] != d.block_n, (t, d)
             if load > _decide.SM90_PAIR_MIN_LOAD and narrow and t * shape[0] >= _decide.SPLIT_MIN_ROUTES:
                 table = _decide.prefill_tile(load, short)
                 assert (d.tile, d.alt_tile) == _decide.modeled_pair(
@@ -195,7 +195,7 @@ def test_decide_alt_tile_for_every_sm90_wgmma_path(shape, narrow):
             else:
                 assert d.alt_tile == _decide.alt_tile(load, short, d.tile, narrow), (t, d)
                 if d.block_n < 96:
-                    assert _decide.BLOCK_N_OF[d.alt_tile] > d.block_n
+                    assert _tile_cost.BLOCK_N_OF[d.alt_tile] > d.block_n
                 else:
                     assert d.alt_tile in ("wg96x4", "wg128x4", "wg160x3")
         else:
@@ -231,7 +231,7 @@ def test_decide_modeled_pair(layout, t, monkeypatch):
     table = _decide.decide(t, *_TP8[:3], inter, sm90=True)
     d = _decide.decide(t, *_TP8[:3], inter, sm90=True, narrow_memory=True)
     assert (d.tile, d.alt_tile) == _MODELED[layout, t], (layout, t, d)
-    assert d.block_n == _decide.BLOCK_N_OF[d.tile] and d.path == "prefill"
+    assert d.block_n == _tile_cost.BLOCK_N_OF[d.tile] and d.path == "prefill"
     load = t / 56
     assert table.tile == _decide.prefill_tile(load, layout == "tp8")
     assert table.alt_tile == _decide.alt_tile(load, layout == "tp8", table.tile)
@@ -242,7 +242,7 @@ def test_decide_modeled_pair(layout, t, monkeypatch):
 
 def _pair_cost_by_the_sum(load: float, wide: str, narrow: str, split: bool) -> float:
     """pair_costs' reference: each Poisson term on its own, the listing rule as written."""
-    cost, bn_w, bn_n = _decide.SM90_TILE_COST, _decide.BLOCK_N_OF[wide], _decide.BLOCK_N_OF[narrow]
+    cost, bn_w, bn_n = _tile_cost.SM90_TILE_COST, _tile_cost.BLOCK_N_OF[wide], _tile_cost.BLOCK_N_OF[narrow]
     single_w = single_n = split_w = split_n = 0.0
     for n in range(int(load + 10 * math.sqrt(load) + 20)):
         p = math.exp(n * math.log(load) - load - math.lgamma(n + 1))
@@ -253,7 +253,7 @@ def _pair_cost_by_the_sum(load: float, wide: str, narrow: str, split: bool) -> f
         split_n += p * (0 < rest <= bn_n)
     single = min(cost[wide] * single_w, cost[narrow] * single_n)
     both = cost[wide] * split_w + cost[narrow] * split_n
-    return both if split and both * 100 < single * (100 - _decide.SPLIT_GAIN_PCT) else single
+    return both if split and both * 100 < single * (100 - _tile_cost.SPLIT_GAIN_PCT) else single
 
 
 @pytest.mark.parametrize("load", [40.0, 157.0, 292.6, 1071.4])
@@ -262,15 +262,15 @@ def test_pair_costs_match_the_poisson_sum(load):
     without the width per expert; at ep8 T = 6144's rank load (157) the split wg160x3 + wg32x4
     models >10% below every single form."""
     for split in (False, True):
-        costs = _decide.pair_costs(load, split)
+        costs = _tile_cost.pair_costs(load, split)
         assert len(costs) == 10
         for (wide, narrow), c in costs.items():
-            assert _decide.BLOCK_N_OF[wide] > _decide.BLOCK_N_OF[narrow]
+            assert _tile_cost.BLOCK_N_OF[wide] > _tile_cost.BLOCK_N_OF[narrow]
             assert c == pytest.approx(_pair_cost_by_the_sum(load, wide, narrow, split), rel=1e-9), (wide, narrow)
-    singles = [_decide.SM90_TILE_COST[f] * _decide.expected_tiles(157.0, _decide.BLOCK_N_OF[f])
-               for f in _decide.SM90_PAIR_FORMS]
-    assert _decide.pair_costs(157.0, True)["wg160x3", "wg32x4"] < 0.9 * min(singles)
-    assert _decide.pair_costs(157.0, False)["wg160x3", "wg32x4"] == pytest.approx(min(singles[0], singles[4]))
+    singles = [_tile_cost.SM90_TILE_COST[f] * _tile_cost.expected_tiles(157.0, _tile_cost.BLOCK_N_OF[f])
+               for f in _tile_cost.SM90_TILE_COST]
+    assert _tile_cost.pair_costs(157.0, True)["wg160x3", "wg32x4"] < 0.9 * min(singles)
+    assert _tile_cost.pair_costs(157.0, False)["wg160x3", "wg32x4"] == pytest.approx(min(singles[0], singles[4]))
     # no pair 3% cheaper: the table's own, in its order
     assert _decide.modeled_pair(292.6, True, "wg160x3", "wg128x4", split=True) == ("wg160x3", "wg128x4")
 
@@ -295,7 +295,7 @@ def test_device_tile_choice_rule():
     BN) x cost per tile, summed over the local experts), ties to the table's form. The two ep8
     rows where the plan-time estimate missed (the benchmark's rank sees ~1.43x the uniform load)
     go the way they measured faster (bench/results/2026-12-03_h200_mxfp4_moe_prefill_tile_sweep.md)."""
-    choose = _decide.device_tile_choice
+    choose = _tile_cost.device_tile_choice
     assert choose([157] * 112, "wg128x4", "wg160x3") == "wg160x3"   # ep8 T = 6144: one 160-row tile each
     assert choose([210] * 112, "wg160x3", "wg128x4") == "wg128x4"   # ep8 T = 8192: two tiles either way
     assert choose([100] * 8, "wg160x3", "wg128x4") == "wg128x4"
@@ -307,7 +307,7 @@ def test_device_tile_choice_rule():
     assert choose([52] * 112, "wg64x4", "wg128x4") == "wg64x4"    # 0.63 against 1.0
     assert choose([69] * 112, "wg64x4", "wg128x4") == "wg128x4"   # 2 x 0.63 against 1.0
     assert choose([33] * 112, "wg32x4", "wg64x4") == "wg64x4"     # 2 x 0.5 against 0.63
-    assert [_decide.tile_cost_milli(f) for f in ("wg32x4", "wg64x4", "wg96x4", "wg128x4", "wg160x3")] == \
+    assert [_tile_cost.tile_cost_milli(f) for f in ("wg32x4", "wg64x4", "wg96x4", "wg128x4", "wg160x3")] == \
         [500, 630, 850, 1000, 1300]
 
 
@@ -315,7 +315,7 @@ def test_device_tile_listing_rule():
     """The width per expert's rule, mirrored (moe_route.cuh, choose_listing): full tiles of the
     wider form and a last tile of at most the narrower form's rows in the narrower form's list,
     where that costs at least 2% less than the cheaper single form; else device_tile_choice."""
-    listing = _decide.device_tile_listing
+    listing = _tile_cost.device_tile_listing
     # 418 = 2 x 160 + 98: 2 x 1.3 + 1.0 = 3.6 against 3 x 1.3 = 3.9 and 4 x 1.0
     assert listing([418] * 112, "wg160x3", "wg128x4") == "wg160x3+wg128x4"
     assert listing([418] * 112, "wg128x4", "wg160x3") == "wg128x4+wg160x3"  # either order of the pair
@@ -364,11 +364,11 @@ def test_decide_wide_prefill_tiles_where_they_measured_faster(t, tile):
 
 
 def test_expected_tiles():
-    assert _decide.expected_tiles(0, 128) == 0.0
-    assert _decide.expected_tiles(40.0, 128) == pytest.approx(1.0, abs=1e-6)   # never 0 or 2 routes past 128
-    assert _decide.expected_tiles(292.6, 128) == pytest.approx(2.98, abs=0.01)
-    assert _decide.expected_tiles(292.6, 160) == pytest.approx(2.05, abs=0.01)
-    assert _decide.expected_tiles(1e6, 160) == pytest.approx(1e6 / 160 + 0.5, abs=0.01)
+    assert _tile_cost.expected_tiles(0, 128) == 0.0
+    assert _tile_cost.expected_tiles(40.0, 128) == pytest.approx(1.0, abs=1e-6)   # never 0 or 2 routes past 128
+    assert _tile_cost.expected_tiles(292.6, 128) == pytest.approx(2.98, abs=0.01)
+    assert _tile_cost.expected_tiles(292.6, 160) == pytest.approx(2.05, abs=0.01)
+    assert _tile_cost.expected_tiles(1e6, 160) == pytest.approx(1e6 / 160 + 0.5, abs=0.01)
 
 
 @pytest.mark.parametrize("load", [0.3, 7.0, 73.1, 292.6, 1170.3, 4681.1])
@@ -378,7 +378,7 @@ def test_expected_tiles_matches_the_poisson_sum(load, block_n):
     counts past 8 standard deviations, which it leaves out, weigh under 1e-6)."""
     direct = sum(math.exp(n * math.log(load) - load - math.lgamma(n + 1)) * -(-n // block_n)
                  for n in range(int(load + 10 * math.sqrt(load) + 20)))
-    assert _decide.expected_tiles(load, block_n) == pytest.approx(direct, rel=1e-6)
+    assert _tile_cost.expected_tiles(load, block_n) == pytest.approx(direct, rel=1e-6)
 
 
 def test_decide_short_k_form_for_a_tp_shard():

@@ -6,14 +6,10 @@ a rank sees its share of them), which sets how many token rows a GEMM tile shoul
 """
 from __future__ import annotations
 
-import functools
-import itertools
-import math
 from dataclasses import dataclass
 
-import torch
-
 from .. import _validate
+from ._tile_cost import BLOCK_N_OF, SM90_TILE_COST, expected_tiles, pair_costs, pair_key
 
 ROUTE_FORM = "moe_route"
 DEQUANT_FORM = "fmt_mxfp8_dequantize"
@@ -121,9 +117,6 @@ def token_count_refusal(num_tokens, top_k: int, hidden: int, inter: int) -> str 
     return token_rows_refusal(t, top_k, hidden, inter)
 
 
-# Token rows per tile of every form the table (or a caller's `tile=`) can name.
-BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n8_narrow4": 8, "n32": 32, "n64": 64, "wg128": 128, "wg128x4": 128,
-                               "wg64x4": 64, "wg32x4": 32, "wg160x3": 160, "wg96x4": 96}
 # The prefill GEMMs' time follows the number of token tiles per expert: each tile converts the
 # expert's weights once. `wg160x3` (160-token tiles on three warpgroups, 192 weight rows per
 # item) costs ~1.2x `wg128x4` per tile and takes fewer tiles where an expert's routes just pass a
@@ -131,26 +124,18 @@ BLOCK_N_OF: dict[str, int] = {"n8": 8, "n8_narrow": 8, "n8_narrow4": 8, "n32": 3
 # run at T = 2048..24576 in both contract layouts (bench/results/
 # 2026-12-01_h200_mxfp4_moe_wg160x3.md): with equal tile counts wg160x3 is 1.16-1.25x slower; with
 # fewer it wins by up to 1.28x (tp8 T = 8192: 5724 vs 7315 us; T = 16384: 10447 vs 11744). The
-# rule of prefill_tile (expected tiles under Poisson-spread counts times the per-tile cost below)
-# picked the faster form on all 16 measured rows.
+# rule of prefill_tile (expected tiles under Poisson-spread counts times the per-tile cost,
+# _tile_cost.SM90_TILE_COST) picked the faster form on all 16 measured rows.
 # `wg96x4` (96-token tiles, four warpgroups) costs ~0.8x `wg128x4` per tile (tp8, one tile per
 # expert: T = 3072 2999 vs 3805 us, T = 4096 3127 vs 3921; bench/results/
 # 2026-12-01_h200_mxfp4_moe_wg96.md), so a short shard takes it while an expert's routes fit one
 # 96-row tile (tp8 T = 4096: 73 routes). The long shard keeps wg128x4 there: the only long-shard
 # rank measured (the benchmark's ep8, whose experts see 1.43x T*k/E: 105 routes at T = 4096)
 # needs two 96-row tiles and ran 1.35x slower.
-# The cost of one token tile (all of an expert's m-blocks, both GEMMs) of each sm_90a form,
-# relative to wg128x4: the layer's time is close to a fixed part plus tiles x this. wg160x3 with a
-# margin over the measured; wg32x4 and wg64x4 fitted to the forced-tile rows of both layouts
-# (bench/results/2026-12-01_h200_mxfp4_moe_short_shard_tiles.md: tp8 0.50 / 0.63, ep8 0.51 /
-# 0.61-0.64 at 27-78 routes per expert, with each row's expected tile counts). The decision table
-# keeps its measured thresholds; the device's choice between a decision's two forms uses these.
-SM90_TILE_COST = {"wg32x4": 0.5, "wg64x4": 0.63, "wg96x4": 0.85, "wg128x4": 1.0, "wg160x3": 1.3}
 NARROW_PREFILL_MAX_LOAD = 96
-SPLIT_GAIN_PCT = 2  # moe::kSplitGainPct: the split's second kernel pair costs a boundary and a tail
 # Past wg64x4's range the table's two forms (prefill_tile and its alt_tile) give way to the pair
-# of these forms that the model above says costs at least SM90_PAIR_GAIN less (modeled_pair):
-# with the width per expert, a narrow form for each expert's last tile pays where the rank's
+# of forms that the tile-cost model (_tile_cost) says costs at least SM90_PAIR_GAIN less
+# (modeled_pair): with the width per expert, a narrow form for each expert's last tile pays where the rank's
 # counts sit just past a multiple of the wide form's rows (ep8 T = 6144: ~157 routes per expert,
 # one 160-row tile and a 32-row one where 128-row tiles take two). The model overstates a split's
 # gain (about 0.4-0.9x of it reached the layer), hence the margin. Measured on an H100 (where the
@@ -158,7 +143,6 @@ SPLIT_GAIN_PCT = 2  # moe::kSplitGainPct: the split's second kernel pair costs a
 # on the same inputs (bench/results/2026-12-05_h100_mxfp4_moe_modeled_pairs.md): ep8 T = 6144 /
 # 6656 / 7168 / 7680 / 8192 / 12288 7.4 / 10.0 / 7.3 / 2.4 / 2.3 / 4.2% faster, tp8 T = 5632 /
 # 10240 / 12288 5.1 / 7.1 / 3.4%.
-SM90_PAIR_FORMS: tuple[str, ...] = ("wg32x4", "wg64x4", "wg96x4", "wg128x4", "wg160x3")
 SM90_PAIR_GAIN = 0.03
 # Measured only where DRAM per SM is narrow (the H100 above): an H200 (wide memory) keeps the
 # table's pairs until a same-call A/B there (ci/ab_decide.sh with this set True) says otherwise.
@@ -214,7 +198,7 @@ class PlanDecision:
     or three from 16384 routes; at most 32 routes it is launched ahead of the dequantize);
     ``block_n`` the token rows per GEMM tile. With ``alt_tile`` (the sm_90a wgmma paths) the plan
     binds a second GEMM pair of that tile form, each GEMM followed by its alternative (seven forms): the routing kernel picks the pair from the actual counts
-    (``device_tile_choice``) and the other pair's kernels exit at once. ``supported`` is False
+    (``_tile_cost.device_tile_choice``) and the other pair's kernels exit at once. ``supported`` is False
     only for a request the layer cannot serve (``reason``)."""
 
     supported: bool
@@ -257,22 +241,6 @@ def routes_per_expert(num_tokens: int, top_k: int, num_experts: int) -> float:
     return num_tokens * top_k / num_experts
 
 
-@functools.lru_cache(maxsize=1024)
-def expected_tiles(load: float, block_n: int) -> float:
-    """Expected token tiles of one expert whose route count is Poisson with mean ``load`` (the
-    counts within 8 standard deviations; each term from the previous one, one ``exp`` per call)."""
-    if load <= 0:
-        return 0.0
-    spread = 8.0 * math.sqrt(load) + 2.0
-    lo, hi = max(0, int(load - spread)), int(load + spread) + 1
-    p = math.exp(lo * math.log(load) - load - math.lgamma(lo + 1))
-    total = 0.0
-    for n in range(lo, hi):
-        total += p * -(-n // block_n)
-        p *= load / (n + 1)
-    return total
-
-
 def _by_expected_cost(forms: list[str], load: float) -> list[str]:
     return sorted(forms, key=lambda f: SM90_TILE_COST[f] * expected_tiles(load, BLOCK_N_OF[f]))
 
@@ -288,46 +256,15 @@ def prefill_tile(load: float, short_shard: bool) -> str:
     return _by_expected_cost(_wide_prefill(load, short_shard), load)[0]
 
 
-@functools.lru_cache(maxsize=1024)
-def pair_costs(load: float, split: bool) -> dict[tuple[str, str], float]:
-    """The modeled tile cost per expert (SM90_TILE_COST x expected tiles, the counts Poisson
-    with mean ``load > 0``) of a decision naming each pair of SM90_PAIR_FORMS (keys: the wider
-    form first): the cheaper single form's, or with the width per expert bound (``split``) the
-    split listing's (each expert's full tiles on the wider form, its last on the narrower where
-    it fits) where that saves SPLIT_GAIN_PCT. The device chooses per call from the actual counts;
-    over many experts that is close to this choice made on the expected costs. One pass over the
-    counts within 8 standard deviations, all pairs at once (a few hundred microseconds)."""
-    spread = 8.0 * math.sqrt(load) + 2.0
-    n = torch.arange(max(0, int(load - spread)), int(load + spread) + 1, dtype=torch.float64)
-    p = torch.exp(n * math.log(load) - load - torch.lgamma(n + 1))
-    forms = sorted(SM90_PAIR_FORMS, key=lambda f: BLOCK_N_OF[f], reverse=True)
-    rows = torch.tensor([BLOCK_N_OF[f] for f in forms], dtype=torch.float64)
-    cost = torch.tensor([SM90_TILE_COST[f] for f in forms], dtype=torch.float64)
-    wide, narrow = (torch.tensor(ix) for ix in zip(*itertools.combinations(range(len(forms)), 2)))
-    single_each = cost * (torch.ceil(n / rows[:, None]) @ p)
-    single = torch.minimum(single_each[wide], single_each[narrow])
-    if split:
-        full = torch.floor(n / rows[wide, None])
-        rest = n - full * rows[wide, None]
-        last_narrow = (rest > 0) & (rest <= rows[narrow, None])
-        both = cost[wide] * ((full + (rest > 0) * ~last_narrow) @ p) + cost[narrow] * (last_narrow.double() @ p)
-        single = torch.where(both * 100 < single * (100 - SPLIT_GAIN_PCT), both, single)
-    return {(forms[i], forms[j]): c for i, j, c in zip(wide.tolist(), narrow.tolist(), single.tolist())}
-
-
-def _pair_key(a: str, b: str) -> tuple[str, str]:
-    return (a, b) if BLOCK_N_OF[a] > BLOCK_N_OF[b] else (b, a)
-
-
 def modeled_pair(load: float, short_shard: bool, tile: str, alt: str, split: bool) -> tuple[str, str]:
     """The two forms of a prefill decision (past wg64x4's range): the table's (``tile``,
-    ``alt``), or the pair of SM90_PAIR_FORMS of least pair_costs at the rank's load
+    ``alt``), or the pair of sm_90a forms of least pair_costs at the rank's load
     (LONG_SHARD_RANK_LOAD for a long shard) where that models at least SM90_PAIR_GAIN cheaper:
     the table's ``tile`` first where the pair holds it, else the wider form (the first form
     takes the device's ties)."""
     costs = pair_costs(load * (1.0 if short_shard else LONG_SHARD_RANK_LOAD), split)
     (a, b), cost = min(costs.items(), key=lambda item: item[1])
-    if cost > (1.0 - SM90_PAIR_GAIN) * costs[_pair_key(tile, alt)]:
+    if cost > (1.0 - SM90_PAIR_GAIN) * costs[pair_key(tile, alt)]:
         return tile, alt
     first, second = sorted((a, b), key=lambda f: (f != tile, -BLOCK_N_OF[f]))
     return first, second
@@ -335,7 +272,7 @@ def modeled_pair(load: float, short_shard: bool, tile: str, alt: str, split: boo
 
 def alt_tile(load: float, short_shard: bool, tile: str, narrow_memory: bool = False) -> str:
     """The second form of an sm_90a wgmma decision, which the device runs instead where the
-    call's actual counts make it cheaper (device_tile_choice): past wg64x4's range the other
+    call's actual counts make it cheaper (_tile_cost.device_tile_choice): past wg64x4's range the other
     wide form of least expected cost, or wg96x4 for wg128x4 up to the first of
     SM90_LONG_SHARD_WG96_LOADS; below it the next larger token tile (wg32x4 -> wg64x4 -> wg96x4
     for a short shard, past the second of SM90_LONG_SHARD_WG96_LOADS or where DRAM per SM is
@@ -350,44 +287,6 @@ def alt_tile(load: float, short_shard: bool, tile: str, narrow_memory: bool = Fa
     if tile == "wg128x4" and load <= SM90_LONG_SHARD_WG96_LOADS[0]:
         return "wg96x4"
     return _by_expected_cost([f for f in _wide_prefill(load, short_shard) if f != tile], load)[0]
-
-
-def tile_cost_milli(tile: str) -> int:
-    """SM90_TILE_COST of a form in thousandths: the routing kernel's integer cost."""
-    return round(1000 * SM90_TILE_COST[tile])
-
-
-def _listing_cost(counts, form: str) -> int:
-    """The routing kernel's cost of every tile in one form: sum of ceil(count / BN) x cost."""
-    bn = BLOCK_N_OF[form]
-    return sum(-(-int(c) // bn) for c in counts) * tile_cost_milli(form)
-
-
-def device_tile_choice(counts, tile: str, alt_tile: str) -> str:
-    """The form the routing kernel picks from a call's route count per local expert: ``alt_tile``
-    where its tiles cost less in total (sum of ceil(count / BN) x cost per tile), else ``tile``."""
-    return alt_tile if _listing_cost(counts, alt_tile) < _listing_cost(counts, tile) else tile
-
-
-
-def device_tile_listing(counts, tile: str, alt_tile: str) -> str:
-    """With the width per expert bound (``_wrapper.split_width``): the routing kernel's listing
-    for a call's route count per local expert. ``tile`` or ``alt_tile`` alone as
-    :func:`device_tile_choice`, or ``"TILE+ALT"``: each expert's full tiles of the wider form
-    and a last tile of at most the narrower form's rows in its list, where that costs less than
-    the cheaper single form by SPLIT_GAIN_PCT (cpp/kernels/moe/moe_route.cuh, choose_listing)."""
-    wide, narrow = sorted((tile, alt_tile), key=lambda form: BLOCK_N_OF[form], reverse=True)
-    bw, bn = BLOCK_N_OF[wide], BLOCK_N_OF[narrow]
-    wide_tiles = narrow_tiles = 0
-    for c in counts:
-        full, rest = divmod(int(c), bw)
-        wide_tiles += full + (1 if rest > bn else 0)
-        narrow_tiles += 1 if 0 < rest <= bn else 0
-    split = wide_tiles * tile_cost_milli(wide) + narrow_tiles * tile_cost_milli(narrow)
-    single = min(_listing_cost(counts, tile), _listing_cost(counts, alt_tile))
-    if split * 100 < single * (100 - SPLIT_GAIN_PCT):
-        return f"{tile}+{alt_tile}"
-    return device_tile_choice(counts, tile, alt_tile)
 
 
 def _sm90_form(load: float, inter: int, narrow_memory: bool, split: bool) -> tuple[str, int, str, str]:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _runtime, _validate
-from . import _decide, _kept_plans, _ops
+from . import _decide, _kept_plans, _ops, _tile_cost
 from ._decide import PlanDecision
 from ._plan import Mxfp4MoEPlan, _capturing
 from ._prepare import LAYOUT
@@ -441,8 +441,8 @@ class CakeMxfp4MoEWrapper:
         alt = {}
         if decision.alt_tile:
             alt1, alt2 = _decide.gemm_tiles(decision.alt_tile, self.hidden_size, self.intermediate_shard)
-            alt = dict(gemm1_alt_tile=alt1, gemm2_alt_tile=alt2, tile_cost=_decide.tile_cost_milli(decision.tile),
-                       alt_tile_cost=_decide.tile_cost_milli(decision.alt_tile))
+            alt = dict(gemm1_alt_tile=alt1, gemm2_alt_tile=alt2, tile_cost=_tile_cost.tile_cost_milli(decision.tile),
+                       alt_tile_cost=_tile_cost.tile_cost_milli(decision.alt_tile))
         bound = _runtime.ext().mxfp4_moe_plan(
             x.view(torch.uint8), x_sf, topk_ids, topk_weights, weights_kind, pw.w1, pw.w1_sf, pw.w2, pw.w2_sf, beta,
             linear_beta, workspace, output, pw.w1_sf_max, pw.w2_sf_max, num_tokens=num_tokens, hidden=self.hidden_size,
