@@ -115,12 +115,12 @@ def _check_replays_follow(plan, out: torch.Tensor, bound: Case, runs) -> None:
 # 128-row tile) and 150 (one 160-row tile). ep8 at T = 8192 binds the two the other way round
 # (wg160x3 first, the table's own pair: the modeled pair is held off, since it binds wg128x4 and
 # wg96x4 there): the narrower form's list is then the second one.
-# The modeled pairs (SM90_PAIR_MIN_LOAD) with a narrow last-tile form: ep8 T = 6144 binds wg160x3
-# and wg32x4 (170 = 160 + 10), T = 6656 wg128x4 and wg64x4 (170 = 128 + 42).
+# The modeled pairs (SM90_PAIR_MIN_LOAD) with a narrow last-tile form: ep8 T = 6656 binds wg128x4
+# and wg64x4 (170 = 128 + 42), T = 8192 wg128x4 and wg96x4 (200 = 128 + 72).
 @pytest.mark.parametrize("name,t,n,want,pair", [
     ("h384_ep_k8", 2048, 260, "wg128x4+wg160x3", "table"), ("h384_ep_k8", 2048, 100, "wg128x4", "table"),
     ("h384_ep_k8", 2048, 150, "wg160x3", "table"), ("ep8", 8192, 260, "wg160x3+wg128x4", "table"),
-    ("ep8", 6144, 170, "wg160x3+wg32x4", "wg160x3+wg32x4"), ("ep8", 6656, 170, "wg128x4+wg64x4", "wg128x4+wg64x4")])
+    ("ep8", 6656, 170, "wg128x4+wg64x4", "wg128x4+wg64x4"), ("ep8", 8192, 200, "wg128x4+wg96x4", "wg128x4+wg96x4")])
 def test_width_per_expert(layers, monkeypatch, name, t, n, want, pair):
     """The width per expert (on by default): the routing kernel lists each expert's full tiles of
     the wider form (wg160x3) and its last tile of at most the narrower form's rows for the

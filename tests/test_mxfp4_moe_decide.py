@@ -210,23 +210,25 @@ def test_decide_alt_tile_for_every_sm90_wgmma_path(shape, narrow):
 
 
 # Past SM90_PAIR_MIN_LOAD (T > 5376 at T * k / E = T / 56): the pairs measured faster than the
-# table's on an H100, same process and inputs (bench/results/2026-12-05_h100_mxfp4_moe_modeled_pairs.md),
-# and rows where the table's own pair stays (no pair models 3% cheaper).
-_MODELED = {("ep8", 5632): ("wg128x4", "wg160x3"), ("ep8", 6144): ("wg160x3", "wg32x4"),
+# table's on an H100, same process and inputs (bench/results/2026-12-05_h100_mxfp4_moe_modeled_pairs.md;
+# ep8 T = 20480 and tp8 T = 9216 modeled only), and rows where the table's own pair stays (no
+# candidate models 4% cheaper; at ep8 T = 6144 wg128x4 + wg64x4 models 3.2% and ran 8.5% slower).
+_MODELED = {("ep8", 5632): ("wg128x4", "wg160x3"), ("ep8", 6144): ("wg128x4", "wg160x3"),
             ("ep8", 6656): ("wg128x4", "wg64x4"), ("ep8", 7168): ("wg128x4", "wg64x4"),
             ("ep8", 8192): ("wg128x4", "wg96x4"), ("ep8", 10240): ("wg128x4", "wg160x3"),
             ("ep8", 12288): ("wg128x4", "wg64x4"), ("ep8", 16384): ("wg160x3", "wg128x4"),
-            ("tp8", 5632): ("wg128x4", "wg96x4"), ("tp8", 8192): ("wg160x3", "wg128x4"),
+            ("ep8", 20480): ("wg128x4", "wg64x4"),
+            ("tp8", 5632): ("wg128x4", "wg96x4"), ("tp8", 8192): ("wg160x3", "wg128x4"), ("tp8", 9216): ("wg128x4", "wg64x4"),
             ("tp8", 10240): ("wg128x4", "wg64x4"), ("tp8", 12288): ("wg128x4", "wg96x4"),
             ("tp8", 16384): ("wg160x3", "wg128x4")}
 
 
 @pytest.mark.parametrize("layout,t", sorted(_MODELED))
 def test_decide_modeled_pair(layout, t, monkeypatch):
-    """The two forms past SM90_PAIR_MIN_LOAD: the pair of least modeled cost at the rank's load
-    where it models SM90_PAIR_GAIN cheaper than the table's, the table's tile first where the
-    pair holds it. Where DRAM per SM is narrow (measured there); a wide-memory device keeps the
-    table's pair unless SM90_PAIR_WIDE_MEMORY."""
+    """The two forms past SM90_PAIR_MIN_LOAD: wg128x4 and the narrow form of least modeled cost
+    at the rank's load where that models SM90_PAIR_GAIN cheaper than the table's pair. Where
+    DRAM per SM is narrow (measured there); a wide-memory device keeps the table's pair unless
+    SM90_PAIR_WIDE_MEMORY."""
     inter = 3072 if layout == "ep8" else 384
     table = _decide.decide(t, *_TP8[:3], inter, sm90=True)
     d = _decide.decide(t, *_TP8[:3], inter, sm90=True, narrow_memory=True)
@@ -271,19 +273,19 @@ def test_pair_costs_match_the_poisson_sum(load):
                for f in _tile_cost.SM90_TILE_COST]
     assert _tile_cost.pair_costs(157.0, True)["wg160x3", "wg32x4"] < 0.9 * min(singles)
     assert _tile_cost.pair_costs(157.0, False)["wg160x3", "wg32x4"] == pytest.approx(min(singles[0], singles[4]))
-    # no pair 3% cheaper: the table's own, in its order
+    # no candidate 4% cheaper: the table's own, in its order
     assert _decide.modeled_pair(292.6, True, "wg160x3", "wg128x4", split=True) == ("wg160x3", "wg128x4")
+    assert _decide.modeled_pair(182.9, True, "wg128x4", "wg160x3", split=True) == ("wg128x4", "wg64x4")
 
 
 def test_decide_modeled_pair_needs_the_width_per_expert():
     """Without the width per expert (fewer than SPLIT_MIN_ROUTES routes, or tile_split=False:
-    CAKE_MOE_TILE_SPLIT=0) a decision keeps the table's pair: ep8 T = 6144 wg128x4 + wg160x3,
-    not wg160x3 + wg32x4 (the model alone would pair wg160x3 with wg96x4 there, unmeasured)."""
+    CAKE_MOE_TILE_SPLIT=0) a decision keeps the table's pair: ep8 T = 6656 wg128x4 + wg160x3,
+    not wg128x4 + wg64x4 (a single wg64x4 needs three tiles for 170 routes)."""
     args = (*_TP8[:3], 3072)
-    one = _decide.decide(6144, *args, sm90=True, narrow_memory=True, tile_split=False)
+    one = _decide.decide(6656, *args, sm90=True, narrow_memory=True, tile_split=False)
     assert (one.tile, one.alt_tile) == ("wg128x4", "wg160x3")
-    assert _decide.modeled_pair(6144 / 56, False, "wg128x4", "wg160x3", split=False) == ("wg160x3", "wg96x4")
-    assert _decide.decide(6144, *args, sm90=True, narrow_memory=True).alt_tile == "wg32x4"
+    assert _decide.decide(6656, *args, sm90=True, narrow_memory=True).alt_tile == "wg64x4"
     few = _decide.decide(1000, 16, 112, 7168, 3072, sm90=True, narrow_memory=True)   # 16000 routes: no split
     load = _decide.routes_per_expert(1000, 16, 112)
     assert load > _decide.SM90_PAIR_MIN_LOAD

@@ -133,17 +133,23 @@ def token_count_refusal(num_tokens, top_k: int, hidden: int, inter: int) -> str 
 # rank measured (the benchmark's ep8, whose experts see 1.43x T*k/E: 105 routes at T = 4096)
 # needs two 96-row tiles and ran 1.35x slower.
 NARROW_PREFILL_MAX_LOAD = 96
-# Past wg64x4's range the table's two forms (prefill_tile and its alt_tile) give way to the pair
-# of forms that the tile-cost model (_tile_cost) says costs at least SM90_PAIR_GAIN less
-# (modeled_pair): with the width per expert, a narrow form for each expert's last tile pays where the rank's
-# counts sit just past a multiple of the wide form's rows (ep8 T = 6144: ~157 routes per expert,
-# one 160-row tile and a 32-row one where 128-row tiles take two). The model overstates a split's
-# gain (about 0.4-0.9x of it reached the layer), hence the margin. Measured on an H100 (where the
-# rule applies: SM90_PAIR_WIDE_MEMORY below), the table's pair and the modeled one in one process
-# on the same inputs (bench/results/2026-12-05_h100_mxfp4_moe_modeled_pairs.md): ep8 T = 6144 /
-# 6656 / 7168 / 7680 / 8192 / 12288 7.4 / 10.0 / 7.3 / 2.4 / 2.3 / 4.2% faster, tp8 T = 5632 /
-# 10240 / 12288 5.1 / 7.1 / 3.4%.
-SM90_PAIR_GAIN = 0.03
+# Past wg64x4's range the table's two forms (prefill_tile and its alt_tile) give way to wg128x4
+# with a narrow second form (SM90_PAIR_CANDIDATES) where the tile-cost model (_tile_cost) says
+# that costs at least SM90_PAIR_GAIN less (modeled_pair): with the width per expert each expert's
+# last, partly filled tile then runs on 64 or 96 rows where its count sits just past a multiple
+# of 128 (ep8 T = 6656: ~170 routes per expert, 128 + 42). Measured on an H100 (where the rule
+# applies: SM90_PAIR_WIDE_MEMORY below), the table's pair and these in one process on the same
+# inputs (bench/results/2026-12-05_h100_mxfp4_moe_modeled_pairs.md): ep8 T = 6656 / 7168 / 7680 /
+# 8192 / 12288 10.0 / 7.3 / 2.4 / 2.3 / 4.2% faster, tp8 T = 5632 / 10240 / 12288 5.1 / 7.1 /
+# 3.4%. Why only these pairs and a 4% margin: the model overstates a split's gain (0.4-0.9x of it
+# reached the layer; at ep8 T = 6144 wg128x4 + wg64x4 modeled 3.2% faster and ran 8.5% slower),
+# and the pairs that won most on the benchmark's evenly spread counts with a 160- or 32-row form
+# (wg160x3 + wg32x4: ep8 T = 6144 -7.4%, T = 12288 -10.1%) hinge on the counts' exact spread: the
+# same model with per-expert loads spread by 25-50% (as real routers give) puts them up to 7%
+# behind the table at the rank's 1.43x and 3-18% at 1.13x (natural dispatch), where wg128x4 with
+# wg64x4 / wg96x4 stays 0.9-10.7% ahead at both (docs/mxfp4_moe.md, "The modeled pair").
+SM90_PAIR_CANDIDATES: tuple[tuple[str, str], ...] = (("wg128x4", "wg64x4"), ("wg128x4", "wg96x4"))
+SM90_PAIR_GAIN = 0.04
 # Measured only where DRAM per SM is narrow (the H100 above): an H200 (wide memory) keeps the
 # table's pairs until a same-call A/B there (ci/ab_decide.sh with this set True) says otherwise.
 SM90_PAIR_WIDE_MEMORY = False
@@ -258,16 +264,13 @@ def prefill_tile(load: float, short_shard: bool) -> str:
 
 def modeled_pair(load: float, short_shard: bool, tile: str, alt: str, split: bool) -> tuple[str, str]:
     """The two forms of a prefill decision (past wg64x4's range): the table's (``tile``,
-    ``alt``), or the pair of sm_90a forms of least pair_costs at the rank's load
-    (LONG_SHARD_RANK_LOAD for a long shard) where that models at least SM90_PAIR_GAIN cheaper:
-    the table's ``tile`` first where the pair holds it, else the wider form (the first form
-    takes the device's ties)."""
+    ``alt``), or the one of SM90_PAIR_CANDIDATES of least pair_costs at the rank's load
+    (LONG_SHARD_RANK_LOAD for a long shard) where that models at least SM90_PAIR_GAIN cheaper."""
     costs = pair_costs(load * (1.0 if short_shard else LONG_SHARD_RANK_LOAD), split)
-    (a, b), cost = min(costs.items(), key=lambda item: item[1])
-    if cost > (1.0 - SM90_PAIR_GAIN) * costs[pair_key(tile, alt)]:
+    best = min(SM90_PAIR_CANDIDATES, key=lambda pair: costs[pair_key(*pair)])
+    if costs[pair_key(*best)] > (1.0 - SM90_PAIR_GAIN) * costs[pair_key(tile, alt)]:
         return tile, alt
-    first, second = sorted((a, b), key=lambda f: (f != tile, -BLOCK_N_OF[f]))
-    return first, second
+    return best
 
 
 def alt_tile(load: float, short_shard: bool, tile: str, narrow_memory: bool = False) -> str:
