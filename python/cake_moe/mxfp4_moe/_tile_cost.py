@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import torch
 
@@ -41,13 +43,15 @@ def expected_tiles(load: float, block_n: int) -> float:
 
 
 @functools.lru_cache(maxsize=1024)
-def pair_costs(load: float, split: bool) -> dict[tuple[str, str], float]:
+def pair_costs(load: float, split: bool) -> Mapping[tuple[str, str], float]:
     """The modeled tile cost per expert (SM90_TILE_COST x expected tiles, the counts Poisson
-    with mean ``load > 0``) of a decision naming each pair of the sm_90a forms (keys: pair_key): the cheaper single form's, or with the width per expert bound (``split``) the
+    with mean ``load > 0``) of a decision naming each pair of the sm_90a forms (keys:
+    pair_key): the cheaper single form's, or with the width per expert bound (``split``) the
     split listing's (each expert's full tiles on the wider form, its last on the narrower where
     it fits) where that saves SPLIT_GAIN_PCT. The device chooses per call from the actual counts;
     over many experts that is close to this choice made on the expected costs. One pass over the
-    counts within 8 standard deviations, all pairs at once (a few hundred microseconds)."""
+    counts within 8 standard deviations, all pairs at once (a few hundred microseconds); cached,
+    hence read-only."""
     spread = 8.0 * math.sqrt(load) + 2.0
     n = torch.arange(max(0, int(load - spread)), int(load + spread) + 1, dtype=torch.float64)
     p = torch.exp(n * math.log(load) - load - torch.lgamma(n + 1))
@@ -63,7 +67,8 @@ def pair_costs(load: float, split: bool) -> dict[tuple[str, str], float]:
         last_narrow = (rest > 0) & (rest <= rows[narrow, None])
         both = cost[wide] * ((full + (rest > 0) * ~last_narrow) @ p) + cost[narrow] * (last_narrow.double() @ p)
         single = torch.where(both * 100 < single * (100 - SPLIT_GAIN_PCT), both, single)
-    return {(forms[i], forms[j]): c for i, j, c in zip(wide.tolist(), narrow.tolist(), single.tolist())}
+    costs = zip(wide.tolist(), narrow.tolist(), single.tolist())
+    return MappingProxyType({(forms[i], forms[j]): c for i, j, c in costs})
 
 
 def pair_key(a: str, b: str) -> tuple[str, str]:
