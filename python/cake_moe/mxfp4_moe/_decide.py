@@ -141,7 +141,7 @@ NARROW_PREFILL_MAX_LOAD = 96
 # applies: SM90_PAIR_WIDE_MEMORY below), the table's pair and these in one process on the same
 # inputs (bench/results/2026-12-05_h100_mxfp4_moe_modeled_pairs.md): ep8 T = 6656 / 7168 / 7680 /
 # 8192 / 12288 10.0 / 7.3 / 2.4 / 2.3 / 4.2% faster, tp8 T = 5632 / 10240 / 12288 5.1 / 7.1 /
-# 3.4%. Why only these pairs and a 4% margin: the model overstates a split's gain (0.4-0.9x of it
+# 3.4%. Why only these pairs and a 4% margin: the model overstates a split's gain (0.3-1.0x of it
 # reached the layer; at ep8 T = 6144 wg128x4 + wg64x4 modeled 3.2% faster and ran 8.5% slower),
 # and the pairs that won most on the benchmark's evenly spread counts with a 160- or 32-row form
 # (wg160x3 + wg32x4: ep8 T = 6144 -7.4%, T = 12288 -10.1%) hinge on the counts' exact spread: the
