@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import unittest.mock
+from collections.abc import Mapping
 
 import torch
 
@@ -37,37 +38,13 @@ def spread_nodes(cv: float) -> list[float]:
     return [float(sample[int((i + 0.5) * len(sample) / NODES)]) for i in range(NODES)]
 
 
-def spread_costs(load: float, cv: float) -> dict[tuple[str, str], float]:
+def spread_costs(load: float, cv: float) -> Mapping[tuple[str, str], float]:
     """pair_costs with each expert's mean load spread by ``cv``: the expected tiles averaged
     over the spread first, then the routing kernel's choice among its listings (one choice for
     all experts, as the device makes it)."""
-    nodes = spread_nodes(cv)
-    forms = sorted(_tile_cost.SM90_TILE_COST, key=lambda f: _tile_cost.BLOCK_N_OF[f], reverse=True)
-    single = {f: 0.0 for f in forms}
-    split: dict[tuple[str, str], list[float]] = {}
-    for g in nodes:
-        lam = load * g
-        spread = 8.0 * math.sqrt(lam) + 2.0
-        n = torch.arange(max(0, int(lam - spread)), int(lam + spread) + 1, dtype=torch.float64)
-        p = torch.exp(n * math.log(lam) - lam - torch.lgamma(n + 1)) / len(nodes)
-        for f in forms:
-            single[f] += float(torch.ceil(n / _tile_cost.BLOCK_N_OF[f]) @ p)
-        for i, wide in enumerate(forms):
-            for narrow in forms[i + 1:]:
-                bw, bn = _tile_cost.BLOCK_N_OF[wide], _tile_cost.BLOCK_N_OF[narrow]
-                full = torch.floor(n / bw)
-                rest = n - full * bw
-                last = (rest > 0) & (rest <= bn)
-                acc = split.setdefault((wide, narrow), [0.0, 0.0])
-                acc[0] += float((full + (rest > 0) * ~last) @ p)
-                acc[1] += float(last.double() @ p)
-    cost = _tile_cost.SM90_TILE_COST
-    out = {}
-    for (wide, narrow), (w, nn) in split.items():
-        one = min(cost[wide] * single[wide], cost[narrow] * single[narrow])
-        both = cost[wide] * w + cost[narrow] * nn
-        out[wide, narrow] = both if both * 100 < one * (100 - _tile_cost.SPLIT_GAIN_PCT) else one
-    return out
+    nodes = [_tile_cost.pair_tiles(load * g) for g in spread_nodes(cv)]
+    mean = _tile_cost.PairTiles(*(sum(field) / len(nodes) for field in zip(*nodes)))
+    return _tile_cost.pair_listing_costs(mean, split=True)
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ import itertools
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import NamedTuple
 
 import torch
 
@@ -42,33 +43,57 @@ def expected_tiles(load: float, block_n: int) -> float:
     return total
 
 
+# The sm_90a forms widest first, and every pair of them as (wider, narrower) indices into it.
+PAIR_FORMS: tuple[str, ...] = tuple(sorted(SM90_TILE_COST, key=lambda f: BLOCK_N_OF[f], reverse=True))
+_WIDE, _NARROW = (torch.tensor(ix) for ix in zip(*itertools.combinations(range(len(PAIR_FORMS)), 2)))
+
+
+class PairTiles(NamedTuple):
+    """Expected token tiles of one expert (tensors of float64): ``single[i]`` all in form
+    PAIR_FORMS[i]; per pair (wider, narrower) of PAIR_FORMS, in combination order, the split's
+    ``wide`` and ``narrow`` tiles (full tiles on the wider form, the last on the narrower where
+    it fits). Linear in the count distribution, so tiles of several loads average into those of
+    their mixture."""
+    single: torch.Tensor
+    wide: torch.Tensor
+    narrow: torch.Tensor
+
+
 @functools.lru_cache(maxsize=1024)
-def pair_costs(load: float, split: bool) -> Mapping[tuple[str, str], float]:
-    """The modeled tile cost per expert (SM90_TILE_COST x expected tiles, the counts Poisson
-    with mean ``load > 0``) of a decision naming each pair of the sm_90a forms (keys:
-    pair_key): the cheaper single form's, or with the width per expert bound (``split``) the
-    split listing's (each expert's full tiles on the wider form, its last on the narrower where
-    it fits) where that saves SPLIT_GAIN_PCT. The device chooses per call from the actual counts;
-    over many experts that is close to this choice made on the expected costs. One pass over the
-    counts within 8 standard deviations, all pairs at once (a few hundred microseconds); cached,
-    hence read-only."""
+def pair_tiles(load: float) -> PairTiles:
+    """PairTiles of an expert whose route count is Poisson with mean ``load > 0``: one pass over
+    the counts within 8 standard deviations, all forms and pairs at once."""
     spread = 8.0 * math.sqrt(load) + 2.0
     n = torch.arange(max(0, int(load - spread)), int(load + spread) + 1, dtype=torch.float64)
     p = torch.exp(n * math.log(load) - load - torch.lgamma(n + 1))
-    forms = sorted(SM90_TILE_COST, key=lambda f: BLOCK_N_OF[f], reverse=True)
-    rows = torch.tensor([BLOCK_N_OF[f] for f in forms], dtype=torch.float64)
-    cost = torch.tensor([SM90_TILE_COST[f] for f in forms], dtype=torch.float64)
-    wide, narrow = (torch.tensor(ix) for ix in zip(*itertools.combinations(range(len(forms)), 2)))
-    single_each = cost * (torch.ceil(n / rows[:, None]) @ p)
-    single = torch.minimum(single_each[wide], single_each[narrow])
+    rows = torch.tensor([BLOCK_N_OF[f] for f in PAIR_FORMS], dtype=torch.float64)
+    full = torch.floor(n / rows[_WIDE, None])
+    rest = n - full * rows[_WIDE, None]
+    last_narrow = (rest > 0) & (rest <= rows[_NARROW, None])
+    return PairTiles(torch.ceil(n / rows[:, None]) @ p, (full + (rest > 0) * ~last_narrow) @ p, last_narrow.double() @ p)
+
+
+def pair_listing_costs(tiles: PairTiles, split: bool) -> Mapping[tuple[str, str], float]:
+    """The modeled tile cost per expert (SM90_TILE_COST x ``tiles``) of a decision naming each
+    pair of forms (keys: pair_key): the cheaper single form's, or with the width per expert bound
+    (``split``) the split listing's where that saves SPLIT_GAIN_PCT. The device chooses per call
+    from the actual counts; over many experts that is close to this choice made on the expected
+    costs."""
+    cost = torch.tensor([SM90_TILE_COST[f] for f in PAIR_FORMS], dtype=torch.float64)
+    single_each = cost * tiles.single
+    best = torch.minimum(single_each[_WIDE], single_each[_NARROW])
     if split:
-        full = torch.floor(n / rows[wide, None])
-        rest = n - full * rows[wide, None]
-        last_narrow = (rest > 0) & (rest <= rows[narrow, None])
-        both = cost[wide] * ((full + (rest > 0) * ~last_narrow) @ p) + cost[narrow] * (last_narrow.double() @ p)
-        single = torch.where(both * 100 < single * (100 - SPLIT_GAIN_PCT), both, single)
-    costs = zip(wide.tolist(), narrow.tolist(), single.tolist())
-    return MappingProxyType({(forms[i], forms[j]): c for i, j, c in costs})
+        both = cost[_WIDE] * tiles.wide + cost[_NARROW] * tiles.narrow
+        best = torch.where(both * 100 < best * (100 - SPLIT_GAIN_PCT), both, best)
+    costs = zip(_WIDE.tolist(), _NARROW.tolist(), best.tolist())
+    return MappingProxyType({(PAIR_FORMS[i], PAIR_FORMS[j]): c for i, j, c in costs})
+
+
+@functools.lru_cache(maxsize=1024)
+def pair_costs(load: float, split: bool) -> Mapping[tuple[str, str], float]:
+    """pair_listing_costs at Poisson counts of mean ``load > 0`` (a few hundred microseconds the
+    first time; cached, hence read-only)."""
+    return pair_listing_costs(pair_tiles(load), split)
 
 
 def pair_key(a: str, b: str) -> tuple[str, str]:

@@ -148,8 +148,8 @@ class CakeMxfp4MoEWrapper:
     device whose SM count differs. So is whether the device's DRAM bandwidth per SM is narrow
     (``narrow_memory``: an H100 SXM; host only: False, an H200's), which moves the decode forms'
     limit down, the four-warp narrow decode tiling's up, gives a long shard's wg64x4
-    decisions wg96x4 as their second form at every load, and past 96 routes per expert binds
-    the pair of forms of least modeled cost; passing it takes that part's decisions
+    decisions wg96x4 as their second form at every load, and past 96 routes per expert may bind
+    wg128x4 with a narrow form for each expert's last tile; passing it takes that part's decisions
     (or the H200's) whatever the device, for host-only planning and tuning: like ``tile=``,
     another form gives results within rounding of the default's, never wrong ones. ``decide``
     and ``get_workspace_size`` are host only.
