@@ -17,7 +17,10 @@ def _random_seeds(spec: str) -> range:
     """Seeds of each family's randomized sweep: "N" runs seeds 0..N-1, "A:B" runs A..B-1 (a deeper
     search past the draws already run)."""
     first, _, last = spec.partition(":")
-    return range(int(first), int(last)) if last else range(int(first))
+    seeds = range(int(first), int(last)) if last else range(int(first))
+    if not seeds:  # an empty sweep would pass as pytest's "empty parameter set" skip
+        raise ValueError(f"CAKE_TEST_RANDOM_SEEDS={spec!r} names no seed")
+    return seeds
 
 
 RANDOM_SEEDS = _random_seeds(os.environ.get("CAKE_TEST_RANDOM_SEEDS", "64"))

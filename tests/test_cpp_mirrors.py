@@ -26,6 +26,10 @@ MIRRORS = [
     ("cake_moe.mxfp4_moe._decide", "MAX_FEW_ROUTES", "kMaxFewRoutes"),
     ("cake_moe.grouped_gemm._checks", "_MAX_TILES", "kTileCap"),
     ("tests.mxfp4_moe_cases", "TILE_CHOICE_AT", "kTileChoiceAt"),
+    ("tests.mxfp4_moe_cases", "SPLIT_FLAGS_AT", "kSplitFlagsAt"),
+    ("tests.test_mxfp4_moe_prepare", "SLOT_MASK", "kSlotMask"),
+    ("tests.test_mxfp4_moe_prepare", "SLOT3_BITS", "kSlot3Bits"),
+    ("tests.test_mxfp4_moe_prepare", "SLOT3_SHIFTS", "kSlot3Shifts"),
 ]
 
 
@@ -39,13 +43,14 @@ def _cpp_definitions() -> dict[str, set[str]]:
 
 
 def _cpp_value(name: str, defs: dict[str, set[str]]) -> int:
-    """The value of C++ constant ``name``: one definition, an integer expression of literals
-    (``u`` suffixes, shifts, + - * /) and other such constants."""
+    """The value of C++ constant ``name``: one definition, an integer expression of decimal or
+    hexadecimal literals (``u`` / ``l`` suffixes, shifts, + - * / | &) and other such constants."""
     exprs = defs.get(name, set())
     assert len(exprs) == 1, f"{name}: {len(exprs)} definitions in cpp/kernels ({sorted(exprs)})"
-    expr = re.sub(r"\b(\d+)[uU]?[lL]*\b", r"\1", next(iter(exprs)))
+    expr = re.sub(r"\b0[xX]([0-9a-fA-F]+)[uU]?[lL]*\b", lambda m: str(int(m.group(1), 16)), next(iter(exprs)))
+    expr = re.sub(r"\b(\d+)[uU]?[lL]*\b", r"\1", expr)
     expr = re.sub(r"\bk\w+\b", lambda m: str(_cpp_value(m.group(), defs)), expr)
-    assert re.fullmatch(r"[\d\s()+\-*/<>]+", expr), f"{name} = {expr}: not a plain integer expression"
+    assert re.fullmatch(r"[\d\s()+\-*/<>|&]+", expr), f"{name} = {expr}: not a plain integer expression"
     return int(eval(expr.replace("/", "//")))   # (only digits and operators, checked above)
 
 
@@ -56,7 +61,9 @@ def test_python_mirror_holds_the_cpp_value(module, name, cpp_name):
 
 
 def test_every_named_mirror_is_checked():
-    """A Python source that names ``moe::kName`` (the mark of a mirror) has it in MIRRORS."""
-    named = {m for path in (_ROOT / "python" / "cake_moe").rglob("*.py")
+    """A Python source of the package or the tests that names ``moe::kName`` (the mark of a
+    mirror) has it in MIRRORS."""
+    sources = [*(_ROOT / "python" / "cake_moe").rglob("*.py"), *(_ROOT / "tests").glob("*.py")]
+    named = {m for path in sources if path.name != Path(__file__).name
              for m in re.findall(r"\bmoe::(k\w+)", path.read_text())}
     assert named and named <= {cpp for _, _, cpp in MIRRORS}, sorted(named - {cpp for _, _, cpp in MIRRORS})

@@ -155,12 +155,16 @@ def test_swizzled_equals_linear_then_swizzle(fmt):
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4"])
 def test_round_trip_error_is_within_format_precision(fmt):
+    """Gaussian data round trips with the error its element format allows (measured 0.0264 for
+    MXFP8 and 0.115 for MXFP4; the bounds are ~1.1x those: an MXFP8 path 2% further off fails,
+    while MXFP4's own error is too large for a 2% one to show: the hand-computed cases and the
+    kernels' bit identity check the exact values)."""
     torch.manual_seed(1)
     x = torch.randn(64, 256)
     q, s = ref.quantize_mx(x, fmt)
     err = (ref.dequantize_mx(q, s, fmt) - x).norm() / x.norm()
-    assert err < (0.04 if fmt == "mxfp8" else 0.2)
-    assert err > 0  # random data is not exactly representable: the check is live
+    assert err < (0.029 if fmt == "mxfp8" else 0.127)
+    assert err > (0.024 if fmt == "mxfp8" else 0.104)  # random data is not exactly representable
 
 
 def test_public_api_on_cpu_is_the_reference():

@@ -25,7 +25,7 @@ def test_wgrad_patterns(pattern, nk, out_dtype):
     dw = poison_(torch.empty(len(sizes), n, k, dtype=out_dtype, device="cuda"))
     cake_moe.grouped_gemm_wgrad(g, x, offs, out=dw, out_dtype=out_dtype)
     want = ref.wgrad(g, x, offs)
-    check_dw(dw, want)
+    check_dw(dw, want, BUDGET / (50 if out_dtype == torch.float32 else 1))
     for e, size in enumerate(sizes):
         if size == 0:
             assert torch.equal(dw[e], torch.zeros_like(dw[e])), "an empty group's dW must be exactly zero"
@@ -151,12 +151,14 @@ def test_wgrad_cluster_pair_forms(variant, pattern, nk):
     n, k = nk
     sizes = PATTERNS[pattern]
     x, w, g, offs = problem(sizes, n, k, seed=11)
-    dw = poison_(torch.empty(len(sizes), n, k, dtype=torch.bfloat16, device="cuda"))
+    guarded = poison_(torch.empty(len(sizes) + 2, n, k, dtype=torch.bfloat16, device="cuda"))
+    dw = guarded[1:-1]  # one poisoned expert's worth of guard on either side
     launch = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, out=dw, variant=variant,
                                                  form=f"gg_sm90_wgrad_{variant}_c2")
     assert launch.form == f"gg_sm90_wgrad_{variant}_c2"
     launch.launch()
     want = ref.wgrad(g, x, offs)
+    assert guarded[0].isnan().all() and guarded[-1].isnan().all(), "a write outside dW"
     assert not dw.isnan().any(), "a dW element was not written"
     check_dw(dw, want)
     for e, size in enumerate(sizes):

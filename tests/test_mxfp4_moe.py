@@ -79,9 +79,17 @@ def test_wrapper_defaults_and_layouts():
     tp = CakeMxfp4MoEWrapper(**CONTRACT, **TP8)
     assert (tp.num_local_experts, tp.intermediate_shard) == (896, 384)
     assert CakeMxfp4MoEWrapper(**CONTRACT, sm_count=148).sm_count == 148
-    if not torch.cuda.is_available():
-        assert w.sm_count == _wrapper.HOST_ONLY_SM_COUNT == 132
-        assert w.device == torch.device("cuda", 0)
+
+
+# Where there is no GPU, a wrapper is host-only: decisions for an H200-like part.
+_HOST_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="a host-only wrapper needs a machine without a GPU")
+
+
+@_HOST_ONLY
+def test_host_only_wrapper_defaults():
+    w = CakeMxfp4MoEWrapper(**CONTRACT)
+    assert w.sm_count == _wrapper.HOST_ONLY_SM_COUNT == 132
+    assert w.device == torch.device("cuda", 0)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -116,10 +124,13 @@ def test_wrapper_takes_a_cuda_index_as_its_device_string():
     by_index, by_name = CakeMxfp4MoEWrapper(**CONTRACT, device=0), CakeMxfp4MoEWrapper(**CONTRACT, device="cuda:0")
     assert by_index.device == by_name.device == torch.device("cuda", 0)
     assert (by_index.sm_count, by_index.capability) == (by_name.sm_count, by_name.capability)
-    if not torch.cuda.is_available():
-        assert CakeMxfp4MoEWrapper(**CONTRACT, device=3).device == torch.device("cuda", 3)
-        plain = CakeMxfp4MoEWrapper(**CONTRACT, device="cuda")
-        assert (by_index.device, by_index.sm_count) == (plain.device, plain.sm_count) == (by_name.device, 132)
+
+
+@_HOST_ONLY
+def test_host_only_wrapper_takes_any_cuda_index():
+    assert CakeMxfp4MoEWrapper(**CONTRACT, device=3).device == torch.device("cuda", 3)
+    by_index, plain = CakeMxfp4MoEWrapper(**CONTRACT, device=0), CakeMxfp4MoEWrapper(**CONTRACT, device="cuda")
+    assert (by_index.device, by_index.sm_count) == (plain.device, plain.sm_count) == (torch.device("cuda", 0), 132)
 
 
 def test_wrapper_takes_numpy_integers():

@@ -11,8 +11,9 @@ import torch
 from cake_moe.bench.mxfp4_moe import W_SCALE_CODES
 from cake_moe.reference import moe as ref
 
-from .mxfp4_moe_cases import (CONTRACT, GENERAL, REGIMES, bad_slots, local_routes, make_case, random_weights,
-                              reference, regime_applies, routes, without_slots)
+from .mxfp4_moe_cases import (CONTRACT, EXPERT_GROUP, GENERAL, REGIMES, SOLO_EXPERTS, SOLO_TOKENS, bad_slots,
+                              check_output, check_token_rows, local_routes, make_case, one_expert_groups,
+                              random_weights, reference, regime_applies, routes, without_slots)
 
 GEOMS = {**CONTRACT, **GENERAL}
 
@@ -22,7 +23,7 @@ GEOMS = {**CONTRACT, **GENERAL}
 def test_regime_properties(name, regime):
     geom = GEOMS[name]
     if not regime_applies(geom, regime):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="no remote experts|duplicates need top_k >= 2"):
             routes(geom, 5, regime, device="cpu")
         return
     ids, w = routes(geom, 37, regime, device="cpu", extreme_ids=True)
@@ -44,6 +45,39 @@ def test_regime_properties(name, regime):
         assert not all(distinct)
     if regime == "hot":
         assert (ids[:, 0] == geom.offset + geom.local // 3).all()
+    if regime == "solo":
+        solo = (ids == ids[:, :1]).all(dim=1)
+        assert solo[torch.arange(37) % 4 != 3].all() and (local[solo] >= 0).all()
+        assert len(ids[solo, 0].unique()) <= SOLO_EXPERTS
+
+
+@pytest.mark.parametrize("name", sorted(GEOMS))
+def test_solo_regime_holds_experts_to_their_budget(name):
+    """At the token counts the GPU tests give the "solo" regime (test_mxfp4_moe_gpu), every
+    geometry has one-expert groups of at least EXPERT_GROUP tokens, tensor parallel and
+    all-local ones included, so check_token_rows applies the per-expert budget there."""
+    geom = GEOMS[name]
+    t = 1025 if name in CONTRACT else SOLO_TOKENS
+    case = make_case(geom, t, "solo", seed=3, device="cpu")
+    expert, counts = one_expert_groups(case, torch.ones(t, dtype=torch.bool))
+    assert (counts >= EXPERT_GROUP).sum() >= min(geom.local, SOLO_EXPERTS) // 2, counts.tolist()
+    assert (expert >= 0).sum() >= t // 2
+
+
+def test_expert_budget_catches_one_expert_off_by_two_percent():
+    """The FP64 reference, rounded to BF16, passes check_output; the same with one expert's
+    group scaled by 1.02 fails the per-expert budget, though no token moves by more than 2%."""
+    geom = GENERAL["h256_e8_k2"]
+    case = make_case(geom, SOLO_TOKENS, "solo", seed=5, device="cpu")
+    want = reference(case, random_weights(geom, seed=5, device="cpu"))
+    got = want.to(torch.bfloat16)
+    assert check_output(case, got, want) >= 2
+    expert, counts = one_expert_groups(case, torch.ones(SOLO_TOKENS, dtype=torch.bool))
+    off = got.clone()
+    mine = expert == int(counts.argmax())
+    off[mine] = (off[mine].float() * 1.02).to(torch.bfloat16)
+    with pytest.raises(AssertionError, match="one-expert tokens"):
+        check_token_rows(case, off, want, 0.0)
 
 
 def test_weights_are_codes_in_range():

@@ -20,8 +20,9 @@ import torch
 from cake_moe.reference import moe as ref
 
 from .conftest import RANDOM_SEEDS
-from .mxfp4_moe_cases import (CONTRACT, GENERAL, REGIMES, Geometry, Layer, bad_slots, check_output, local_routes,
-                              make_case, reference, regime_applies, route_ids, wide_scale_weights, without_slots)
+from .mxfp4_moe_cases import (CONTRACT, GENERAL, REGIMES, SOLO_TOKENS, Geometry, Layer, bad_slots, check_output,
+                              local_routes, make_case, reference, regime_applies, route_ids, wide_scale_weights,
+                              without_slots)
 
 pytestmark = pytest.mark.gpu
 
@@ -40,14 +41,16 @@ _FORM_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "packed": None}
 
 def _check_regime(layer: Layer, regime: str, t: int, *, seed: int, form: str = "fp32") -> None:
     """all-remote -> bitwise +0; out-of-range ids -> bitwise the output of the same routes
-    with those slots made inert; everything else -> the reference."""
+    with those slots made inert; everything else -> the reference (for "solo" from
+    SOLO_TOKENS, expert by expert too)."""
     geom = layer.geom
     case = make_case(geom, t, regime, seed=seed, weights_dtype=_FORM_DTYPE[form], extreme_ids=form != "packed")
     got = layer.run(case)
     if regime == "remote":
         assert not got.view(torch.int16).any(), "routes to remote experts must give exact zeros"
         return
-    check_output(case, got, reference(case, layer.bank))
+    groups = check_output(case, got, reference(case, layer.bank))
+    assert groups > 0 or regime != "solo" or t < SOLO_TOKENS, "no expert was held to the per-expert budget"
     if regime == "oob":
         ids, w = (ref.unpack_routes(case.topk_ids) if form == "packed" else (case.topk_ids, case.topk_weights))
         drop = bad_slots(geom, ids)
@@ -138,7 +141,7 @@ _GENERAL_REGIMES = [(name, regime, FORMS[i % len(FORMS)]) for name in sorted(GEN
 
 @pytest.mark.parametrize("name,regime,form", _GENERAL_REGIMES)
 def test_general_routing_regimes(layers, name, regime, form):
-    _check_regime(layers(name), regime, 129, seed=3, form=form)
+    _check_regime(layers(name), regime, SOLO_TOKENS if regime == "solo" else 129, seed=3, form=form)
 
 
 @pytest.mark.parametrize("name", ["ep8", "tp8", "h512_e40_k5"])

@@ -53,14 +53,19 @@ def test_largest_codes_change_no_bit(layers, wide_scale_layer, name, t, tile):
     assert torch.equal(layer.run(case, tile=tile, positional=True), got), "the one-multiply path changed a bit"
 
 
-@pytest.mark.parametrize("tile", SM90_TILE_FORMS)
-@pytest.mark.parametrize("name,t", [("wide", 17), ("ring_h512_i512_e8_k2", 129), ("ep8", 1025), ("tp8", 129),
-                                    ("ring_h256_i1024_e4_k2", 129)])
+# Every form with H a multiple of 512 (GEMM1's ring); with H = 256 only `wg160x3`, whose GEMM2
+# has the ring for I = 1024 (another form there has no ring to switch).
+_RING_CASES = [(name, t, tile) for name, t in (("wide", 17), ("ring_h512_i512_e8_k2", 129), ("ep8", 1025),
+                                               ("tp8", 129)) for tile in SM90_TILE_FORMS]
+_RING_CASES.append(("ring_h256_i1024_e4_k2", 129, "wg160x3"))
+
+
+@pytest.mark.parametrize("name,t,tile", _RING_CASES)
 def test_code_ring_changes_no_bit(layers, wide_scale_layer, monkeypatch, name, t, tile):
     """The sm_90a code ring (GemmParams::code_ring, sm90_code_ring.cuh): GEMM1 with H a multiple
     of 512 and the `wg160x3` GEMM2 with I one take their scale codes four stages per copy into a
     ring of their own; CAKE_MOE_CODE_RING=0 copies each stage's words with its weights instead:
-    the same bits either way, repeatably (a form without the ring copies the words both times)."""
+    the same bits either way, repeatably."""
     layer = wide_scale_layer if name == "wide" else layers(name)
     case = make_case(layer.geom, t, "zipf", seed=t + 47)
     outs = {}

@@ -84,12 +84,18 @@ def test_bit_table_is_a_permutation_and_matches_the_module():
     assert all(_prepare.bit_position(*x) == _bit(*x) for x in slots)
 
 
+# weight_fragments.cuh's masks (tests/test_cpp_mirrors.py holds them to the header)
+SLOT_MASK = 0x81C081C0
+SLOT3_BITS = 0x001B001B
+SLOT3_SHIFTS = (1 << 3) | (1 << 8) | (1 << 14)
+
+
 def _extract(word: int, r: int) -> int:
     """The kernel's extraction of register slot r (weight_fragments.cuh), in Python."""
     rotl = lambda x, k: ((x << k) | (x >> (32 - k))) & 0xFFFFFFFF if k else x  # noqa: E731
     if r < 3:
-        return rotl(word, (0, 10, 13)[r]) & 0x81C081C0
-    return (((word & 0x001B001B) * 0x4108) & 0xFFFFFFFF) & 0x81C081C0
+        return rotl(word, (0, 10, 13)[r]) & SLOT_MASK
+    return (((word & SLOT3_BITS) * SLOT3_SHIFTS) & 0xFFFFFFFF) & SLOT_MASK
 
 
 def test_kernel_extraction_yields_the_bf16_patterns():
