@@ -174,6 +174,24 @@ def test_decide_token_tiles_grow_with_t(shape, sm90, monkeypatch):
         assert (d.block_n == 160) == (sm90 and d.block_n >= 128 and _decide.prefill_tile(load, short) == "wg160x3")
 
 
+# The table's prefill form by routes per expert, as the tile-cost model gives it today: from
+# each load on, up to the next (a change of SM90_TILE_COST or of the expected tiles moves them;
+# move them here only with a measurement). A short shard takes wg96x4 while one tile holds an
+# expert's routes.
+_PREFILL_RANGES = {False: [(20.0, "wg128x4"), (123.0, "wg160x3"), (162.0, "wg128x4"), (261.0, "wg160x3"),
+                           (311.75, "wg128x4"), (410.5, "wg160x3"), (450.25, "wg128x4")],
+                   True: [(20.0, "wg96x4"), (88.0, "wg128x4"), (123.0, "wg160x3"), (162.0, "wg128x4"),
+                          (261.0, "wg160x3"), (311.75, "wg128x4"), (410.5, "wg160x3"), (450.25, "wg128x4")]}
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_prefill_tile_ranges(short):
+    ranges = _PREFILL_RANGES[short]
+    for (start, tile), (end, _) in zip(ranges, ranges[1:] + [(4000.0, "")]):
+        for load in (start, (start + end) / 2, end - 0.25):
+            assert _decide.prefill_tile(load, short) == tile, (load, short)
+
+
 @pytest.mark.parametrize("narrow", [False, True])
 @pytest.mark.parametrize("shape", [(16, 896, 7168, 3072), (16, 896, 7168, 384), (8, 64, 384, 256)])
 def test_decide_alt_tile_for_every_sm90_wgmma_path(shape, narrow):

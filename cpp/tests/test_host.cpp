@@ -186,7 +186,16 @@ static void test_split_pieces() {
     p.split_all_max = int32_t(host_test::uniform(0, moe::kMaxSplitUnits));
     const int units = int(host_test::uniform(0, 400)), num_k = int(host_test::uniform(2, 64));
     const int split = mxfp4_moe::split_units(p, units), pieces = mxfp4_moe::num_pieces(p, units);
-    EXPECT(pieces == units + split && split >= 0 && split <= moe::kMaxSplitUnits);
+    // The rule as documented (params.hpp's split fields), written out here: with a parking
+    // area, all units where they are at most split_all_max, else those from split_from on
+    // where they are at most split_max.
+    const bool all_split = units <= p.split_all_max;
+    const int first = all_split ? 0 : p.split_from;
+    const int want = p.split_park == nullptr || units <= 0  ? 0
+                     : all_split                             ? units
+                     : units - p.split_from > p.split_max || units <= p.split_from ? 0
+                                                             : units - p.split_from;
+    EXPECT(split == want && pieces == units + split && split <= moe::kMaxSplitUnits);
     std::map<int, std::vector<Piece>> of_unit;
     std::set<int> slots;
     int last_unit = -1;
@@ -202,8 +211,9 @@ static void test_split_pieces() {
     for (const auto& [unit, got] : of_unit) {
       if (got.size() == 1) {
         EXPECT(got[0].half == -1 && got[0].k_first == 0 && got[0].k_stages == num_k && got[0].slot == -1);
-        EXPECT(unit < mxfp4_moe::split_first(p, units) || unit >= mxfp4_moe::split_first(p, units) + split);
+        EXPECT(unit < first || unit >= first + split);
       } else {
+        EXPECT(unit >= first && unit < first + split);
         EXPECT(got.size() == 2 && got[0].half == 0 && got[1].half == 1 && got[0].slot == got[1].slot);
         EXPECT(got[0].k_first == 0 && got[0].k_stages > 0 && got[1].k_first == got[0].k_stages &&
                got[1].k_stages > 0 && got[0].k_stages + got[1].k_stages == num_k);
