@@ -167,6 +167,21 @@ def test_round_trip_error_is_within_format_precision(fmt):
     assert err > (0.024 if fmt == "mxfp8" else 0.104)  # random data is not exactly representable
 
 
+def test_debug_mode_refuses_a_global_scale_that_is_not_positive_and_finite(monkeypatch):
+    """The encode scale's value is read where the kernel runs; CAKE_MOE_CHECK=1 reads it first
+    (a sync) and refuses 0, a negative, Inf or NaN, which would give zeros or NaN."""
+    x = torch.randn(2, 32)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        formats.nvfp4_quantize(x, torch.tensor([bad]))        # not checked by default (no sync)
+        monkeypatch.setenv("CAKE_MOE_CHECK", "1")
+        with pytest.raises(ValueError, match="global_scale must be positive and finite"):
+            formats.nvfp4_quantize(x, torch.tensor([bad]))
+        q, s = formats.nvfp4_quantize(x, torch.ones(1))
+        with pytest.raises(ValueError, match="global_scale must be positive and finite"):
+            formats.nvfp4_dequantize(q, s, torch.tensor([bad]))
+        monkeypatch.delenv("CAKE_MOE_CHECK")
+
+
 def test_public_api_on_cpu_is_the_reference():
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     q, s = formats.mxfp8_quantize(x)

@@ -228,6 +228,48 @@ def test_inputs_may_share_memory_outputs_may_not():
     assert torch.equal(out[:8], cake_moe.grouped_gemm_fwd(x, w, offs)[:8])
 
 
+@pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad"])
+def test_out_over_an_operand_the_call_copies_is_refused(op):
+    """An operand the kernels cannot read in place (here a column slice, 2-byte aligned) is
+    copied before the call; an out= over the caller's tensor is still refused, and the operand
+    is left as it was."""
+    _, w, _, offs = cpu_problem([3, 0, 5], n=16, k=32)
+    cols = 32 if op in ("fwd", "wgrad") else 16
+    buf = torch.randn(8 * (cols + 1) + 16 * 32 * 3, dtype=torch.float32).to(torch.bfloat16)
+    a = buf[:8 * (cols + 1)].view(8, cols + 1)[:, 1:]                        # rows 2 bytes off 16
+    held = a.clone()
+    other = torch.randn(8, 16 if op == "wgrad" else cols, dtype=torch.float32).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="out and (x|g) overlap"):
+        if op == "fwd":
+            cake_moe.grouped_gemm_fwd(a, w, offs, out=buf[:8 * 16].view(8, 16))
+        elif op == "dgrad":
+            cake_moe.grouped_gemm_dgrad(a, w, offs, out=buf[:8 * 32].view(8, 32))
+        else:
+            cake_moe.grouped_gemm_wgrad(other, a, offs, out=buf[:3 * 16 * 32].view(3, 16, 32))
+    assert torch.equal(a, held)
+
+
+def test_grouped_gemm_refuses_devices_it_does_not_run_on():
+    x, w, g, offs = cpu_problem([3, 0, 5], n=16, k=32)
+    with pytest.raises(ValueError, match="x is on meta: the grouped GEMM runs on CUDA devices"):
+        cake_moe.grouped_gemm_fwd(x.to("meta"), w.to("meta"), offs.to("meta"))
+    with pytest.raises(ValueError, match="g is on meta"):
+        cake_moe.prepare_grouped_gemm_wgrad(g.to("meta"), x.to("meta"), offs.to("meta"))
+    with pytest.raises(ValueError, match=r"w is on meta, expected cpu \(the device of x\)"):
+        cake_moe.grouped_gemm_fwd(x, w.to("meta"), offs)
+
+
+def test_grouped_mm_bf16_names_its_own_arguments():
+    x, w, _, offs = cpu_problem([3, 0, 5], n=16, k=32)
+    m_indptr = torch.tensor([0, 3, 3, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="^a must have dtype torch.bfloat16"):
+        cake_moe.grouped_mm_bf16(x.float(), w, m_indptr)
+    with pytest.raises(ValueError, match="^m_indptr must have dtype torch.int32"):
+        cake_moe.grouped_mm_bf16(x, w, m_indptr.long())
+    with pytest.raises(ValueError, match="^a has 32 columns but b has K=16"):
+        cake_moe.grouped_mm_bf16(x, w[:, :, :16].contiguous(), m_indptr)
+
+
 def test_top_level_exports():
     for name in cake_moe.grouped_gemm.__all__:
         assert getattr(cake_moe, name) is getattr(cake_moe.grouped_gemm, name), name

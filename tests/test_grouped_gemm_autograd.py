@@ -100,6 +100,25 @@ def test_grouped_mm_zeroes_the_rows_no_group_covers(monkeypatch, via_op):
     assert torch.ops.cake_moe.grouped_gemm_dgrad(g, w, offs, True)[8:].eq(0).all()
 
 
+@pytest.mark.parametrize("via_op", [False, True])
+def test_grouped_mm_zeroes_the_rows_before_an_m_indptr_start(monkeypatch, via_op):
+    """An m_indptr whose first entry is above 0 (or E + 1 cumulative ends against a w of E
+    experts, read as one) leaves the rows before it in no group: zeros in y and x.grad, as past
+    the last end, not the allocator's bytes."""
+    x, w, g, _ = cpu_problem([3, 0, 5], n=16, k=32)
+    _nan_empty(monkeypatch)
+    for w_used, offs in ((w, torch.tensor([2, 3, 3, 8], dtype=torch.int32)),          # m_indptr from row 2
+                         (w[:2], torch.tensor([3, 3, 8], dtype=torch.int32))):        # ends read as m_indptr
+        xr, wr = x.clone().requires_grad_(), w_used.clone().requires_grad_()
+        y = torch.ops.cake_moe.grouped_mm(xr, wr, offs, "det") if via_op else cake_moe.grouped_mm(xr, wr, offs)
+        y.backward(g)
+        start = int(offs[0])
+        for t in (y.detach(), xr.grad):
+            assert torch.equal(t[:start], torch.zeros_like(t[:start])) and torch.equal(t[8:], torch.zeros_like(t[8:]))
+            assert torch.isfinite(t[start:8]).all()
+        assert torch.equal(y.detach()[start:8], ref.fwd(x, w_used, offs, True)[start:8].to(torch.bfloat16))
+
+
 def test_only_grouped_mm_is_differentiable_and_only_once():
     """The CPU path behaves as the kernels: the direct ops' results carry no autograd graph, and
     grouped_mm's backward cannot be differentiated again (an error, not second-order gradients

@@ -1,5 +1,5 @@
 """CPU tests of family A's launches: the launches one-shot calls keep (prepared launches stood
-in), and the prepared launches that zero the rows past the last group end."""
+in), and the prepared launches that zero the rows in no group."""
 from __future__ import annotations
 
 import pytest
@@ -153,10 +153,12 @@ def test_a_large_models_step_keeps_every_launch(launches_stood_in):
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])
 @pytest.mark.parametrize("leading_zero", [False, True])
 def test_zero_unrouted_rows_on_request(op, leading_zero):
-    """prepare_*(zero_unrouted_rows=True) zeroes the rows past the last group end (offs' last
-    entry in both conventions, clamped into the rows; all of them with no group) at every
-    launch, into a caller's out too, and leaves the groups' rows to the GEMM; rows before the
-    first start of an m_indptr that does not begin at 0 (malformed) are left alone."""
+    """prepare_*(zero_unrouted_rows=True) zeroes the rows in no group at every launch, into a
+    caller's out too, and leaves the groups' rows to the GEMM: those past the last group end
+    (offs' last entry in both conventions, clamped into the rows; all of them with no group) and
+    those before an m_indptr's first entry where it is above 0 (malformed, or an [E] offsets
+    tensor of E + 1 entries read as m_indptr: either way no group holds them). Rows between the
+    groups that malformed offsets leave out stay untouched."""
     x, w, g, _ = cpu_problem([3, 0, 5], n=16, k=32)
     offs = offsets([3, 0, 5], device="cpu", leading_zero=leading_zero)
     a, cols = (x, w.shape[1]) if op == "fwd" else (g, w.shape[2])
@@ -165,10 +167,11 @@ def test_zero_unrouted_rows_on_request(op, leading_zero):
     launch = prepare(a, w, offs, out, zero_unrouted_rows=True)
     plain = prepare(a, w, offs)
     assert torch.equal(launch.launch()[:8], plain.launch()[:8]) and out[8:].eq(0).all()
-    cases = [((-1, 6), 6), ((-1, -3), 0), ((-1, 99), a.shape[0])]   # (index, value), first zeroed row
+    cases = [((-1, 6), 0, 6), ((-1, -3), 0, 0), ((-1, 99), 0, a.shape[0])]   # (index, value), zeroed [0, head), [tail, rows)
     if leading_zero:
-        cases.append(((0, 2), 8))                                     # rows 0-1 in no group, left alone
-    for (index, value), zero_from in cases:                           # new offsets, read at each launch
+        cases += [((0, 2), 2, 8), ((0, 5), 5, 8)]     # m_indptr from row 2 / 5: the rows before it zeroed
+    rows = torch.arange(a.shape[0])
+    for (index, value), head, tail in cases:                           # new offsets, read at each launch
         out.fill_(float("nan"))
         offs.copy_(offsets([3, 0, 5], device="cpu", leading_zero=leading_zero))
         offs[index] = value
@@ -177,10 +180,10 @@ def test_zero_unrouted_rows_on_request(op, leading_zero):
         covered = torch.zeros(a.shape[0], dtype=torch.bool)
         for start, end in ref.group_bounds(offs, leading_zero, rows=a.shape[0]):
             covered[start:end] = True
+        outside = (rows < head) | (rows >= tail)
         assert torch.equal(out[covered], want[covered])
-        assert out[zero_from:][~covered[zero_from:]].eq(0).all()
-        assert out[:zero_from][~covered[:zero_from]].isnan().all()
-    assert not leading_zero or out[:2].isnan().all()
+        assert out[~covered & outside].eq(0).all()
+        assert out[~covered & ~outside].isnan().all()
     empty = prepare(a, w[:0], torch.zeros(int(leading_zero), dtype=torch.int32), zero_unrouted_rows=True)
     empty.out.fill_(float("nan"))
     assert empty.launch().eq(0).all()

@@ -167,11 +167,11 @@ def test_calls_never_make_the_host_wait():
 @pytest.mark.parametrize("leading_zero", [False, True])
 @pytest.mark.parametrize("replay", [False, True], ids=["eager", "graph"])
 def test_prepared_zero_unrouted_rows_follows_new_offsets(op, form, leading_zero, replay):
-    """zero_unrouted_rows=True: every launch (eager or graph-replayed) zeroes the rows past the
-    current last end (offs' last entry in both conventions), clamped into the rows, before the
-    GEMM (malformed offsets that give a group rows past a smaller last end keep its values),
-    allocating nothing and writing nothing outside the output (guard rows either side); no
-    group zeroes every row; rows before an m_indptr's nonzero first start are left alone."""
+    """zero_unrouted_rows=True: every launch (eager or graph-replayed) zeroes the rows in no
+    group before the GEMM: past the current last end (offs' last entry in both conventions) and
+    before an m_indptr's first start above 0, each clamped into the rows (malformed offsets that
+    give a group rows outside those bounds keep its values), allocating nothing and writing
+    nothing outside the output (guard rows either side); no group zeroes every row."""
     x, w, g, _ = problem([100, 200, 300], 128, 256, seed=33, pad=24)
     a, prepare = (x, cake_moe.prepare_grouped_gemm_fwd) if op == "fwd" else (g, cake_moe.prepare_grouped_gemm_dgrad)
     name = f"{form}_{op}" if form else ""
@@ -182,7 +182,7 @@ def test_prepared_zero_unrouted_rows_follows_new_offsets(op, form, leading_zero,
     plain = prepare(a, w, offs, form=name)
     graph = warm_and_capture(launch, replay)
     cases = [[100, 300, 600], [600, 600, 600], [0, 0, 0], [100, 400, 250], [50, 60, -5], [10, 20, rows + 99]]
-    for ends in cases + ([[40, 100, 300, 600]] if leading_zero else []):   # the last: rows 0-39 in no group
+    for ends in cases + ([[40, 100, 300, 600], [700, 100, 300, 600]] if leading_zero else []):   # rows 0-39 / all in no group
         offs.copy_(torch.tensor(ends if len(ends) == offs.numel() else [0, *ends], dtype=torch.int32))
         poison_(buf)
         launch_without_allocating(launch, graph)
@@ -192,11 +192,13 @@ def test_prepared_zero_unrouted_rows_follows_new_offsets(op, form, leading_zero,
         covered = torch.zeros(rows, dtype=torch.bool, device="cuda")
         for start, stop in ref.group_bounds(offs, leading_zero, rows=rows):
             covered[start:stop] = True
-        zero_from = min(max(ends[-1], 0), rows)
+        head = min(max(ends[0], 0), rows) if len(ends) == offs.numel() and leading_zero else 0
+        zero_from = max(min(max(ends[-1], 0), rows), head)
         assert torch.equal(launch.out[covered], want[covered]), ends
-        tail = ~covered & (torch.arange(rows, device="cuda") >= zero_from)
-        assert not launch.out[tail].view(torch.int16).any(), (ends, "an uncovered row past the last end is not +0")
-        assert launch.out[~covered & ~tail].isnan().all(), (ends, "a row before the last end was zeroed")
+        r = torch.arange(rows, device="cuda")
+        outside = ~covered & ((r < head) | (r >= zero_from))
+        assert not launch.out[outside].view(torch.int16).any(), (ends, "an uncovered row outside the groups is not +0")
+        assert launch.out[~covered & ~outside].isnan().all(), (ends, "a row between the groups was zeroed")
     none = prepare(a, w[:0], offs[:int(leading_zero)], form=name, zero_unrouted_rows=True)
     poison_(none.out)
     assert not none.launch().view(torch.int16).any(), "no group: every row is +0"

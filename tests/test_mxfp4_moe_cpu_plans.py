@@ -87,6 +87,36 @@ def test_run_with_copies_what_is_not_bound():
         plan.run_with(saved, case.x_sf, case.topk_ids, None, other)
 
 
+def test_run_with_refuses_before_it_copies():
+    """Every given tensor is checked (a tensor, on the bound tensor's device, its shape and
+    dtype) before the first copy: a refused call leaves the bound tensors as they were."""
+    plan, case, _ = _cpu_layer("h256_e8_k2", 4)
+    held = case.x.view(torch.uint8).clone()
+    new_x = torch.randint(0, 256, held.shape, dtype=torch.uint8)   # another x, which a copy would write in
+    other = torch.empty_like(plan.output)
+    for args, match in (((new_x, case.x_sf.to("meta"), case.topk_ids, case.topk_weights, other),
+                         r"x_sf is on meta, expected cpu \(the device of the bound x_sf\)"),
+                        ((new_x, case.x_sf, case.topk_ids.tolist(), case.topk_weights, other),
+                         "topk_ids must be a torch.Tensor"),
+                        ((new_x, case.x_sf, case.topk_ids, case.topk_weights, other.to("meta")), "output is on meta")):
+        with pytest.raises(ValueError, match=match):
+            plan.run_with(*args)
+        assert torch.equal(case.x.view(torch.uint8), held), "a refused run_with changed the bound x"
+
+
+def test_plan_refuses_a_weights_dict_without_a_weight():
+    plan, case, bank = _cpu_layer("h256_e8_k2", 3)
+    prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
+    del prepared["w2_sf"]
+    from .mxfp4_moe_cases import GENERAL
+    args, kw = GENERAL["h256_e8_k2"].wrapper_args()
+    moe = CakeMxfp4MoEWrapper(*args, **kw, device="cpu")
+    with pytest.raises(ValueError, match="the weights dict lacks w2_sf"):
+        moe.plan(case.x, case.x_sf, case.topk_ids, case.topk_weights, prepared, beta=case.beta,
+                 linear_beta=case.linear_beta, workspace=torch.empty(moe.get_workspace_size(3), dtype=torch.uint8),
+                 output=torch.empty(3, 256, dtype=torch.bfloat16))
+
+
 @pytest.mark.parametrize("weights_dtype", [torch.float32, None])
 def test_torch_library_opcheck_on_cpu(weights_dtype):
     plan, case, _ = _cpu_layer("h256_e8_k2", 5, weights_dtype=weights_dtype)

@@ -10,7 +10,9 @@ import torch
 
 def tensor(t, name: str, *, dtypes: Iterable[torch.dtype] | None = None, ndim: int | None = None,
            min_ndim: int | None = None, device: torch.device | None = None, contiguous: bool = True,
-           align: int = 0) -> torch.Tensor:
+           align: int = 0, device_of: str | None = None) -> torch.Tensor:
+    """``t`` if it is a tensor as asked, else ValueError naming ``name``; ``device_of`` names
+    the argument whose device ``device`` is, for the message."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtypes is not None:
@@ -22,7 +24,7 @@ def tensor(t, name: str, *, dtypes: Iterable[torch.dtype] | None = None, ndim: i
     if min_ndim is not None and t.dim() < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dims, got shape {tuple(t.shape)}")
     if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device}")
+        raise ValueError(f"{name} is on {t.device}, expected {device}" + (f" (the device of {device_of})" if device_of else ""))
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous())")
     if align and t.numel() and t.data_ptr() % align:

@@ -12,8 +12,8 @@
 namespace cake_moe::grouped_gemm {
 namespace {
 
-// Two CTAs per SM, a warp per row: the kernel reads the last end on the device, so the grid is
-// sized for a tail of every row, and when nothing lies past the last end each CTA only reads it.
+// Two CTAs per SM, a warp per row: the kernel reads the bounds on the device, so the grid is
+// sized for every row, and when every row is in a group each CTA only reads the bounds.
 constexpr int64_t kCtasPerSm = 2;
 
 class UnroutedRowsZeroed final : public Launch {
@@ -28,6 +28,7 @@ class UnroutedRowsZeroed final : public Launch {
     z.row_chunks = int32_t(width / 8);
     z.rows = int32_t(p.rows);
     z.num_offs = p.num_groups == 0 ? 0 : p.num_groups + (p.offs_leading_zero ? 1 : 0);
+    z.leading_zero = p.offs_leading_zero ? 1 : 0;
     zero_.device = p.device;
     zero_.form = "gg_unrouted_rows";
     zero_.kernel = runtime::get_kernel(zero_.form, "cake_gg_zero_unrouted_rows", p.device);  // (in p.device's context)

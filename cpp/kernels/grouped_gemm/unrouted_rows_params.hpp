@@ -11,6 +11,7 @@ struct UnroutedRowsParams {
   int32_t row_chunks;     // 16-byte stores per row
   int32_t rows;           // the packed row capacity (x.shape[0])
   int32_t num_offs;       // entries of offs (E or E + 1); 0: no group, every row is zeroed
+  int32_t leading_zero;   // 1: offs is m_indptr [E + 1], whose first entry is the first group's start
 };
 
 constexpr int kUnroutedRowsThreads = 256;  // __launch_bounds__ in forms.py; a multiple of 32 (a warp per row)

@@ -66,7 +66,8 @@ def mxfp4_quantize(x: torch.Tensor, *, swizzled: bool = False, scale_rule: str =
 def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, *, swizzled: bool = False,
                    out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4 quantization (blocks of 16, E4M3 scales) with FP32 encode scale ``global_scale``
-    (a one-element tensor on x's device; see :func:`nvfp4_global_scale`).
+    (a one-element tensor on x's device, positive and finite; see :func:`nvfp4_global_scale`.
+    Its value is not checked, as that would wait for the device, except under CAKE_MOE_CHECK=1).
 
     Returns ``(q, scale)``: q uint8 ``[..., K/2]``; scale float8_e4m3fn.
     """
@@ -99,7 +100,8 @@ def nvfp4_dequantize(q: torch.Tensor, scale: torch.Tensor, global_scale: torch.T
                      swizzled: bool = False, dtype: torch.dtype = torch.bfloat16,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """NVFP4 dequantization: value = (e2m1 * s) / global_scale, with s the block's E4M3 scale and
-    ``global_scale`` the FP32 encode scale the quantizer was given (one element on q's device).
+    ``global_scale`` the FP32 encode scale the quantizer was given (one element on q's device,
+    positive and finite; checked only under CAKE_MOE_CHECK=1).
 
     q uint8 ``[..., K/2]`` (two elements per byte, low nibble first), K % 16 == 0; scale
     float8_e4m3fn (or its bytes as uint8) ``[rows, K/16]``, or flat in the 128x4 layout with

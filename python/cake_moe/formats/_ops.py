@@ -61,9 +61,16 @@ def _scale_dtype(fmt: str) -> torch.dtype:
 
 
 def _global_scale(g, device) -> torch.Tensor:
+    """The one-element FP32 encode scale. Its value is read where the kernel runs and not
+    checked there (that would wait for the device); in the debug mode CAKE_MOE_CHECK=1 a value
+    that is not positive and finite is refused here, outside graph capture (it synchronises)."""
     _validate.tensor(g, "global_scale", dtypes=(torch.float32,), device=device, contiguous=False)
     if g.numel() != 1:
         raise ValueError(f"global_scale must have one element, got shape {tuple(g.shape)}")
+    if _runtime.env("CAKE_MOE_CHECK") == "1" and not (g.is_cuda and torch.cuda.is_current_stream_capturing()):
+        value = float(g.reshape(()).item())   # synchronises
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"global_scale must be positive and finite, got {value} (CAKE_MOE_CHECK=1)")
     return g.reshape(1)
 
 

@@ -10,12 +10,15 @@ dgrad       ``dX[g_e] = G[g_e] @ W[e]``                 ``[sum_m, K]`` bf16
 wgrad       ``dW[e] = G[g_e]^T @ X[g_e]``               ``[E, N, K]`` bf16 or fp32
 ==========  =========================================  ===========================
 
-Rows past the last group end are not written (in a fresh output they hold the allocator's
+Rows in no group (past the last group end; before an ``m_indptr`` whose first entry is above 0)
+are not written (in a fresh output they hold the allocator's
 bytes, as with ``torch._grouped_mm``; ``prepare_grouped_gemm_fwd/dgrad(..., zero_unrouted_rows=True)`` zeroes them),
 except by :func:`grouped_mm`, whose output and x.grad are zero there. ``det`` (default) reduces every output in a fixed
 order; ``fast`` may differ in the weight gradient only (see :func:`cake_moe.configure`).
 """
 from __future__ import annotations
+
+import re
 
 import torch
 
@@ -89,8 +92,8 @@ def grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, out
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, variant: str | None = None) -> torch.Tensor:
     """Autograd grouped GEMM: ``y = grouped_gemm_fwd(x, w, offs)``; the backward computes x.grad
     with dgrad and w.grad with wgrad in w's dtype, running the variant of this forward. Rows of
-    x past the last group end get zero in y and in x.grad (``torch._grouped_mm`` leaves both
-    uninitialized there)."""
+    x in no group (past the last group end, or before an ``m_indptr`` whose first entry is above
+    0) get zero in y and in x.grad (``torch._grouped_mm`` leaves both uninitialized there)."""
     _tensors(x=x, w=w, offs=offs)
     v = _config.grouped_gemm_variant(variant)
     if _compiling():
@@ -106,4 +109,10 @@ def grouped_mm_bf16(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor,
         raise ValueError(f"b must be 3-D [E, N, K], got shape {tuple(b.shape)}")
     if m_indptr.dim() != 1 or m_indptr.numel() != b.shape[0] + 1:
         raise ValueError(f"m_indptr must have E+1={b.shape[0] + 1} entries, got shape {tuple(m_indptr.shape)}")
-    return grouped_gemm_fwd(a, b, m_indptr, out)
+    try:
+        return grouped_gemm_fwd(a, b, m_indptr, out)
+    except ValueError as err:   # the forward's checks name its arguments: say them as this call does
+        raise ValueError(re.sub(r"\b(x|w|offs)\b", lambda m: _BF16_NAMES[m.group()], str(err))) from None
+
+
+_BF16_NAMES = {"x": "a", "w": "b", "offs": "m_indptr"}

@@ -62,9 +62,9 @@ def check_grouped_dims(n: int, k: int, *, num_groups: int | None = None, max_row
             raise ValueError(f"{max_rows} rows exceed the {limit} rows served for N={n}, K={k}, E={e}")
 
 
-def _offsets(offs, num_groups: int, device: torch.device) -> bool:
+def _offsets(offs, num_groups: int, device: torch.device, device_of: str) -> bool:
     """Checks offs and returns whether it is m_indptr ([E+1], leading zero)."""
-    _validate.tensor(offs, "offs", dtypes=(torch.int32,), ndim=1, device=device)
+    _validate.tensor(offs, "offs", dtypes=(torch.int32,), ndim=1, device=device, device_of=device_of)
     if offs.numel() == num_groups:
         return False
     if offs.numel() == num_groups + 1:
@@ -106,8 +106,14 @@ def _strides_served(t: torch.Tensor) -> bool:
     return True
 
 
-def _bf16(t, name: str, ndim: int, device=None) -> torch.Tensor:
-    _validate.tensor(t, name, dtypes=(torch.bfloat16,), ndim=ndim, device=device, contiguous=False, align=16)
+def _bf16(t, name: str, ndim: int, device=None, device_of: str | None = None) -> torch.Tensor:
+    """A bf16 operand of ``ndim`` dims, 16-byte aligned, on ``device`` (that of ``device_of``) if
+    given, else on a device the grouped GEMM runs on: a CUDA device, or the CPU (the reference)."""
+    _validate.tensor(t, name, dtypes=(torch.bfloat16,), ndim=ndim, device=device, contiguous=False, align=16,
+                     device_of=device_of)
+    if device is None and t.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{name} is on {t.device}: the grouped GEMM runs on CUDA devices (and, as its reference, "
+                         "on the CPU)")
     if not _strides_served(t):
         if t.stride(-1) != 1 and t.shape[-1] > 1:   # no call copies these: the layout is the caller's to choose
             raise ValueError(f"{name} must have a unit stride along its last axis (contiguous rows), got strides "

@@ -5,7 +5,7 @@ import atexit
 
 import torch
 
-from .. import _runtime
+from .. import _runtime, _validate
 from ._checks import _packed
 
 # A training loop makes the same one-shot calls with the same tensors every step (the caching
@@ -71,17 +71,27 @@ def _launch_kept(kept: tuple, out, stream: int | None) -> torch.Tensor:
     return result
 
 
-def _one_shot(key: tuple, tensors: tuple, out, prepare, per_stream: bool = False) -> torch.Tensor:
-    """Run ``prepare(operands, out).launch()``, or the launch kept for the same key.
-    ``per_stream``: the launch binds the current stream's workspace (wgrad), so it is kept per
-    stream, and not at all during graph capture (which gives a launch a workspace of its own)."""
+def _operands(tensors: tuple, names: tuple, out) -> tuple:
+    """The operands the kernels read: each tensor, or its contiguous copy (_packed). A copied
+    operand's own memory is checked against ``out`` here, since prepare() sees only the copy."""
+    operands = tuple(_packed(t) for t in tensors)
+    if isinstance(out, torch.Tensor):
+        _validate.no_overlap([("out", out)], [(n, t) for n, t, o in zip(names, tensors, operands) if o is not t])
+    return operands
+
+
+def _one_shot(key: tuple, tensors: tuple, names: tuple, out, prepare, per_stream: bool = False) -> torch.Tensor:
+    """Run ``prepare(operands, out).launch()``, or the launch kept for the same key (``names``:
+    the tensors' argument names, for errors). ``per_stream``: the launch binds the current
+    stream's workspace (wgrad), so it is kept per stream, and not at all during graph capture
+    (which gives a launch a workspace of its own)."""
     full = _kept_key(key, tensors, out, per_stream)
     if full is None:
-        return prepare(tuple(_packed(t) for t in tensors), out).launch()
+        return prepare(_operands(tensors, names, out), out).launch()
     kept = _kept.get(full)
     if kept is not None:
         return _launch_kept(kept, out, full[len(key)])   # (the key's stream, or None)
-    operands = tuple(_packed(t) for t in tensors)
+    operands = _operands(tensors, names, out)
     launch = prepare(operands, out)
     result = launch.launch()
     if (launch._plan is not None and launch._pre is None and launch._cpu is None

@@ -73,11 +73,11 @@ def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
 # prepare
 # ---------------------------------------------------------------------------------------------
 
-def _out(out, shape, dtype, device, inputs):
+def _out(out, shape, dtype, device, inputs, device_of: str):
     """The output: a fresh tensor (it overlaps nothing, so no check), or the caller's, checked."""
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
-    _validate.tensor(out, "out", dtypes=(dtype,), device=device, align=16)
+    _validate.tensor(out, "out", dtypes=(dtype,), device=device, align=16, device_of=device_of)
     _validate.shape(out, "out", shape)
     _validate.no_overlap([("out", out)], inputs)
     return out
@@ -86,7 +86,8 @@ def _out(out, shape, dtype, device, inputs):
 def _cpu_launch(op, out, compute, offs=None, leading_zero: bool = False, zero_unrouted: bool = False):
     """CPU tensors: the FP64 reference, rounded once. fwd / dgrad (``offs`` given) write only
     the groups' rows, read from offs at each launch (NaN and Inf results included), after
-    zeroing the rows past the last group end if ``zero_unrouted`` (as the device does)."""
+    zeroing the rows in no group, before the first start and past the last end, if
+    ``zero_unrouted`` (as the device does)."""
     def run():
         with torch.no_grad():   # as the kernels: the result carries no autograd graph (grouped_mm has one)
             return write(compute())
@@ -97,32 +98,39 @@ def _cpu_launch(op, out, compute, offs=None, leading_zero: bool = False, zero_un
             return out
         bounds = ref.group_bounds(offs, leading_zero, out.shape[0])
         if zero_unrouted:
-            out[_last_end(offs, bounds, out.shape[0]):] = 0
+            head, tail = _unrouted_bounds(offs, leading_zero, bounds, out.shape[0])
+            out[:head] = 0
+            out[tail:] = 0
         for start, end in bounds:
             out[start:end] = res[start:end].to(out.dtype)
         return out
     return GroupedGemmLaunch(op, None, out.device, out, (), cpu=run)
 
 
-def _last_end(offs: torch.Tensor, bounds: list, rows: int) -> int:
-    """The first row past the last group end: offs' last entry clamped into [0, rows], or 0 with
-    no group (unrouted_rows.cuh reads the same)."""
-    return min(max(int(offs[-1]), 0), rows) if bounds else 0
+def _unrouted_bounds(offs: torch.Tensor, leading_zero: bool, bounds: list, rows: int) -> tuple[int, int]:
+    """(head, tail): rows [0, head) and [tail, rows) are in no group. head is the first group's
+    start (0, or m_indptr's first entry), tail the last group end (offs' last entry, at least
+    head), each clamped into [0, rows]; with no group every row (unrouted_rows.cuh reads the
+    same)."""
+    if not bounds:
+        return 0, 0
+    head = min(max(int(offs[0]), 0), rows) if leading_zero else 0
+    return head, max(min(max(int(offs[-1]), 0), rows), head)
 
 
 def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str, zero_unrouted_rows) -> GroupedGemmLaunch:
     """fwd (a = x [sum_m, K]) and dgrad (a = g [sum_m, N]) against w [E, N, K]."""
     zero = _validate.boolean(zero_unrouted_rows, "zero_unrouted_rows")
     _bf16(a, a_name, 2)
-    _bf16(w, "w", 3, a.device)
+    _bf16(w, "w", 3, a.device, a_name)
     form = _form(form, op, a.device)
     e, n, k = w.shape
     a_cols, out_cols = (k, n) if op == "fwd" else (n, k)
     if a.shape[1] != a_cols:
         raise ValueError(f"{a_name} has {a.shape[1]} columns but w has {'K' if op == 'fwd' else 'N'}={a_cols}")
     check_grouped_dims(n, k, num_groups=e, max_rows=a.shape[0])
-    lz = _offsets(offs, e, a.device)
-    out = _out(out, (a.shape[0], out_cols), torch.bfloat16, a.device, [(a_name, a), ("w", w), ("offs", offs)])
+    lz = _offsets(offs, e, a.device, a_name)
+    out = _out(out, (a.shape[0], out_cols), torch.bfloat16, a.device, [(a_name, a), ("w", w), ("offs", offs)], a_name)
     if a.device.type != "cuda":
         reference = ref.fwd if op == "fwd" else ref.dgrad
         return _cpu_launch(op, out, lambda: reference(a, w, offs, lz), offs, lz, zero)
@@ -137,9 +145,10 @@ def prepare_grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tenso
                              *, form: str = "", zero_unrouted_rows: bool = False) -> GroupedGemmLaunch:
     """Y[g_e] = X[g_e] @ W[e]^T: x [sum_m, K], w [E, N, K] bf16, offs int32 [E] or [E+1].
 
-    Rows past the last group end are not written, so in a fresh output they hold whatever the
-    allocator held; ``zero_unrouted_rows=True`` sets them to zero at each launch (one small
-    kernel before the GEMM; :func:`grouped_mm` always does). ``form`` forces a kernel form by
+    Rows in no group (past the last group end, or before an ``m_indptr`` whose first entry is
+    above 0) are not written, so in a fresh output they hold whatever the allocator held;
+    ``zero_unrouted_rows=True`` sets them to zero at each launch (one small kernel before the
+    GEMM; :func:`grouped_mm` always does). ``form`` forces a kernel form by
     name (``cake-moe info`` lists them; for tuning and benchmarks); by default the heuristic
     picks one for the device and the problem.
     """
@@ -169,21 +178,21 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
     splits and takes none.
     """
     _bf16(g, "g", 2)
-    _bf16(x, "x", 2, g.device)
+    _bf16(x, "x", 2, g.device, "g")
     if g.shape[0] != x.shape[0]:
         raise ValueError(f"g and x must have the same rows, got {g.shape[0]} and {x.shape[0]}")
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
     n, k = g.shape[1], x.shape[1]
-    _validate.tensor(offs, "offs", dtypes=(torch.int32,), ndim=1, device=g.device)
+    _validate.tensor(offs, "offs", dtypes=(torch.int32,), ndim=1, device=g.device, device_of="g")
     e = offs.numel() if num_groups is None else _validate.integer(num_groups, "num_groups")
     check_grouped_dims(n, k, num_groups=e, max_rows=g.shape[0])
-    lz = _offsets(offs, e, g.device)
+    lz = _offsets(offs, e, g.device, "g")
     v = _config.grouped_gemm_variant(variant)
     form = _form(form, "wgrad", g.device)
-    out = _out(out, (e, n, k), out_dtype, g.device, [("g", g), ("x", x), ("offs", offs)])
+    out = _out(out, (e, n, k), out_dtype, g.device, [("g", g), ("x", x), ("offs", offs)], "g")
     if workspace is not None and workspace is not _PER_STREAM:   # (the CPU path never uses it: any alignment)
-        _validate.tensor(workspace, "workspace", dtypes=(torch.uint8,), device=g.device,
+        _validate.tensor(workspace, "workspace", dtypes=(torch.uint8,), device=g.device, device_of="g",
                          align=256 if g.device.type == "cuda" else 0)
         _validate.no_overlap([("workspace", workspace)], [("g", g), ("x", x), ("offs", offs), ("out", out)])
     if g.device.type != "cuda":

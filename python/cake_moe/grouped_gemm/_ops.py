@@ -17,7 +17,7 @@ def release() -> None:
 
 
 def fwd_impl(x, w, offs, out=None, zero_unrouted_rows=False):
-    return _one_shot(("fwd", zero_unrouted_rows), (x, w, offs), out,
+    return _one_shot(("fwd", zero_unrouted_rows), (x, w, offs), ("x", "w", "offs"), out,
                      lambda t, o: prepare_grouped_gemm_fwd(t[0], t[1], t[2], o,
                                                            zero_unrouted_rows=zero_unrouted_rows))
 
@@ -27,7 +27,7 @@ def _dgrad_key(zero_unrouted_rows: bool) -> tuple:
 
 
 def dgrad_impl(g, w, offs, out=None, zero_unrouted_rows=False):
-    return _one_shot(_dgrad_key(zero_unrouted_rows), (g, w, offs), out,
+    return _one_shot(_dgrad_key(zero_unrouted_rows), (g, w, offs), ("g", "w", "offs"), out,
                      lambda t, o: prepare_grouped_gemm_dgrad(t[0], t[1], t[2], o,
                                                              zero_unrouted_rows=zero_unrouted_rows))
 
@@ -38,7 +38,7 @@ def _wgrad_key(num_groups: int, out_dtype: torch.dtype, variant: str) -> tuple:
 
 def wgrad_impl(g, x, offs, num_groups, out_dtype, variant, out=None):
     v = _config.grouped_gemm_variant(variant)
-    return _one_shot(_wgrad_key(num_groups, out_dtype, v), (g, x, offs), out,
+    return _one_shot(_wgrad_key(num_groups, out_dtype, v), (g, x, offs), ("g", "x", "offs"), out,
                      lambda t, o: prepare_grouped_gemm_wgrad(t[0], t[1], t[2], o, out_dtype, num_groups, v,
                                                              workspace=_PER_STREAM),
                      per_stream=True)
@@ -76,7 +76,7 @@ def _op_grads(g, x, w, offs, need_dx: bool, need_dw: bool, variant: str) -> tupl
 def _grouped_mm_grads(ctx, grad, grads):
     """grouped_mm's backward: x.grad by dgrad, w.grad by wgrad in w's dtype, with the forward's
     variant; ``grads`` is :func:`_eager_grads` or :func:`_op_grads`.
-    x.grad is zero in the rows past the last group end (no expert reads them), not left as the
+    x.grad is zero in the rows in no group (no expert reads them), not left as the
     allocator's bytes: a NaN there would reach whatever sums over x's rows upstream."""
     if torch.is_grad_enabled():   # create_graph=True (else autograd runs backward without grad)
         with torch.no_grad():
@@ -152,8 +152,8 @@ def _register() -> None:
            "str variant) -> Tensor", wgrad_impl,
            lambda g, x, offs, num_groups, out_dtype, variant: g.new_empty((num_groups, g.shape[1], x.shape[1]),
                                                                           dtype=out_dtype))
-    # out= forms for compiled code: they write the caller's tensor (rows past the last group end
-    # stay untouched, as in eager calls) and return nothing
+    # out= forms for compiled code: they write the caller's tensor (rows in no group stay
+    # untouched, as in eager calls) and return nothing
     define("grouped_gemm_fwd_out(Tensor x, Tensor w, Tensor offs, Tensor(a!) out) -> ()", _fwd_out,
            lambda x, w, offs, out: None)
     define("grouped_gemm_dgrad_out(Tensor g, Tensor w, Tensor offs, Tensor(a!) out) -> ()", _dgrad_out,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _runtime
+from .. import _runtime, _validate
 from . import _ops
 from ._decide import PlanDecision
 from ._prepare import scale_code_max
@@ -135,22 +135,26 @@ class Mxfp4MoEPlan:
                                   (*self._inputs, self.output)):
             if (t is None) != (bound is None):
                 raise ValueError(f"{name}: the plan was made {'without' if bound is None else 'with'} it")
-            if t is not None and bound is not None and (t.shape != bound.shape or t.dtype != bound.dtype):
-                raise ValueError(f"{name} must match the bound tensor: {tuple(bound.shape)} {bound.dtype}, "
-                                 f"got {tuple(t.shape)} {t.dtype}")
-        restore = []   # (bound tensor, what it held)
-        for t, bound in zip(given[:4], self._inputs):
-            if t is not None and bound is not None and (t.data_ptr(), t.stride()) != (bound.data_ptr(), bound.stride()):
-                restore.append((bound, bound.clone()))
-                bound.copy_(t)
-        other_output = (output.data_ptr(), output.stride()) != (self.output.data_ptr(), self.output.stride())
-        if other_output:
-            restore.append((self.output, self.output.clone()))
-        self.run()
-        if other_output:
-            output.copy_(self.output)
-        for bound, held in restore:
-            bound.copy_(held)
+            if t is not None and bound is not None:
+                _validate.tensor(t, name, contiguous=False, device=bound.device, device_of=f"the bound {name}")
+                if t.shape != bound.shape or t.dtype != bound.dtype:
+                    raise ValueError(f"{name} must match the bound tensor: {tuple(bound.shape)} {bound.dtype}, "
+                                     f"got {tuple(t.shape)} {t.dtype}")
+        restore = []   # (bound tensor, what it held): put back whatever happens after the first copy
+        try:
+            for t, bound in zip(given[:4], self._inputs):
+                if t is not None and bound is not None and (t.data_ptr(), t.stride()) != (bound.data_ptr(), bound.stride()):
+                    restore.append((bound, bound.clone()))
+                    bound.copy_(t)
+            other_output = (output.data_ptr(), output.stride()) != (self.output.data_ptr(), self.output.stride())
+            if other_output:
+                restore.append((self.output, self.output.clone()))
+            self.run()
+            if other_output:
+                output.copy_(self.output)
+        finally:
+            for bound, held in restore:
+                bound.copy_(held)
         return output
 
     def __repr__(self) -> str:

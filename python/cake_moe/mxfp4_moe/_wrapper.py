@@ -298,6 +298,10 @@ class CakeMxfp4MoEWrapper:
         for key, value in expected.items():
             if w1.get(key) != value:
                 raise ValueError(f"w1: the weights dict has {key}={w1.get(key)!r}, the wrapper expects {value}")
+        missing = [name for name in _WEIGHT_NAMES if name not in w1]
+        if missing:
+            raise ValueError(f"w1: the weights dict lacks {', '.join(missing)} (pass prepare_cake_mxfp4_weights' dict "
+                             "whole)")
         return tuple(w1[name] for name in _WEIGHT_NAMES) + tuple(w1.get(name) for name in _CODE_MAX_NAMES)
 
     def _check_tensors(self, tensors: dict, num_tokens: int) -> None:

@@ -27,7 +27,7 @@ def group_bounds(offs: torch.Tensor, leading_zero: bool = False, rows: int | Non
 
 
 def fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, leading_zero: bool = False) -> torch.Tensor:
-    """Y[g_e] = X[g_e] @ W[e]^T in FP64; rows past the last end are NaN (must stay untouched)."""
+    """Y[g_e] = X[g_e] @ W[e]^T in FP64; rows in no group are NaN (must stay untouched)."""
     y = torch.full((x.shape[0], w.shape[1]), float("nan"), dtype=torch.float64, device=x.device)
     xd, wd = x.double(), w.double()
     for e, (s, t) in enumerate(group_bounds(offs, leading_zero, x.shape[0])):
@@ -36,7 +36,7 @@ def fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, leading_zero: bool
 
 
 def dgrad(g: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, leading_zero: bool = False) -> torch.Tensor:
-    """dX[g_e] = G[g_e] @ W[e] in FP64; rows past the last end are NaN."""
+    """dX[g_e] = G[g_e] @ W[e] in FP64; rows in no group are NaN."""
     dx = torch.full((g.shape[0], w.shape[2]), float("nan"), dtype=torch.float64, device=g.device)
     gd, wd = g.double(), w.double()
     for e, (s, t) in enumerate(group_bounds(offs, leading_zero, g.shape[0])):
