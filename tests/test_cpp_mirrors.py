@@ -24,6 +24,7 @@ MIRRORS = [
     ("cake_moe.mxfp4_moe._decide", "ROUTE_CHUNK_MIN", "kRouteChunkMin"),
     ("cake_moe.mxfp4_moe._tile_cost", "SPLIT_GAIN_PCT", "kSplitGainPct"),
     ("cake_moe.mxfp4_moe._decide", "MAX_FEW_ROUTES", "kMaxFewRoutes"),
+    ("cake_moe.mxfp4_moe._wrapper", "_ROUTE_THREADS", "kRouteThreads"),
     ("cake_moe.grouped_gemm._checks", "_MAX_TILES", "kTileCap"),
     ("tests.mxfp4_moe_cases", "TILE_CHOICE_AT", "kTileChoiceAt"),
     ("tests.mxfp4_moe_cases", "SPLIT_FLAGS_AT", "kSplitFlagsAt"),

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -276,7 +277,10 @@ Routing draw(Draw how, int32_t tokens, int32_t top_k, int32_t experts, int32_t l
       case Draw::kOneHot: id = i % size_t(top_k) == 0 ? offset : id; break;
       case Draw::kSkewed: id = int32_t(std::min<int64_t>(experts - 1, offset + uniform(0, 3) * uniform(0, 7))); break;
       case Draw::kDuplicates: id = i % size_t(top_k) == 1 ? previous : id; break;
-      case Draw::kOutOfRange: id = uniform(0, 3) == 0 ? int32_t(uniform(0, 1) ? uniform(-40000, -1) : uniform(experts, 40000)) : id; break;
+      case Draw::kOutOfRange:  // (unpacked ids: also the extremes of int32, whose difference from the offset wraps)
+        id = uniform(0, 3) == 0 ? int32_t(uniform(0, 1) ? uniform(-40000, -1) : uniform(experts, 40000)) : id;
+        if (!packed && uniform(0, 15) == 0) id = uniform(0, 1) ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int32_t>::max();
+        break;
     }
     in.ids[i] = packed ? int32_t(uint32_t(id) << 16 | uint32_t(uniform(0, 0xFFFF))) : id;
     previous = id;

@@ -22,7 +22,9 @@ namespace cake_moe::moe {
 __device__ __forceinline__ int32_t local_expert_of(int32_t id, int32_t packed, int32_t num_experts,
                                                    int32_t local_offset, int32_t num_local) {
   if (packed) id >>= 16;  // arithmetic shift: negative packed ids stay negative
-  const int32_t local = id - local_offset;
+  // The difference taken unsigned, so that it is defined for any id word (INT32_MIN included);
+  // its value matters only where id >= 0.
+  const int32_t local = int32_t(uint32_t(id) - uint32_t(local_offset));
   const bool ok = id >= 0 && id < num_experts && local >= 0 && local < num_local;
   return ok ? local : -1;
 }

@@ -28,7 +28,10 @@ MAX_EXPERTS = 1024
 # blocks inside the kernels' 32-bit and grid-dimension ranges (73x the contract's H)
 MAX_DIM = 1 << 19
 WORKSPACE_ALIGN = 256
-_INT32_MAX = 2**31 - 1
+# Route indices are int32 in the routing kernels, which step a CTA's threads past the last
+# route (route = begin + r * kRouteThreads + thread): keep every such index below 2^31.
+_ROUTE_THREADS = 1024   # moe::kRouteThreads
+_MAX_ROUTES = 2**31 - _ROUTE_THREADS
 _WEIGHT_KIND = {torch.bfloat16: 0, torch.float32: 1, None: 2}   # None: packed routes
 _WEIGHT_NAMES = ("w1", "w1_sf", "w2", "w2_sf")
 _CODE_MAX_NAMES = ("w1_sf_max", "w2_sf_max")  # optional in the dict: without them, two multiplies
@@ -408,7 +411,7 @@ class CakeMxfp4MoEWrapper:
         decision = self.decide(num_tokens, tile=tile, tile_sync=tile_sync)
         if not decision.supported:
             raise ValueError(decision.reason)
-        if num_tokens * self.top_k > _INT32_MAX:
+        if num_tokens * self.top_k > _MAX_ROUTES:
             raise ValueError(f"x: T * top_k = {num_tokens * self.top_k} routes exceed the int32 route index")
         self._check_tensors(tensors, num_tokens)
         present = [(name, t) for name, t in tensors.items() if t is not None]
