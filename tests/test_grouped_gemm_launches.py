@@ -63,6 +63,21 @@ def launches_stood_in(monkeypatch):
     cake_moe.release()
 
 
+def test_one_shot_checks_out_against_the_callers_operand(launches_stood_in):
+    """Where a one-shot call copies an operand (a column slice, 2 bytes off 16), an out= over
+    the caller's tensor is refused before anything is prepared or kept (prepare() sees only
+    the copy), on the path that keeps launches too."""
+    prepared, _ = launches_stood_in
+    _, w, _, offs = cpu_problem([3, 0, 5], n=16, k=32)
+    buf = torch.randn(8 * 33 + 64, dtype=torch.float32).to(torch.bfloat16)
+    x = buf[:8 * 33].view(8, 33)[:, 1:]
+    with pytest.raises(ValueError, match="out and x overlap"):
+        cake_moe.grouped_gemm_fwd(x, w, offs, out=buf[:8 * 16].view(8, 16))
+    assert prepared == []
+    cake_moe.grouped_gemm_fwd(x, w, offs, out=torch.empty(8, 16, dtype=torch.bfloat16))   # elsewhere: prepared
+    assert prepared == ["fwd"]
+
+
 def test_one_shot_keying_with_launches_stood_in(launches_stood_in, monkeypatch):
     """The one-shot cache's keying, on the CPU (launches stood in). The same operands find the
     kept launch (a fresh output each call); another stride at the same address, another dtype,
