@@ -155,12 +155,14 @@ def test_width_per_expert(layers, monkeypatch, name, t, n, want, pair):
         assert torch.equal(out, forced), f"{n} routes per expert: not the bits of wg160x3 forced"
         _check_tile_lists(routing_tables(ws, geom, t), [n] * geom.local, d, split=True)
     monkeypatch.setenv("CAKE_MOE_TILE_SPLIT", "0")
-    one_plan, one_out = layer.plan(case)
-    assert not split_width(d, t, geom.top_k) and not one_plan._plan.split_width
+    one_plan, one_out = layer.plan(case)   # (a modeled pair needs the split: off, the table's pair)
+    one = one_plan.decision
+    assert not split_width(one, t, geom.top_k) and not one_plan._plan.split_width
+    assert pair == "table" or {one.tile, one.alt_tile} == {"wg128x4", "wg160x3"}, one
     poison_(one_out)
     one_plan.run()
     torch.cuda.synchronize()
-    assert one_plan.last_tile() == _tile_cost.device_tile_choice([n] * geom.local, d.tile, d.alt_tile)
+    assert one_plan.last_tile() == _tile_cost.device_tile_choice([n] * geom.local, one.tile, one.alt_tile)
     assert torch.equal(one_out, forced), "CAKE_MOE_TILE_SPLIT=0 changed the bits"
 
 

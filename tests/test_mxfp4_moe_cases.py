@@ -64,9 +64,11 @@ def test_solo_regime_holds_experts_to_their_budget(name):
     assert (expert >= 0).sum() >= t // 2
 
 
-def test_expert_budget_catches_one_expert_off_by_two_percent():
+def test_expert_budget_catches_one_expert_off_by_two_percent(monkeypatch):
     """The FP64 reference, rounded to BF16, passes check_output; the same with one expert's
-    group scaled by 1.02 fails the per-expert budget, though no token moves by more than 2%."""
+    group scaled by 1.02 fails the per-expert budget, though no token moves by more than 2%.
+    (Not logged to CAKE_TEST_TOKEN_ERRORS: that file holds the kernels' errors.)"""
+    monkeypatch.delenv("CAKE_TEST_TOKEN_ERRORS", raising=False)
     geom = GENERAL["h256_e8_k2"]
     case = make_case(geom, SOLO_TOKENS, "solo", seed=5, device="cpu")
     want = reference(case, random_weights(geom, seed=5, device="cpu"))

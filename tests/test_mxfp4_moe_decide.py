@@ -229,13 +229,15 @@ def test_decide_alt_tile_for_every_sm90_wgmma_path(shape, narrow):
 
 # Past SM90_PAIR_MIN_LOAD (T > 5376 at T * k / E = T / 56): the pairs measured faster than the
 # table's on an H100, same process and inputs (bench/results/2026-12-05_h100_mxfp4_moe_modeled_pairs.md;
-# ep8 T = 20480 and tp8 T = 9216 modeled only), and rows where the table's own pair stays (no
-# candidate models 4% cheaper; at ep8 T = 6144 wg128x4 + wg64x4 models 3.2% and ran 8.5% slower).
+# tp8 T = 9216 modeled only), and rows where the table's own pair stays (no candidate models 4%
+# cheaper; at ep8 T = 6144 wg128x4 + wg64x4 models 3.2% and ran 8.5% slower; past
+# SM90_PAIR_MAX_RANK_LOAD: ep8 T = 12288 ran 2.7% slower through the table,
+# ..._h100_mxfp4_moe_modeled_pair_table_ab.md).
 _MODELED = {("ep8", 5632): ("wg128x4", "wg160x3"), ("ep8", 6144): ("wg128x4", "wg160x3"),
             ("ep8", 6656): ("wg128x4", "wg64x4"), ("ep8", 7168): ("wg128x4", "wg64x4"),
             ("ep8", 8192): ("wg128x4", "wg96x4"), ("ep8", 10240): ("wg128x4", "wg160x3"),
-            ("ep8", 12288): ("wg128x4", "wg64x4"), ("ep8", 16384): ("wg160x3", "wg128x4"),
-            ("ep8", 20480): ("wg128x4", "wg64x4"),
+            ("ep8", 12288): ("wg128x4", "wg160x3"), ("ep8", 16384): ("wg160x3", "wg128x4"),
+            ("ep8", 20480): ("wg128x4", "wg160x3"),
             ("tp8", 5632): ("wg128x4", "wg96x4"), ("tp8", 8192): ("wg160x3", "wg128x4"), ("tp8", 9216): ("wg128x4", "wg64x4"),
             ("tp8", 10240): ("wg128x4", "wg64x4"), ("tp8", 12288): ("wg128x4", "wg96x4"),
             ("tp8", 16384): ("wg160x3", "wg128x4")}

@@ -150,6 +150,14 @@ NARROW_PREFILL_MAX_LOAD = 96
 # wg64x4 / wg96x4 stays 0.9-10.7% ahead at both (docs/mxfp4_moe.md, "The modeled pair").
 SM90_PAIR_CANDIDATES: tuple[tuple[str, str], ...] = (("wg128x4", "wg64x4"), ("wg128x4", "wg96x4"))
 SM90_PAIR_GAIN = 0.04
+# Up to two full wg128x4 tiles per expert at the rank's load: past it the narrow last tile is a
+# smaller share of an expert's work, and through the table (ci/ab_decide.sh, package copies in
+# turn, H100, bench/results/2026-12-05_h100_mxfp4_moe_modeled_pair_table_ab.md) ep8 T = 12288
+# (314 routes per expert at the rank) ran 2.7% slower with wg64x4 (modeled 5.7% faster; the
+# one-process --alts run of the day before had it 4.2% faster), T = 20480 (523) 3.0% faster,
+# inside the A/B's order bias (the same decision read up to 2.4% apart). The rows under it won:
+# ep8 T = 6656 / 7168 9.7 / 6.5%, tp8 T = 10240 7.6%.
+SM90_PAIR_MAX_RANK_LOAD = 256.0
 # Measured only where DRAM per SM is narrow (the H100 above): an H200 (wide memory) keeps the
 # table's pairs until a same-call A/B there (ci/ab_decide.sh with this set True) says otherwise.
 SM90_PAIR_WIDE_MEMORY = False
@@ -265,8 +273,12 @@ def prefill_tile(load: float, short_shard: bool) -> str:
 def modeled_pair(load: float, short_shard: bool, tile: str, alt: str, split: bool) -> tuple[str, str]:
     """The two forms of a prefill decision (past wg64x4's range): the table's (``tile``,
     ``alt``), or the one of SM90_PAIR_CANDIDATES of least pair_costs at the rank's load
-    (LONG_SHARD_RANK_LOAD for a long shard) where that models at least SM90_PAIR_GAIN cheaper."""
-    costs = pair_costs(load * (1.0 if short_shard else LONG_SHARD_RANK_LOAD), split)
+    (LONG_SHARD_RANK_LOAD for a long shard) where that models at least SM90_PAIR_GAIN cheaper,
+    up to SM90_PAIR_MAX_RANK_LOAD routes per expert at the rank."""
+    rank_load = load * (1.0 if short_shard else LONG_SHARD_RANK_LOAD)
+    if rank_load > SM90_PAIR_MAX_RANK_LOAD:
+        return tile, alt
+    costs = pair_costs(rank_load, split)
     best = min(SM90_PAIR_CANDIDATES, key=lambda pair: costs[pair_key(*pair)])
     if costs[pair_key(*best)] > (1.0 - SM90_PAIR_GAIN) * costs[pair_key(tile, alt)]:
         return tile, alt
