@@ -177,3 +177,16 @@ def test_gpu_script_deselects_tests_that_exist():
         assert module.is_file(), f"{node_id}: no module {path}"
         defined = {n.name for n in ast.parse(module.read_text()).body if isinstance(n, ast.FunctionDef)}
         assert name.split("[")[0] in defined, f"{node_id}: {path} defines no such test"
+
+
+def test_buildable_arches_agree():
+    """The runtime's list of arches a build may name (its rebuild hint for an unserved device)
+    is the build's own list (forms.py ALL_ARCHES, which CAKE_MOE_CUDA_ARCHS is checked against)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "cpp" / "kernels"))
+    try:
+        import forms
+    finally:
+        sys.path.pop(0)
+    from cake_moe import _runtime
+    assert _runtime.BUILDABLE_ARCHES == tuple(forms.ALL_ARCHES)

@@ -78,6 +78,17 @@ def test_one_shot_checks_out_against_the_callers_operand(launches_stood_in):
     assert prepared == ["fwd"]
 
 
+def test_one_shot_wgrad_checks_its_key_arguments_first(launches_stood_in):
+    """num_groups and out_dtype go into the cache's key: an unhashable one is a ValueError, not
+    a TypeError from the lookup."""
+    _, w, g, offs = cpu_problem([3, 0, 5], n=16, k=32)
+    x = torch.randn(g.shape[0], 32).to(torch.bfloat16)
+    for kwargs, match in (({"num_groups": [3]}, "num_groups must be an integer"),
+                          ({"out_dtype": []}, "out_dtype must be torch.bfloat16 or torch.float32")):
+        with pytest.raises(ValueError, match=match):
+            cake_moe.grouped_gemm_wgrad(g, x, offs, **kwargs)
+
+
 def test_one_shot_keying_with_launches_stood_in(launches_stood_in, monkeypatch):
     """The one-shot cache's keying, on the CPU (launches stood in). The same operands find the
     kept launch (a fresh output each call); another stride at the same address, another dtype,

@@ -126,6 +126,15 @@ def test_wrapper_takes_a_cuda_index_as_its_device_string():
     assert (by_index.sm_count, by_index.capability) == (by_name.sm_count, by_name.capability)
 
 
+def test_wrapper_refuses_a_cuda_index_past_the_devices(monkeypatch):
+    """Where there are GPUs, an index past them is a ValueError (torch's own check asserts)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for device in (1, "cuda:3"):
+        with pytest.raises(ValueError, match="one of the 1 CUDA devices"):
+            CakeMxfp4MoEWrapper(**CONTRACT, device=device)
+
+
 @_HOST_ONLY
 def test_host_only_wrapper_takes_any_cuda_index():
     assert CakeMxfp4MoEWrapper(**CONTRACT, device=3).device == torch.device("cuda", 3)

@@ -49,6 +49,10 @@ def driver_status() -> tuple[bool, int, str]:
     return tuple(ext().driver_status())
 
 
+# The arches a build may name (CAKE_MOE_CUDA_ARCHS; cpp/kernels/forms.py ALL_ARCHES).
+BUILDABLE_ARCHES = ("90a", "100a", "103a", "107a")
+
+
 @functools.lru_cache(maxsize=None)
 def device_arch(index: int) -> str:
     """'90a'-style arch name of CUDA device `index` (as the extension sees it)."""
@@ -60,8 +64,11 @@ def unserved_reason(index: int) -> str | None:
     arch = device_arch(index)
     if arch in built_arches():
         return None
-    return (f"this cake-moe build has kernels for sm_{', sm_'.join(built_arches())}, but cuda:{index} "
-            f"({torch.cuda.get_device_name(index)}) is sm_{arch}; rebuild with CAKE_MOE_CUDA_ARCHS including {arch}")
+    served = f"this cake-moe build has kernels for sm_{', sm_'.join(built_arches())}, but cuda:{index} " \
+             f"({torch.cuda.get_device_name(index)}) is sm_{arch}"
+    if arch in BUILDABLE_ARCHES:
+        return f"{served}; rebuild with CAKE_MOE_CUDA_ARCHS including {arch}"
+    return f"{served}, which cake-moe does not build for (it builds sm_{', sm_'.join(BUILDABLE_ARCHES)})"
 
 
 def require_served(device: torch.device, what: str) -> None:

@@ -85,8 +85,8 @@ def _form(form, op: str, device: torch.device) -> str:
     if entry is None:
         raise ValueError(f"form {form!r} is not a grouped GEMM {op} form of this build (see `cake-moe info`)")
     if device.type == "cuda" and _runtime.device_arch(device.index) not in entry["arches"]:
-        raise ValueError(f"form {form!r} does not serve grouped GEMM {op} on sm_{_runtime.device_arch(device.index)} "
-                         "(see `cake-moe info`)")
+        raise NotImplementedError(f"form {form!r} of this build has no image for sm_"
+                                  f"{_runtime.device_arch(device.index)}, the arch of {device} (see `cake-moe info`)")
     return form
 
 

@@ -123,6 +123,8 @@ def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str, zero_unro
     zero = _validate.boolean(zero_unrouted_rows, "zero_unrouted_rows")
     _bf16(a, a_name, 2)
     _bf16(w, "w", 3, a.device, a_name)
+    if a.device.type == "cuda":   # an unbuilt arch first: NotImplementedError, whatever form is asked for
+        _runtime.require_served(a.device, f"grouped_gemm_{op}")
     form = _form(form, op, a.device)
     e, n, k = w.shape
     a_cols, out_cols = (k, n) if op == "fwd" else (n, k)
@@ -134,7 +136,6 @@ def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str, zero_unro
     if a.device.type != "cuda":
         reference = ref.fwd if op == "fwd" else ref.dgrad
         return _cpu_launch(op, out, lambda: reference(a, w, offs, lz), offs, lz, zero)
-    _runtime.require_served(a.device, f"grouped_gemm_{op}")
     plan = _runtime.ext().grouped_gemm_prepare(_OPS[op], 0, a.device.index, a.data_ptr(), _outer(a, 0), w.data_ptr(),
                                                _outer(w, 1), _outer(w, 0), out.data_ptr(), offs.data_ptr(), lz, e, n,
                                                k, a.shape[0], False, 0, 0, form, zero_unrouted_rows=zero)
@@ -189,6 +190,8 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
     check_grouped_dims(n, k, num_groups=e, max_rows=g.shape[0])
     lz = _offsets(offs, e, g.device, "g")
     v = _config.grouped_gemm_variant(variant)
+    if g.device.type == "cuda":   # an unbuilt arch first: NotImplementedError, whatever form is asked for
+        _runtime.require_served(g.device, "grouped_gemm_wgrad")
     form = _form(form, "wgrad", g.device)
     out = _out(out, (e, n, k), out_dtype, g.device, [("g", g), ("x", x), ("offs", offs)], "g")
     if workspace is not None and workspace is not _PER_STREAM:   # (the CPU path never uses it: any alignment)
@@ -197,7 +200,6 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
         _validate.no_overlap([("workspace", workspace)], [("g", g), ("x", x), ("offs", offs), ("out", out)])
     if g.device.type != "cuda":
         return _cpu_launch("wgrad", out, lambda: ref.wgrad(g, x, offs, lz))
-    _runtime.require_served(g.device, "grouped_gemm_wgrad")
     ext = _runtime.ext()
     if g.shape[0] == 0 or e == 0:  # no rows: dW is all zeros, no kernel needed
         return GroupedGemmLaunch("wgrad", None, g.device, out, (g, x, offs), pre=out.zero_)

@@ -85,7 +85,10 @@ class KeptPlans:
     def put(self, key: tuple, bound: Bound) -> None:
         if len(self._plans) >= MAX_KEPT:
             self._plans.clear()
-        self._plans[key] = bound
+        try:
+            self._plans[key] = bound
+        except TypeError:   # a field the checks let through but that cannot be a key: keep nothing
+            pass
 
     def clear(self) -> None:
         self._plans.clear()

@@ -245,6 +245,8 @@ class CakeMxfp4MoEWrapper:
             raise ValueError(f"device must be a CUDA device or the CPU, got {dev}")
         if dev.index is None:
             return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+        if torch.cuda.is_available() and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device must name one of the {torch.cuda.device_count()} CUDA devices, got {dev}")
         return dev
 
     # ------------------------------------------------------------------ host-only queries
