@@ -106,6 +106,13 @@ def _strides_served(t: torch.Tensor) -> bool:
     return True
 
 
+def _wgrad_out_dtype(out_dtype) -> torch.dtype:
+    """The weight gradient's output dtype: BF16 or FP32."""
+    if not isinstance(out_dtype, torch.dtype) or out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype!r}")
+    return out_dtype
+
+
 def _bf16(t, name: str, ndim: int, device=None, device_of: str | None = None) -> torch.Tensor:
     """A bf16 operand of ``ndim`` dims, 16-byte aligned, on ``device`` (that of ``device_of``) if
     given, else on a device the grouped GEMM runs on: a CUDA device, or the CPU (the reference)."""

@@ -7,7 +7,7 @@ import torch
 
 from .. import _config, _runtime, _validate
 from ..reference import grouped_gemm as ref
-from ._checks import _bf16, _form, _offsets, _outer, check_grouped_dims
+from ._checks import _bf16, _form, _offsets, _outer, _wgrad_out_dtype, check_grouped_dims
 
 _OPS = {"fwd": 0, "dgrad": 1, "wgrad": 2}
 _VARIANTS = {"det": 0, "fast": 1}
@@ -182,8 +182,7 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
     _bf16(x, "x", 2, g.device, "g")
     if g.shape[0] != x.shape[0]:
         raise ValueError(f"g and x must have the same rows, got {g.shape[0]} and {x.shape[0]}")
-    if out_dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
+    out_dtype = _wgrad_out_dtype(out_dtype)
     n, k = g.shape[1], x.shape[1]
     _validate.tensor(offs, "offs", dtypes=(torch.int32,), ndim=1, device=g.device, device_of="g")
     e = offs.numel() if num_groups is None else _validate.integer(num_groups, "num_groups")

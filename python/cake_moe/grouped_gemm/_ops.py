@@ -6,6 +6,7 @@ import torch
 from .. import _config, _library, _runtime, _validate
 from . import _launch
 from ._kept_launches import _keep, _kept, _kept_key, _kept_launch, _launch_kept, _one_shot
+from ._checks import _wgrad_out_dtype
 from ._launch import _PER_STREAM, prepare_grouped_gemm_dgrad, prepare_grouped_gemm_fwd, prepare_grouped_gemm_wgrad
 
 
@@ -38,9 +39,9 @@ def _wgrad_key(num_groups: int, out_dtype: torch.dtype, variant: str) -> tuple:
 
 def wgrad_impl(g, x, offs, num_groups, out_dtype, variant, out=None):
     v = _config.grouped_gemm_variant(variant)
-    num_groups = None if num_groups is None else _validate.integer(num_groups, "num_groups")  # (both go into
-    if not isinstance(out_dtype, torch.dtype):                                                # the cache's key)
-        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype!r}")
+    # both go into the cache's key: checked before it is looked up
+    num_groups = None if num_groups is None else _validate.integer(num_groups, "num_groups")
+    out_dtype = _wgrad_out_dtype(out_dtype)
     return _one_shot(_wgrad_key(num_groups, out_dtype, v), (g, x, offs), ("g", "x", "offs"), out,
                      lambda t, o: prepare_grouped_gemm_wgrad(t[0], t[1], t[2], o, out_dtype, num_groups, v,
                                                              workspace=_PER_STREAM),
