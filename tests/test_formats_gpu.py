@@ -306,7 +306,7 @@ def test_calls_never_make_the_host_wait():
 
 
 def test_sync_check_debug_mode_runs():
-    """CAKE_MOE_SYNC_CHECK=1 synchronises after every launch (but under graph capture); results
+    """CAKE_MOE_SYNC_CHECK=1 synchronises around every launch (but under graph capture); results
     are unchanged."""
     code = ("import torch, cake_moe; from cake_moe.reference import formats as ref;"
             "x = torch.randn(64, 256, device='cuda');"
@@ -317,3 +317,16 @@ def test_sync_check_debug_mode_runs():
             "exec('with torch.cuda.graph(g):\\n    cake_moe.formats.mxfp4_quantize(x, out=(q, s))');"
             "g.replay(); torch.cuda.synchronize(); assert torch.equal(q.cpu(), rq); print('ok')")
     assert run_python(code, CAKE_MOE_SYNC_CHECK="1").strip() == "ok"
+
+
+def test_sync_check_tells_an_earlier_fault_from_the_form():
+    """Under CAKE_MOE_SYNC_CHECK=1 a fault of torch's work queued before a cake form is reported as
+    coming before that form, not from it. The GPU sleeps first so that the fault lands after the
+    wrapper's own torch calls, at the form's synchronisation."""
+    code = ("import torch, cake_moe;"
+            "x = torch.randn(64, 256, device='cuda'); cake_moe.formats.mxfp4_quantize(x);"
+            "torch.cuda.synchronize(); bad = torch.tensor([1 << 40], device='cuda');"
+            "torch.cuda._sleep(200_000_000); x[bad];"
+            "exec('try:\n    cake_moe.formats.mxfp4_quantize(x)\nexcept RuntimeError as e:\n    print(e)')")
+    message = run_python(code, CAKE_MOE_SYNC_CHECK="1")
+    assert "queued before" in message and "mxfp4" in message, message

@@ -165,7 +165,8 @@ CUresult query_attribute(int device, CUdevice_attribute a, int* v) {
 
 int attribute(int device, CUdevice_attribute a, const char* what) {
   int v = 0;
-  check(query_attribute(device, a, &v), what);
+  const CUresult r = query_attribute(device, a, &v);
+  if (r != CUDA_SUCCESS) check(r, std::string(what) + " of cuda:" + std::to_string(device));
   return v;
 }
 

@@ -54,15 +54,23 @@ void launch(CUkernel kernel, const LaunchConfig& cfg, const void* args, const ch
   lc.attrs = n ? attrs : nullptr;
   lc.numAttrs = n;
   void* params[] = {const_cast<void*>(args)};
-  // A CUkernel is accepted wherever a CUfunction is; it resolves in the current context. The
-  // error text is built only on failure (no heap allocation on the launch path).
-  const CUresult r = driver().LaunchKernelEx(&lc, reinterpret_cast<CUfunction>(kernel), params, nullptr);
-  if (r != CUDA_SUCCESS) check(r, std::string("launch of ") + what);
   static const bool sync_check = [] {
     const char* v = std::getenv("CAKE_MOE_SYNC_CHECK");
     return v && v[0] == '1';
   }();
-  if (sync_check && driver().StreamSynchronize && !capturing(lc.hStream)) {
+  const bool sync = sync_check && driver().StreamSynchronize && !capturing(lc.hStream);
+  // Synchronising before the launch too tells a fault of earlier work on the stream (not a cake
+  // kernel: each of those was synchronised after its own launch) from one of this kernel.
+  if (sync) {
+    const CUresult s = driver().StreamSynchronize(lc.hStream);
+    if (s != CUDA_SUCCESS)
+      check(s, std::string("fault in work queued before ") + what + ", not in it (CAKE_MOE_SYNC_CHECK)");
+  }
+  // A CUkernel is accepted wherever a CUfunction is; it resolves in the current context. The
+  // error text is built only on failure (no heap allocation on the launch path).
+  const CUresult r = driver().LaunchKernelEx(&lc, reinterpret_cast<CUfunction>(kernel), params, nullptr);
+  if (r != CUDA_SUCCESS) check(r, std::string("launch of ") + what);
+  if (sync) {
     const CUresult s = driver().StreamSynchronize(lc.hStream);
     if (s != CUDA_SUCCESS) check(s, std::string("kernel fault in ") + what + " (CAKE_MOE_SYNC_CHECK)");
   }
@@ -78,8 +86,10 @@ void set_max_dynamic_smem(CUkernel kernel, int device, unsigned bytes) {
   const Driver& d = driver();
   CUdevice dev;
   check(d.DeviceGet(&dev, device), "cuDeviceGet");
-  check(d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(bytes), kernel, dev),
-        "cuKernelSetAttribute(max dynamic smem)");
+  const CUresult r = d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(bytes), kernel, dev);
+  if (r != CUDA_SUCCESS)
+    check(r, "cuKernelSetAttribute(max dynamic smem = " + std::to_string(bytes) + " bytes) on cuda:" +
+                 std::to_string(device));
   set[{kernel, device}] = bytes;
 }
 

@@ -18,8 +18,9 @@ struct LaunchConfig {
 
 // Launches `kernel` with one by-value argument struct (the kernels take a single
 // `const __grid_constant__ Args`). `what` names the op/form for error messages.
-// Debug mode: with CAKE_MOE_SYNC_CHECK=1 every launch synchronises its stream and a kernel fault
-// raises CudaError naming the form (never set it in production or under graph capture).
+// Debug mode: with CAKE_MOE_SYNC_CHECK=1 every launch synchronises its stream before and after,
+// and a kernel fault raises CudaError naming the form, or saying that work queued before the
+// form faulted (never set it in production; streams under graph capture are not synchronised).
 void launch(CUkernel kernel, const LaunchConfig& cfg, const void* args, const char* what);
 
 // Raises the kernel's dynamic shared-memory limit on `device` (needed above 48 KiB).
