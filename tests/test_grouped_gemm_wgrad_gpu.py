@@ -118,6 +118,10 @@ def test_wgrad_default_form_by_rows_per_group(variant):
         portable = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant=variant, form="gg_portable_wgrad")
         assert portable._keep[3] is None, "the portable form splits no K: no workspace"
         assert ref.rel_rms(portable.launch(), ref.wgrad(g, x, offs)) < BUDGET
+        other = "fast" if variant == "det" else "det"
+        for suffix in ("", "_c2"):
+            with pytest.raises(ValueError, match=f"is the {other} variant's wgrad; this call asks for variant '{variant}'"):
+                cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant=variant, form=f"gg_sm90_wgrad_{other}{suffix}")
 
 
 def test_wgrad_det_bits_do_not_depend_on_the_workspace_size():
