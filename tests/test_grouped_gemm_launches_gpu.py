@@ -202,3 +202,27 @@ def test_prepared_zero_unrouted_rows_follows_new_offsets(op, form, leading_zero,
     none = prepare(a, w[:0], offs[:int(leading_zero)], form=name, zero_unrouted_rows=True)
     poison_(none.out)
     assert not none.launch().view(torch.int16).any(), "no group: every row is +0"
+
+
+def test_prepared_launch_on_another_stream_keeps_its_buffers_from_the_allocator():
+    """A launch prepared on one stream and run on another records that stream on the buffers it
+    allocated (out, the wgrad's workspace): dropped while the other stream still runs, they are
+    not handed out again on the preparing stream until it is done. The other stream sleeps first
+    so that the wgrad is still queued when the launch goes."""
+    x, w, g, offs = problem([2048, 0, 1500, 2600], 256, 512, seed=5, pad=0)
+    want = ref.wgrad(g, x, offs)
+    launch = cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant="det", form="gg_sm90_wgrad_det")
+    ws, out = launch._keep[3], launch.out
+    assert ws is not None and ws.numel() > 0, "the splitting form owns a workspace"
+    spots = {t.data_ptr(): t.numel() * t.element_size() for t in (ws, out)}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        launch.launch()
+        kept = out.clone()      # on the side stream, after the wgrad
+    del launch, ws, out
+    again = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in spots.values()]
+    assert not {t.data_ptr() for t in again} & spots.keys(), "a buffer in use on the side stream was handed out"
+    side.synchronize()
+    check_dw(kept, want)

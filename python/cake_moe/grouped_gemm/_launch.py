@@ -17,9 +17,16 @@ class GroupedGemmLaunch:
     """A prepared grouped GEMM: arguments validated, form chosen, kernel parameters (tensor maps
     included) encoded once. :meth:`launch` enqueues on the current stream: it allocates nothing,
     never synchronises, may be captured in a CUDA graph, and reads the offsets and values that
-    are in the bound tensors at run time (write new ones in place between launches)."""
+    are in the bound tensors at run time (write new ones in place between launches).
 
-    def __init__(self, op: str, plan, device: torch.device, out: torch.Tensor, keep: tuple, pre=None, cpu=None):
+    The buffers the launch allocated itself (``out`` where none was given, the wgrad's
+    workspace) are allocated on the stream current at prepare time; a launch on another stream
+    records that stream on them (``Tensor.record_stream``), so the allocator does not hand
+    them out again before that stream's work is done. Keep the launch alive as long as a CUDA
+    graph that captured it may replay."""
+
+    def __init__(self, op: str, plan, device: torch.device, out: torch.Tensor, keep: tuple, pre=None, cpu=None,
+                 owned: tuple = ()):
         self.op = op
         self.out = out
         self._plan = plan
@@ -27,6 +34,9 @@ class GroupedGemmLaunch:
         self._keep = keep      # the bound tensors stay alive as long as the launch
         self._pre = pre        # an in-place fill that must precede the kernel (empty wgrad)
         self._cpu = cpu        # CPU tensors: the reference computes the result
+        # the tensors allocated for this launch, and the streams their allocator knows of
+        self._owned = tuple(t for t in owned if t is not None)
+        self._streams = {_runtime.stream_handle(device)} if self._owned else set()
 
     @property
     def form(self) -> str:
@@ -36,10 +46,16 @@ class GroupedGemmLaunch:
     def launch(self) -> torch.Tensor:
         if self._cpu is not None:
             return self._cpu()
+        stream = _runtime.stream_handle(self._device)
+        if self._owned and stream not in self._streams:
+            current = torch.cuda.current_stream(self._device)
+            for t in self._owned:
+                t.record_stream(current)
+            self._streams.add(stream)
         if self._pre is not None:
             self._pre()
         if self._plan is not None:
-            self._plan.launch(_runtime.stream_handle(self._device))
+            self._plan.launch(stream)
         return self.out
 
     def __repr__(self) -> str:
@@ -132,6 +148,7 @@ def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str, zero_unro
         raise ValueError(f"{a_name} has {a.shape[1]} columns but w has {'K' if op == 'fwd' else 'N'}={a_cols}")
     check_grouped_dims(n, k, num_groups=e, max_rows=a.shape[0])
     lz = _offsets(offs, e, a.device, a_name)
+    fresh_out = out is None
     out = _out(out, (a.shape[0], out_cols), torch.bfloat16, a.device, [(a_name, a), ("w", w), ("offs", offs)], a_name)
     if a.device.type != "cuda":
         reference = ref.fwd if op == "fwd" else ref.dgrad
@@ -139,7 +156,7 @@ def _prepare_rows_op(op: str, a, a_name: str, w, offs, out, form: str, zero_unro
     plan = _runtime.ext().grouped_gemm_prepare(_OPS[op], 0, a.device.index, a.data_ptr(), _outer(a, 0), w.data_ptr(),
                                                _outer(w, 1), _outer(w, 0), out.data_ptr(), offs.data_ptr(), lz, e, n,
                                                k, a.shape[0], False, 0, 0, form, zero_unrouted_rows=zero)
-    return GroupedGemmLaunch(op, plan, a.device, out, (a, w, offs))
+    return GroupedGemmLaunch(op, plan, a.device, out, (a, w, offs), owned=(out,) if fresh_out else ())
 
 
 def prepare_grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None,
@@ -192,6 +209,7 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
     if g.device.type == "cuda":   # an unbuilt arch first: NotImplementedError, whatever form is asked for
         _runtime.require_served(g.device, "grouped_gemm_wgrad")
     form = _form(form, "wgrad", g.device)
+    fresh_out = out is None
     out = _out(out, (e, n, k), out_dtype, g.device, [("g", g), ("x", x), ("offs", offs)], "g")
     if workspace is not None and workspace is not _PER_STREAM:   # (the CPU path never uses it: any alignment)
         _validate.tensor(workspace, "workspace", dtypes=(torch.uint8,), device=g.device, device_of="g",
@@ -201,7 +219,8 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
         return _cpu_launch("wgrad", out, lambda: ref.wgrad(g, x, offs, lz))
     ext = _runtime.ext()
     if g.shape[0] == 0 or e == 0:  # no rows: dW is all zeros, no kernel needed
-        return GroupedGemmLaunch("wgrad", None, g.device, out, (g, x, offs), pre=out.zero_)
+        return GroupedGemmLaunch("wgrad", None, g.device, out, (g, x, offs), pre=out.zero_,
+                                 owned=(out,) if fresh_out else ())
     nbytes = ext.grouped_gemm_workspace_bytes(_OPS["wgrad"], _VARIANTS[v], e, n, k, g.shape[0],
                                               out_dtype == torch.float32, g.device.index or 0, form)
     if workspace is None:
@@ -216,4 +235,5 @@ def prepare_grouped_gemm_wgrad(g: torch.Tensor, x: torch.Tensor, offs: torch.Ten
                                     x.data_ptr(), _outer(x, 0), 0, out.data_ptr(), offs.data_ptr(), lz, e, n, k,
                                     g.shape[0], out_dtype == torch.float32, ws.data_ptr() if ws is not None else 0,
                                     nbytes if ws is not None else 0, form)   # a larger buffer: the same split
-    return GroupedGemmLaunch("wgrad", plan, g.device, out, (g, x, offs, ws))
+    owned = ((out,) if fresh_out else ()) + ((ws,) if workspace is None else ())
+    return GroupedGemmLaunch("wgrad", plan, g.device, out, (g, x, offs, ws), owned=owned)

@@ -74,8 +74,8 @@ class Mxfp4MoEPlan:
         """The tile form of the last run: ``decision.tile``, or where the decision names an
         ``alt_tile``, the one of the two that the routing kernel chose from that run's route
         counts, or ``"TILE+ALT"`` where it ran both (the width per expert, ``split_width``).
-        Reads the workspace, so it waits for the device: for diagnostics and benchmarks, not for
-        the serving path."""
+        Reads the workspace, so it waits for the device (every stream of it, whichever ran the
+        plan): for diagnostics and benchmarks, not for the serving path."""
         if not self.decision.alt_tile or self._workspace is None or self._choice_at is None:
             return self.decision.tile
         choice_at, alt_choice_at = self._choice_at
@@ -89,6 +89,8 @@ class Mxfp4MoEPlan:
 
     def _word(self, at: int) -> int:
         assert self._workspace is not None
+        if self._workspace.is_cuda:
+            torch.cuda.synchronize(self._workspace.device)
         return int(self._workspace[at:at + 4].view(torch.int32).item())   # synchronises
 
     def _check_ids(self) -> None:
