@@ -91,6 +91,28 @@ def test_prepared_launch_and_graph_on_the_second_device():
     assert _same(out, want), "graph replay on cuda:1 differs from an eager call on cuda:0"
 
 
+def test_capture_on_the_second_device_is_seen_from_the_first():
+    """A capture on device 1's stream is a capture for a wgrad on device 1's tensors while
+    device 0 is current: the one-shot call keeps no launch and takes a workspace of its own
+    (not the eager per-stream one), and the replay gives the eager bits."""
+    x, _, g, offs = _grouped_inputs(D1)
+    want = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")
+    with torch.cuda.device(D1):
+        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.graph(graph, stream=side):
+            assert cake_moe._runtime.capturing(D1)
+            with torch.cuda.device(D0):
+                assert cake_moe._runtime.capturing(D1) and not cake_moe._runtime.capturing(D0)
+                kept = len(cake_moe.grouped_gemm._kept_launches._kept)
+                dw = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")
+                assert len(cake_moe.grouped_gemm._kept_launches._kept) == kept, "a launch kept during capture"
+    poison_(dw)
+    with torch.cuda.device(D1):
+        graph.replay()
+    torch.cuda.synchronize(D1)
+    assert torch.equal(dw, want)
+
+
 def test_autograd_step_on_the_second_device():
     """An autograd step on device 1's tensors with device 0 current (the backward runs on
     autograd's thread for that device): y, x.grad and w.grad give device 0's bits (rows past the

@@ -286,8 +286,11 @@ def test_plan_accepts_the_prepared_dict():
 
 
 def test_plan_refused_during_capture(monkeypatch):
+    """plan() refuses while the wrapper's device captures a graph on its current stream, asked
+    of that device (not of the current one); the check comes before any other."""
     w, a = plan_args()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    asked = []
+    monkeypatch.setattr(_runtime, "capturing", lambda device: asked.append(device) or True)
     with pytest.raises(RuntimeError, match="captur"):
         call(w, a)
+    assert asked == [w.device] and w.device.type == "cuda"

@@ -103,6 +103,17 @@ def stream_handle(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream of CUDA `device` (the one its launches go to) captures a CUDA
+    graph; ``torch.cuda.is_current_stream_capturing`` asks about the current device's stream."""
+    if not torch.cuda.is_available():
+        return False
+    if device.index is None or device.index == torch.cuda.current_device():
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(device.index):
+        return torch.cuda.is_current_stream_capturing()
+
+
 KEEP_SWITCH = "CAKE_MOE_ONE_SHOT_CACHE"
 
 

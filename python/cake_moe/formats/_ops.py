@@ -67,7 +67,7 @@ def _global_scale(g, device) -> torch.Tensor:
     _validate.tensor(g, "global_scale", dtypes=(torch.float32,), device=device, contiguous=False)
     if g.numel() != 1:
         raise ValueError(f"global_scale must have one element, got shape {tuple(g.shape)}")
-    if _runtime.env("CAKE_MOE_CHECK") == "1" and not (g.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if _runtime.env("CAKE_MOE_CHECK") == "1" and not (g.is_cuda and _runtime.capturing(g.device)):
         value = float(g.reshape(()).item())   # synchronises
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"global_scale must be positive and finite, got {value} (CAKE_MOE_CHECK=1)")

@@ -44,7 +44,7 @@ def _kept_key(key: tuple, tensors: tuple, out, per_stream: bool = False) -> tupl
     graph capture)."""
     if (not all(map(_is_cuda, tensors)) or (out is not None and not _is_cuda(out))
             or not _runtime.keeps_bound_work()
-            or (per_stream and torch.cuda.is_current_stream_capturing())):
+            or (per_stream and _runtime.capturing(tensors[0].device))):
         return None
     stream = _runtime.stream_handle(tensors[0].device) if per_stream else None
     return (*key, stream, *map(_identity, tensors), None if out is None else _identity(out),

@@ -75,7 +75,7 @@ def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
     streams; a launch prepared during graph capture owns a fresh one."""
     if nbytes == 0:
         return None
-    if torch.cuda.is_current_stream_capturing():
+    if _runtime.capturing(device):
         return torch.zeros(nbytes, dtype=torch.uint8, device=device)
     key = (device.index, _runtime.stream_handle(device))
     ws = _workspaces.get(key)

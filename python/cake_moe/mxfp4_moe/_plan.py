@@ -12,8 +12,8 @@ from ._prepare import scale_code_max
 _BIG_SCALE_CODE = 128   # codes above need the two-multiply conversion (weight_fragments.cuh kBigScaleCode)
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and _runtime.capturing(device)
 
 
 def _check_mode() -> bool:
@@ -117,7 +117,7 @@ class Mxfp4MoEPlan:
             # when a compiled step writes new tokens into x
             torch.ops.cake_moe.mxfp4_moe_run(self._number, _runtime.as_bytes(self._x), *self._inputs[1:], self.output)
             return self.output
-        if _check_mode() and not _capturing():
+        if _check_mode() and not _capturing(self._device):
             self._check_ids()
             self._check_code_max()
         self._plan.run(0 if self._reference else _runtime.stream_handle(self._device))

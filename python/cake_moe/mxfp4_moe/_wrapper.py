@@ -377,7 +377,7 @@ class CakeMxfp4MoEWrapper:
         checks and the binding and returns a plan around the one bound before, so eager code may
         plan every step on its buffers (``CAKE_MOE_ONE_SHOT_CACHE=0``: check and bind every call).
         """
-        if _capturing():
+        if _capturing(self.device):
             raise RuntimeError("CakeMxfp4MoEWrapper.plan() cannot run during CUDA graph capture: plan outside "
                                "the capture and capture plan.run()")
         if beta is None or linear_beta is None:
