@@ -327,6 +327,6 @@ def test_sync_check_tells_an_earlier_fault_from_the_form():
             "x = torch.randn(64, 256, device='cuda'); cake_moe.formats.mxfp4_quantize(x);"
             "torch.cuda.synchronize(); bad = torch.tensor([1 << 40], device='cuda');"
             "torch.cuda._sleep(200_000_000); x[bad];"
-            "exec('try:\n    cake_moe.formats.mxfp4_quantize(x)\nexcept RuntimeError as e:\n    print(e)')")
+            "exec('try:\\n    cake_moe.formats.mxfp4_quantize(x)\\nexcept RuntimeError as e:\\n    print(e)')")
     message = run_python(code, CAKE_MOE_SYNC_CHECK="1")
     assert "queued before" in message and "mxfp4" in message, message
