@@ -56,7 +56,7 @@ def stub_kernels() -> None:
     """CPU tensors take the CUDA path, whose preparation binds a launch that does nothing."""
     _kept_launches._is_cuda = lambda t: isinstance(t, torch.Tensor)
     _runtime.stream_handle = lambda device: 0
-    torch.cuda.is_current_stream_capturing = lambda: False
+    _runtime.capturing = lambda device: False
     _ops.prepare_grouped_gemm_fwd = lambda x, w, offs, out, zero_unrouted_rows=False: _stub_launch(
         "fwd", torch.empty(x.shape[0], w.shape[1], dtype=x.dtype), x.device)
     _ops.prepare_grouped_gemm_dgrad = lambda g, w, offs, out, zero_unrouted_rows=False: _stub_launch(

@@ -290,6 +290,7 @@ def test_plan_refused_during_capture(monkeypatch):
     of that device (not of the current one); the check comes before any other."""
     w, a = plan_args()
     asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(_runtime, "capturing", lambda device: asked.append(device) or True)
     with pytest.raises(RuntimeError, match="captur"):
         call(w, a)

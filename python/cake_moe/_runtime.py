@@ -103,12 +103,16 @@ def stream_handle(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+_current_index = getattr(torch._C, "_cuda_getDevice", None)  # absent from CPU-only builds
+
+
 def capturing(device: torch.device) -> bool:
     """Whether the current stream of CUDA `device` (the one its launches go to) captures a CUDA
-    graph; ``torch.cuda.is_current_stream_capturing`` asks about the current device's stream."""
-    if not torch.cuda.is_available():
-        return False
-    if device.index is None or device.index == torch.cuda.current_device():
+    graph; ``torch.cuda.is_current_stream_capturing`` asks about the current device's stream.
+    (The raw device query skips torch.cuda.current_device's initialisation check: it runs in
+    every one-shot wgrad's key.)"""
+    current = _current_index() if _current_index is not None else torch.cuda.current_device()
+    if device.index is None or device.index == current:
         return torch.cuda.is_current_stream_capturing()
     with torch.cuda.device(device.index):
         return torch.cuda.is_current_stream_capturing()

@@ -13,7 +13,7 @@ _BIG_SCALE_CODE = 128   # codes above need the two-multiply conversion (weight_f
 
 
 def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and _runtime.capturing(device)
+    return device.type == "cuda" and torch.cuda.is_available() and _runtime.capturing(device)
 
 
 def _check_mode() -> bool:
