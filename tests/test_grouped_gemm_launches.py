@@ -55,7 +55,7 @@ def launches_stood_in(monkeypatch):
     monkeypatch.setattr(_kept_launches, "_is_cuda", lambda t: isinstance(t, torch.Tensor))
     stream = [7]
     monkeypatch.setattr(_runtime, "stream_handle", lambda device: stream[0])
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(_runtime, "capturing", lambda device: False)
     monkeypatch.delenv("CAKE_MOE_ONE_SHOT_CACHE", raising=False)
     monkeypatch.delenv("CAKE_MOE_GG_SPLIT_TAIL", raising=False)
     cake_moe.release()
