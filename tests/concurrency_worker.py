@@ -58,13 +58,13 @@ def main(threads: int, repeats: int) -> None:
     }
     results: dict[str, list[torch.Tensor]] = {op: [] for op in OPS}
     lock = threading.Lock()
-    start = threading.Barrier(threads)
+    start = threading.Barrier(threads, timeout=300)
     errors: list[BaseException] = []
 
     def worker(i: int) -> None:
         op = OPS[i % len(OPS)]
-        stream = torch.cuda.Stream()
         try:
+            stream = torch.cuda.Stream()
             with torch.cuda.stream(stream):
                 start.wait()
                 if op == "moe":
@@ -81,6 +81,7 @@ def main(threads: int, repeats: int) -> None:
                 results[op].extend(mine)
         except BaseException as e:  # reported by the main thread
             errors.append(e)
+            start.abort()   # the others stop waiting for this thread
 
     pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
     for t in pool:

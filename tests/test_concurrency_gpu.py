@@ -22,7 +22,8 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "concurrency_w
 
 @pytest.mark.parametrize("threads, repeats", [(10, 6)])
 def test_threads_on_their_own_streams_give_one_threads_bits(threads, repeats):
-    out = subprocess.run([sys.executable, WORKER, str(threads), str(repeats)], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, WORKER, str(threads), str(repeats)], capture_output=True, text=True,
+                         timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     forms = report["wgrad_forms"]

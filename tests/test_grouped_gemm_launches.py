@@ -151,6 +151,29 @@ def test_one_shot_keying_with_launches_stood_in(launches_stood_in, monkeypatch):
     assert not _kept_launches._kept
 
 
+def test_per_thread_default_stream_keys_the_wgrad_by_thread(launches_stood_in):
+    """The per-thread default stream's handle (2, through torch.cuda.ExternalStream) is the same
+    on every thread and a different stream on each: a one-shot wgrad kept per stream is kept
+    per thread there (each thread's own workspace), while another handle is one stream for all."""
+    import threading
+    prepared, stream = launches_stood_in
+    _, _, g, offs = cpu_problem([3, 0, 5], n=16, k=32)
+    x = torch.randn(g.shape[0], 32).to(torch.bfloat16)
+
+    def twice_on_another_thread():
+        worker = threading.Thread(target=lambda: [cake_moe.grouped_gemm_wgrad(g, x, offs) for _ in range(2)])
+        worker.start()
+        worker.join()
+
+    for handle, wgrads in ((2, ["wgrad", "wgrad"]), (7, ["wgrad"])):
+        stream[0] = handle
+        del prepared[:]
+        cake_moe.grouped_gemm_wgrad(g, x, offs)
+        cake_moe.grouped_gemm_wgrad(g, x, offs)
+        twice_on_another_thread()
+        assert prepared == wgrads, handle
+
+
 def test_a_large_models_step_keeps_every_launch(launches_stood_in):
     """A training step of a deep MoE model (here 64 layers, each with a w13 and a w2 grouped_mm)
     keeps every one of its launches (fwd, dgrad, wgrad and the backward's pair: 8 a layer):

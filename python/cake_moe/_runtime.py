@@ -9,6 +9,7 @@ import functools
 import importlib.util
 import json
 import os
+import threading
 from typing import Any
 
 import torch
@@ -101,6 +102,16 @@ def stream_handle(device: torch.device) -> int:
     if _raw_stream is not None:
         return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
     return torch.cuda.current_stream(device).cuda_stream
+
+
+_PER_THREAD_STREAM = 2   # CU_STREAM_PER_THREAD (cudaStreamPerThread)
+
+
+def stream_thread(handle: int | None) -> int | None:
+    """What a cache keyed by stream handle must add to the key: the thread for the per-thread
+    default stream's handle (the same on every thread, a different stream on each; reachable
+    through ``torch.cuda.ExternalStream``), else None."""
+    return threading.get_ident() if handle == _PER_THREAD_STREAM else None
 
 
 _current_index = getattr(torch._C, "_cuda_getDevice", None)  # absent from CPU-only builds

@@ -48,7 +48,7 @@ def _kept_key(key: tuple, tensors: tuple, out, per_stream: bool = False) -> tupl
         return None
     stream = _runtime.stream_handle(tensors[0].device) if per_stream else None
     return (*key, stream, *map(_identity, tensors), None if out is None else _identity(out),
-            *map(_runtime.env, _PREPARE_SWITCHES))
+            *map(_runtime.env, _PREPARE_SWITCHES), _runtime.stream_thread(stream))
 
 
 def _kept_launch(key: tuple, tensors: tuple, per_stream: bool = False) -> tuple | None:

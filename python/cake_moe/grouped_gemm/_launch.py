@@ -66,7 +66,7 @@ class GroupedGemmLaunch:
 # per-stream workspaces of the wgrad split-K reduction
 # ---------------------------------------------------------------------------------------------
 
-_workspaces: dict[tuple[int, int], torch.Tensor] = {}
+_workspaces: dict[tuple[int, int, int | None], torch.Tensor] = {}
 _PER_STREAM = object()  # one-shot calls: the cached workspace of the current stream
 
 
@@ -77,7 +77,8 @@ def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
         return None
     if _runtime.capturing(device):
         return torch.zeros(nbytes, dtype=torch.uint8, device=device)
-    key = (device.index, _runtime.stream_handle(device))
+    stream = _runtime.stream_handle(device)
+    key = (device.index, stream, _runtime.stream_thread(stream))
     ws = _workspaces.get(key)
     if ws is None or ws.numel() < nbytes:
         ws = torch.zeros(nbytes, dtype=torch.uint8, device=device)
