@@ -65,9 +65,8 @@ std::unique_ptr<Launch> prepare_form(const Problem& p) {
     const Variant other = p.variant == Variant::kDet ? Variant::kFast : Variant::kDet;
     for (const bool pair : {false, true})
       if (p.op == Op::kWgrad && p.form == sm90_wgrad_form(other, pair))
-        throw ValueError("form '" + p.form + "' is the " + (other == Variant::kFast ? "fast" : "det") +
-                         " variant's wgrad; this call asks for variant '" +
-                         (p.variant == Variant::kFast ? "fast" : "det") + "'");
+        throw ValueError("form '" + p.form + "' is the " + variant_name(other) +
+                         " variant's wgrad; this call asks for variant '" + variant_name(p.variant) + "'");
   }
   throw ValueError("form '" + p.form + "' does not serve grouped GEMM " + op + " on sm_" +
                    runtime::device_arch(p.device) + " (see `cake-moe info`)");

@@ -10,6 +10,9 @@ namespace cake_moe::grouped_gemm {
 enum class Op : int { kFwd = 0, kDgrad = 1, kWgrad = 2 };
 enum class Variant : int { kDet = 0, kFast = 1 };
 
+// The name Python gives the variant ("det" / "fast"), as form names and messages spell it.
+inline const char* variant_name(Variant v) { return v == Variant::kFast ? "fast" : "det"; }
+
 struct Problem {
   Op op = Op::kFwd;
   Variant variant = Variant::kDet;  // only the wgrad has a fast form

@@ -85,7 +85,7 @@ class Sm90WgradLaunch final : public BoundKernel<sm90::GroupedGemmWgradParams> {
 }  // namespace
 
 std::string sm90_wgrad_form(Variant variant, bool pair) {
-  return std::string("gg_sm90_wgrad_") + (variant == Variant::kFast ? "fast" : "det") + (pair ? "_c2" : "");
+  return std::string("gg_sm90_wgrad_") + variant_name(variant) + (pair ? "_c2" : "");
 }
 
 int64_t sm90_wgrad_workspace_bytes(int device) {
