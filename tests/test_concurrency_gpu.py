@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "concurrency_worker.py")
 
 
-@pytest.mark.parametrize("threads, repeats", [(10, 6)])
+@pytest.mark.parametrize("threads, repeats", [(20, 4)])
 def test_threads_on_their_own_streams_give_one_threads_bits(threads, repeats):
     out = subprocess.run([sys.executable, WORKER, str(threads), str(repeats)], capture_output=True, text=True,
                          timeout=900)
@@ -28,7 +28,12 @@ def test_threads_on_their_own_streams_give_one_threads_bits(threads, repeats):
     report = json.loads(out.stdout.strip().splitlines()[-1])
     forms = report["wgrad_forms"]
     assert forms["wgrad"].endswith("_c2") and not forms["wgrad_split"].endswith("_c2"), forms
-    for op, digests in report["threaded"].items():
-        assert report["finite"][op], f"{op}: the single-thread result is not finite and nonzero"
-        assert len(digests) == repeats * (threads // len(report["threaded"])), f"{op}: missing results"
-        assert set(digests) == {report["serial"][op]}, f"{op}: a threaded call differs from one thread's"
+    sets = len(report["serial"]["fwd"])
+    for op, per_set in report["threaded"].items():
+        serial = report["serial"][op]
+        assert report["finite"][op], f"{op}: a single-thread result is not finite and nonzero"
+        assert len(set(serial)) == sets, f"{op}: the input sets give the same bits, so a swap would not show"
+        assert report["kept"][op] == serial, f"{op}: the launches the threads kept give other bits"
+        for s, digests in enumerate(per_set):
+            assert len(digests) == repeats * (threads // (len(report["threaded"]) * sets)), f"{op}: missing results"
+            assert set(digests) == {serial[s]}, f"{op}: a threaded call on input set {s} differs from one thread's"
