@@ -1,5 +1,5 @@
 """GPU tests of what family B's plan() refuses (SPEC §7, §10): capture, another SM count,
-out-of-range ids in debug mode, tile forms outside their domain, bad tensors."""
+out-of-range ids and unordered runs on a shared workspace in debug mode, tile forms outside their domain, bad tensors."""
 from __future__ import annotations
 
 import pytest
@@ -42,6 +42,37 @@ def test_debug_mode_refuses_out_of_range_ids(layers, monkeypatch):
         layer.run(make_case(layer.geom, 17, "oob", seed=51))
     case = make_case(layer.geom, 17, seed=52)
     check_output(case, layer.run(case), reference(case, layer.bank))
+
+
+def test_debug_mode_refuses_an_unordered_run_on_a_shared_workspace(layers, monkeypatch):
+    """CAKE_MOE_CHECK=1: a plan whose workspace's last run (another plan's, on a side stream) is
+    still going while its own stream has synchronised refuses to run and launches nothing; once
+    its stream waits for the side stream, it runs. (A wait queued between the first plan's
+    checks and its launches keeps that run going: its checks synchronise the side stream.)"""
+    layer = layers("h256_e8_k2")
+    workspace = layer.workspace(17)
+    first, second = make_case(layer.geom, 17, seed=53), make_case(layer.geom, 17, seed=54)
+    plan_a, out_a = layer.plan(first, workspace=workspace)
+    plan_b, out_b = layer.plan(second, workspace=workspace)
+    monkeypatch.setenv("CAKE_MOE_CHECK", "1")
+    checks = plan_a._check_workspace_order
+    monkeypatch.setattr(plan_a, "_check_workspace_order", lambda: (checks(), torch.cuda._sleep(int(4e8))))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    out_a.fill_(float("nan"))
+    out_b.fill_(float("nan"))
+    with torch.cuda.stream(side):
+        plan_a.run()
+    with pytest.raises(RuntimeError, match="share a workspace must run in order"):
+        plan_b.run()
+    torch.cuda.synchronize()
+    assert out_b.isnan().all(), "a refused run wrote its output"
+    check_output(first, out_a, reference(first, layer.bank))
+    with torch.cuda.stream(side):
+        plan_a.run()
+    torch.cuda.current_stream().wait_stream(side)   # ordered: accepted
+    plan_b.run()
+    check_output(second, out_b, reference(second, layer.bank))
 
 
 def _output_in_workspace(a: dict) -> None:

@@ -21,6 +21,14 @@ def _check_mode() -> bool:
     return _runtime.env("CAKE_MOE_CHECK") == "1"
 
 
+# Debug mode's record of each workspace's last run: (device index, address) -> an event recorded
+# after it. A run that finds that event still pending after its own checks synchronised its
+# stream is not ordered after that run (plans sharing a workspace must not run at once). Emptied
+# when full: a forgotten workspace only loses the check of its next run.
+_MAX_WORKSPACE_RUNS = 1024
+_workspace_runs: dict[tuple[int, int], torch.cuda.Event] = {}
+
+
 # x, x_sf, topk_ids, topk_weights (None: packed routes)
 _Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
 
@@ -32,13 +40,16 @@ class Mxfp4MoEPlan:
     allocation, no host synchronisation, capturable in a CUDA graph. It reads the values in the
     bound tensors at run time, so new tokens, routes or weights written in place are picked up
     by the next run (or replay); new scales need their largest codes (``w1_sf_max`` /
-    ``w2_sf_max``, when bound) written too.
+    ``w2_sf_max``, when bound) written too. Plans that share a workspace must run in order:
+    on one stream, or on streams ordered by events.
     Under ``torch.compile`` :meth:`run` is the op ``cake_moe::mxfp4_moe_run`` (``fullgraph=True``
     works); a plan made on a CPU wrapper runs the FP64 reference instead of the kernels.
 
     With ``CAKE_MOE_CHECK=1`` in the environment (a debug mode), every run outside graph
     capture first synchronises and raises ValueError if an expert id is outside [0, E), or if a
-    bound largest code says <= 128 for an expert whose scales hold a larger one.
+    bound largest code says <= 128 for an expert whose scales hold a larger one, and
+    RuntimeError if the last run on its workspace (by any plan, on another stream) has not
+    finished although the current stream has (the two runs are not ordered).
     """
 
     def __init__(self, plan, *, decision: PlanDecision, device: torch.device, num_tokens: int, num_experts: int,
@@ -109,6 +120,25 @@ class Mxfp4MoEPlan:
                                  "code: after writing new scales, write their largest codes too (the "
                                  f"{name} of a new prepare_cake_mxfp4_weights) (CAKE_MOE_CHECK=1)")
 
+    def _check_workspace_order(self) -> None:
+        """After a check synchronised the current stream: the workspace's last run must be done."""
+        if self._workspace is None or not self._workspace.is_cuda:
+            return
+        last = _workspace_runs.get((self._workspace.get_device(), self._workspace.data_ptr()))
+        if last is not None and not last.query():
+            raise RuntimeError("the last run on this plan's workspace (on another stream) has not finished and the "
+                               "current stream does not wait for it: plans that share a workspace must run in "
+                               "order, on one stream or on streams ordered by events (CAKE_MOE_CHECK=1)")
+
+    def _note_workspace_run(self) -> None:
+        if self._workspace is None or not self._workspace.is_cuda:
+            return
+        if len(_workspace_runs) >= _MAX_WORKSPACE_RUNS:
+            _workspace_runs.clear()
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self._workspace.device))
+        _workspace_runs[(self._workspace.get_device(), self._workspace.data_ptr())] = done
+
     def run(self) -> torch.Tensor:
         """Enqueue the layer on the current stream; returns the bound output tensor."""
         if torch.compiler.is_compiling():
@@ -117,10 +147,14 @@ class Mxfp4MoEPlan:
             # when a compiled step writes new tokens into x
             torch.ops.cake_moe.mxfp4_moe_run(self._number, _runtime.as_bytes(self._x), *self._inputs[1:], self.output)
             return self.output
-        if _check_mode() and not _capturing(self._device):
-            self._check_ids()
+        checking = _check_mode() and not _capturing(self._device)
+        if checking:
+            self._check_ids()          # these synchronise the current stream
             self._check_code_max()
+            self._check_workspace_order()
         self._plan.run(0 if self._reference else _runtime.stream_handle(self._device))
+        if checking:
+            self._note_workspace_run()
         return self.output
 
     def run_with(self, x: torch.Tensor, x_sf: torch.Tensor, topk_ids: torch.Tensor,

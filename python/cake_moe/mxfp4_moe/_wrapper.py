@@ -368,7 +368,8 @@ class CakeMxfp4MoEWrapper:
         shapes and dtypes (only the row order differs), so nothing can refuse it, and it gives
         wrong results; pass the dict to have its layout checked. The plan binds the tensors'
         memory: write new values in place, never ``set_`` or ``resize_`` a bound tensor. Plans
-        that share a workspace must not run at the same time (on two streams), and
+        that share a workspace must not run at the same time (on two streams unordered by
+        events; ``CAKE_MOE_CHECK=1`` refuses such a run where it finds the other still going), and
         :meth:`Mxfp4MoEPlan.last_tile` reads the workspace, so it describes the last run of any
         plan bound to it.
 
