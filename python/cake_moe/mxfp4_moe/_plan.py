@@ -71,6 +71,9 @@ class Mxfp4MoEPlan:
         # byte offsets in the workspace of the int32 naming the pair the routing kernel chose and,
         # with the width per expert, of the alt pair's word (0: it ran); read by last_tile() only
         self._workspace, self._choice_at = workspace, choice_at
+        # its key in _workspace_runs (debug mode), None without a CUDA workspace
+        self._workspace_key = ((workspace.get_device(), workspace.data_ptr())
+                               if workspace is not None and workspace.is_cuda else None)
         self.decision = decision
         self.num_tokens = num_tokens
         self.output = output
@@ -122,22 +125,20 @@ class Mxfp4MoEPlan:
 
     def _check_workspace_order(self) -> None:
         """After a check synchronised the current stream: the workspace's last run must be done."""
-        if self._workspace is None or not self._workspace.is_cuda:
-            return
-        last = _workspace_runs.get((self._workspace.get_device(), self._workspace.data_ptr()))
+        last = _workspace_runs.get(self._workspace_key) if self._workspace_key is not None else None
         if last is not None and not last.query():
             raise RuntimeError("the last run on this plan's workspace (on another stream) has not finished and the "
                                "current stream does not wait for it: plans that share a workspace must run in "
                                "order, on one stream or on streams ordered by events (CAKE_MOE_CHECK=1)")
 
     def _note_workspace_run(self) -> None:
-        if self._workspace is None or not self._workspace.is_cuda:
+        if self._workspace_key is None:
             return
         if len(_workspace_runs) >= _MAX_WORKSPACE_RUNS:
             _workspace_runs.clear()
         done = torch.cuda.Event()
-        done.record(torch.cuda.current_stream(self._workspace.device))
-        _workspace_runs[(self._workspace.get_device(), self._workspace.data_ptr())] = done
+        done.record(torch.cuda.current_stream(self._device))
+        _workspace_runs[self._workspace_key] = done
 
     def run(self) -> torch.Tensor:
         """Enqueue the layer on the current stream; returns the bound output tensor."""
