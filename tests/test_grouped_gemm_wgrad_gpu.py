@@ -143,6 +143,37 @@ def test_wgrad_det_bits_do_not_depend_on_the_workspace_size():
         cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, out=out, variant="det", workspace=ws)
 
 
+def test_one_shot_wgrad_keeps_the_workspaces_of_the_last_eight_streams():
+    """A loop that takes a new stream each step (torch's pool hands its streams out in turn)
+    keeps the workspaces of the 8 streams used last; the launches one-shot calls and
+    grouped_mm's backward keep bind only those, and every step, on a kept launch or on one
+    bound anew after its stream's workspace was dropped, gives the same det bits."""
+    from cake_moe.grouped_gemm import _kept_launches, _launch
+    cake_moe.release()
+    x, w, g, offs = problem([1500, 0, 2600, 2048], 256, 512, seed=31, pad=0)
+    assert cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant="det")._keep[3] is not None, "not a splitting form"
+    want = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")
+    streams = [torch.cuda.Stream() for _ in range(12)]
+    assert len({s.cuda_stream for s in streams}) == len(streams)
+    for _ in range(2):   # the second round finds every stream's workspace dropped
+        for s in streams:
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                dw = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")
+                again = cake_moe.grouped_gemm_wgrad(g, x, offs, variant="det")   # the kept launch
+                xv, wv = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+                cake_moe.grouped_mm(xv, wv, offs, variant="det").backward(g)
+            torch.cuda.current_stream().wait_stream(s)
+            assert torch.equal(dw, want) and torch.equal(again, want) and torch.equal(wv.grad, want)
+            held = {id(t) for t in _launch._workspaces.values()}
+            launches = [e for entry in _kept_launches._kept.values()
+                        for e in (entry if len(entry) == 2 else (entry,)) if e is not None]
+            bound = {id(e[4]) for e in launches if e[4] is not None}
+            assert len(held) <= 8 and bound and bound <= held, (len(held), len(bound))
+    assert len(_launch._workspaces) == 8
+    cake_moe.release()
+
+
 @pytest.mark.parametrize("variant", ["det", "fast"])
 @pytest.mark.parametrize("pattern", ["mixed", "ragged6", "tiny", "all_empty", "one_hot"])
 @pytest.mark.parametrize("nk", [(256, 512), (200, 264), (384, 136)])

@@ -5,6 +5,7 @@
 #include <nanobind/stl/unique_ptr.h>
 
 #include <memory>
+#include <mutex>
 
 #include "bindings/common.hpp"
 #include "host/grouped_gemm/grouped_gemm.hpp"
@@ -17,6 +18,9 @@ using grouped_gemm::Launch;
 // A prepared grouped GEMM. launch() enqueues on the given stream: no allocation, no sync.
 struct GroupedGemmPlan {
   std::unique_ptr<Launch> launch;  // null when there is nothing to compute (no rows)
+  // launch_to() points the launch at its output and enqueues it as one step: threads sharing a
+  // kept plan must not interleave the two, whether or not the interpreter serialises calls.
+  std::mutex retarget;
 };
 
 // The op, variant and sizes of a request (no tensors yet).
@@ -94,7 +98,9 @@ void bind_grouped_gemm(nb::module_& m) {
       // checked (Python: a fresh tensor, or the one the plan was checked with)
       .def("launch_to", [](GroupedGemmPlan& self, std::uintptr_t stream, std::uintptr_t out) {
         if (!self.launch) return;
-        self.launch->set_output(address<void>(out, 16, "out"));
+        void* target = address<void>(out, 16, "out");
+        std::lock_guard<std::mutex> hold(self.retarget);
+        self.launch->set_output(target);
         self.launch->launch(stream);
       }, nb::arg("stream"), nb::arg("out"))
       .def_prop_ro("form", [](const GroupedGemmPlan& self) {

@@ -63,6 +63,20 @@ def _keep(key: tuple, entry: tuple) -> None:
     _kept[key] = entry
 
 
+def _binds(entry: tuple, workspace: torch.Tensor) -> bool:
+    """Whether a kept entry (a launch, or grads' pair of launches or None) binds ``workspace``."""
+    if len(entry) == 2:
+        return any(kept is not None and kept[4] is workspace for kept in entry)
+    return entry[4] is workspace
+
+
+def forget_launches_binding(workspace: torch.Tensor) -> None:
+    """Drop the kept launches (and backward pairs) that bind ``workspace``, which is let go."""
+    for key, entry in list(_kept.items()):   # a snapshot: other threads may keep launches meanwhile
+        if _binds(entry, workspace):
+            _kept.pop(key, None)
+
+
 def _launch_kept(kept: tuple, out, stream: int | None) -> torch.Tensor:
     plan, shape, dtype, device, _ = kept
     result = torch.empty(shape, dtype=dtype, device=device) if out is None else out

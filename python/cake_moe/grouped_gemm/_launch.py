@@ -8,6 +8,7 @@ import torch
 from .. import _config, _runtime, _validate
 from ..reference import grouped_gemm as ref
 from ._checks import _bf16, _form, _offsets, _outer, _wgrad_out_dtype, check_grouped_dims
+from ._kept_launches import forget_launches_binding
 
 _OPS = {"fwd": 0, "dgrad": 1, "wgrad": 2}
 _VARIANTS = {"det": 0, "fast": 1}
@@ -68,21 +69,39 @@ class GroupedGemmLaunch:
 
 _workspaces: dict[tuple[int, int, int | None], torch.Tensor] = {}
 _PER_STREAM = object()  # one-shot calls: the cached workspace of the current stream
+# Streams whose workspace is kept at once (all devices), the least recently used dropped first.
+# A loop that takes a new torch.cuda.Stream() each step walks through torch's pool of streams
+# (32 per priority); unbounded, it would keep a workspace (tens of MB at MoE sizes) for each.
+_MAX_STREAM_WORKSPACES = 8
 
 
 def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
     """Zeroed scratch for the wgrad reduction (kernels leave it zeroed). Never shared across
-    streams; a launch prepared during graph capture owns a fresh one."""
+    streams; a launch prepared during graph capture owns a fresh one.
+
+    Each stream's launches kept by one-shot calls bind its current workspace and no other: a
+    larger one replaces it with the launches that bound the smaller, and a workspace dropped
+    for want of room goes with its launches. Freeing one is safe without a sync: it was
+    allocated on its own stream, so the caching allocator hands its block out again only to
+    that stream's later work."""
     if nbytes == 0:
         return None
     if _runtime.capturing(device):
         return torch.zeros(nbytes, dtype=torch.uint8, device=device)
     stream = _runtime.stream_handle(device)
     key = (device.index, stream, _runtime.stream_thread(stream))
-    ws = _workspaces.get(key)
-    if ws is None or ws.numel() < nbytes:
+    ws = _workspaces.pop(key, None)
+    if ws is not None and ws.numel() < nbytes:
+        forget_launches_binding(ws)
+        ws = None
+    if ws is None:
         ws = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-        _workspaces[key] = ws
+    _workspaces[key] = ws   # the most recently used last
+    while len(_workspaces) > _MAX_STREAM_WORKSPACES:
+        oldest = next(iter(_workspaces), None)
+        dropped = None if oldest is None else _workspaces.pop(oldest, None)
+        if dropped is not None:
+            forget_launches_binding(dropped)
     return ws
 
 
