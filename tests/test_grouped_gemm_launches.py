@@ -174,6 +174,43 @@ def test_per_thread_default_stream_keys_the_wgrad_by_thread(launches_stood_in):
         assert prepared == wgrads, handle
 
 
+def test_per_stream_workspaces_keep_the_last_eight_streams(launches_stood_in):
+    """The one-shot wgrad's workspaces: one per stream, for the 8 streams used last (a stream
+    used again moves to the end); a workspace dropped, or replaced by a larger one, takes the
+    kept launches and backward pairs that bind it along, and no other."""
+    from cake_moe.grouped_gemm import _kept_launches, _launch
+    _, stream = launches_stood_in
+    cpu = torch.device("cpu")
+
+    def on(handle: int, nbytes: int = 64) -> torch.Tensor:
+        stream[0] = handle
+        ws = _launch._workspace(cpu, nbytes)
+        assert ws is not None and ws.numel() >= nbytes and not ws.any()
+        launch = (None, (1,), torch.bfloat16, cpu, ws)   # a kept wgrad launch's entry
+        _kept_launches._kept[("wgrad", handle)] = launch
+        _kept_launches._kept[("grads", handle)] = (None, launch)
+        _kept_launches._kept[("fwd", handle)] = (None, (1,), torch.bfloat16, cpu, None)
+        return ws
+
+    def held() -> list[int]:
+        return [key[1] for key in _launch._workspaces]
+
+    first = {h: on(h) for h in range(1, 9)}
+    assert held() == list(range(1, 9))
+    assert on(1) is first[1] and held() == [*range(2, 9), 1]   # the same one, now the most recent
+    on(9)                                                       # stream 2's goes, with its launches
+    assert held() == [*range(3, 9), 1, 9]
+    kept = _kept_launches._kept
+    assert ("wgrad", 2) not in kept and ("grads", 2) not in kept and ("fwd", 2) in kept
+    assert all(("wgrad", h) in kept and ("grads", h) in kept for h in held())
+    larger = on(3, 4096)                                        # replaced: its old launches go
+    assert larger is not first[3] and held()[-1] == 3
+    assert kept[("wgrad", 3)][4] is larger
+    assert not any(e[4] is first[3] for entry in kept.values() for e in (entry if len(entry) == 2 else (entry,))
+                   if e is not None)
+    assert _launch._workspace(cpu, 0) is None and len(held()) == 8
+
+
 def test_a_large_models_step_keeps_every_launch(launches_stood_in):
     """A training step of a deep MoE model (here 64 layers, each with a w13 and a w2 grouped_mm)
     keeps every one of its launches (fwd, dgrad, wgrad and the backward's pair: 8 a layer):

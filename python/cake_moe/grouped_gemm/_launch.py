@@ -90,16 +90,16 @@ def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
         return torch.zeros(nbytes, dtype=torch.uint8, device=device)
     stream = _runtime.stream_handle(device)
     key = (device.index, stream, _runtime.stream_thread(stream))
-    ws = _workspaces.pop(key, None)
-    if ws is not None and ws.numel() < nbytes:
-        forget_launches_binding(ws)
-        ws = None
-    if ws is None:
+    ws = _workspaces.get(key)
+    if ws is None or ws.numel() < nbytes:
+        if ws is not None:
+            forget_launches_binding(ws)
         ws = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    _workspaces.pop(key, None)
     _workspaces[key] = ws   # the most recently used last
     while len(_workspaces) > _MAX_STREAM_WORKSPACES:
-        oldest = next(iter(_workspaces), None)
-        dropped = None if oldest is None else _workspaces.pop(oldest, None)
+        keys = list(_workspaces)   # a snapshot: other threads may add or release meanwhile
+        dropped = _workspaces.pop(keys[0], None) if keys else None
         if dropped is not None:
             forget_launches_binding(dropped)
     return ws
