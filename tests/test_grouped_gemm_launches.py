@@ -175,8 +175,8 @@ def test_per_thread_default_stream_keys_the_wgrad_by_thread(launches_stood_in):
 
 
 def test_per_stream_workspaces_keep_the_last_eight_streams(launches_stood_in):
-    """The one-shot wgrad's workspaces: one per stream, for the 8 streams used last (a stream
-    used again moves to the end); a workspace dropped, or replaced by a larger one, takes the
+    """The one-shot wgrad's workspaces: one per stream, for the 8 streams of a device used last
+    (a stream used again moves to the end); a workspace dropped, or replaced by a larger one, takes the
     kept launches and backward pairs that bind it along, and no other."""
     from cake_moe.grouped_gemm import _kept_launches, _launch
     _, stream = launches_stood_in
@@ -209,6 +209,10 @@ def test_per_stream_workspaces_keep_the_last_eight_streams(launches_stood_in):
     assert not any(e[4] is first[3] for entry in kept.values() for e in (entry if len(entry) == 2 else (entry,))
                    if e is not None)
     assert _launch._workspace(cpu, 0) is None and len(held()) == 8
+    other = (0, 99, None)   # another device's workspace counts against its own device only
+    _launch._workspaces[other] = torch.zeros(1, dtype=torch.uint8)
+    on(10)
+    assert len(held()) == 9 and other in _launch._workspaces and 4 not in held()
 
 
 def test_a_large_models_step_keeps_every_launch(launches_stood_in):

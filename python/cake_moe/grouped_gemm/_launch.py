@@ -69,7 +69,7 @@ class GroupedGemmLaunch:
 
 _workspaces: dict[tuple[int, int, int | None], torch.Tensor] = {}
 _PER_STREAM = object()  # one-shot calls: the cached workspace of the current stream
-# Streams whose workspace is kept at once (all devices), the least recently used dropped first.
+# Streams whose workspace is kept at once per device, the least recently used dropped first.
 # A loop that takes a new torch.cuda.Stream() each step walks through torch's pool of streams
 # (32 per priority); unbounded, it would keep a workspace (tens of MB at MoE sizes) for each.
 _MAX_STREAM_WORKSPACES = 8
@@ -97,9 +97,9 @@ def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
         ws = torch.zeros(nbytes, dtype=torch.uint8, device=device)
     _workspaces.pop(key, None)
     _workspaces[key] = ws   # the most recently used last
-    while len(_workspaces) > _MAX_STREAM_WORKSPACES:
-        keys = list(_workspaces)   # a snapshot: other threads may add or release meanwhile
-        dropped = _workspaces.pop(keys[0], None) if keys else None
+    on_device = [k for k in list(_workspaces) if k[0] == key[0]]   # a snapshot: other threads may add
+    for oldest in on_device[:max(0, len(on_device) - _MAX_STREAM_WORKSPACES)]:
+        dropped = _workspaces.pop(oldest, None)
         if dropped is not None:
             forget_launches_binding(dropped)
     return ws
