@@ -198,7 +198,7 @@ def test_decide_alt_tile_for_every_sm90_wgmma_path(shape, narrow):
     """On sm_90 every wgmma decision names a second form of another token-tile size for the
     device to choose from: the next larger tile below wg64x4's range, the other wide form of
     least expected cost past it, and past SM90_PAIR_MIN_LOAD the modeled pair (where DRAM per SM
-    is narrow, as measured). Not the mma.sync paths, a forced tile, a portable device, nor
+    is narrow, and where it is wide with SM90_PAIR_WIDE_MEMORY, as measured). Not the mma.sync paths, a forced tile, a portable device, nor
     32 routes or fewer (the routing kernel's one-warp path lists one form's tiles)."""
     short = shape[3] <= _decide.RESIDENT_K
     for t in range(1, 30000, 97):
@@ -206,7 +206,8 @@ def test_decide_alt_tile_for_every_sm90_wgmma_path(shape, narrow):
         load = _decide.routes_per_expert(t, *shape[:2])
         if d.tile in _decide.SM90_TILES and t * shape[0] > _decide.MAX_FEW_ROUTES:
             assert len(d.forms) == 7 and _tile_cost.BLOCK_N_OF[d.alt_tile] != d.block_n, (t, d)
-            if load > _decide.SM90_PAIR_MIN_LOAD and narrow and t * shape[0] >= _decide.SPLIT_MIN_ROUTES:
+            if (load > _decide.SM90_PAIR_MIN_LOAD and (narrow or _decide.SM90_PAIR_WIDE_MEMORY)
+                    and t * shape[0] >= _decide.SPLIT_MIN_ROUTES):
                 table = _decide.prefill_tile(load, short)
                 assert (d.tile, d.alt_tile) == _decide.modeled_pair(
                     load, short, table, _decide.alt_tile(load, short, table, narrow), True), (t, d)
@@ -248,8 +249,9 @@ def test_decide_modeled_pair(layout, t, monkeypatch):
     """The two forms past SM90_PAIR_MIN_LOAD: wg128x4 and the narrow form of least modeled cost
     at the rank's load where that models SM90_PAIR_GAIN cheaper than the table's pair. Where
     DRAM per SM is narrow (measured there); a wide-memory device keeps the table's pair unless
-    SM90_PAIR_WIDE_MEMORY."""
+    SM90_PAIR_WIDE_MEMORY (set: measured on an H200 too)."""
     inter = 3072 if layout == "ep8" else 384
+    monkeypatch.setattr(_decide, "SM90_PAIR_WIDE_MEMORY", False)
     table = _decide.decide(t, *_TP8[:3], inter, sm90=True)
     d = _decide.decide(t, *_TP8[:3], inter, sm90=True, narrow_memory=True)
     assert (d.tile, d.alt_tile) == _MODELED[layout, t], (layout, t, d)

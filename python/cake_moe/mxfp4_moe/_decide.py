@@ -158,9 +158,11 @@ SM90_PAIR_GAIN = 0.04
 # inside the A/B's order bias (the same decision read up to 2.4% apart). The rows under it won:
 # ep8 T = 6656 / 7168 9.7 / 6.5%, tp8 T = 10240 7.6%.
 SM90_PAIR_MAX_RANK_LOAD = 256.0
-# Measured only where DRAM per SM is narrow (the H100 above): an H200 (wide memory) keeps the
-# table's pairs until a same-call A/B there (ci/ab_decide.sh with this set True) says otherwise.
-SM90_PAIR_WIDE_MEMORY = False
+# Also where DRAM per SM is wide (an H200): through the table (ci/ab_decide.sh, package copies
+# in turn, two runs each, H200, bench/results/2026-12-06_h200_mxfp4_moe_pair_wide_memory_ab.md)
+# the rows whose decision it changes ran 4.9-9.7% faster (ep8 T = 6656 / 7168 / 8192, tp8
+# T = 5632 / 10240) and the others within 1%. False keeps an H200 on the table's pairs.
+SM90_PAIR_WIDE_MEMORY = True
 # From here (where a short shard's wg96x4 stops serving one tile per expert) up: below, the
 # table's measured limits stand (the model favours wg96x4 / wg64x4 over wg128x4 where an H200 ran
 # them 3-6% slower: ep8 T = 2048, ..._h200_mxfp4_moe_wg96_long_shard_ab.md).
