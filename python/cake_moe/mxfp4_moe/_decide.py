@@ -137,8 +137,8 @@ NARROW_PREFILL_MAX_LOAD = 96
 # with a narrow second form (SM90_PAIR_CANDIDATES) where the tile-cost model (_tile_cost) says
 # that costs at least SM90_PAIR_GAIN less (modeled_pair): with the width per expert each expert's
 # last, partly filled tile then runs on 64 or 96 rows where its count sits just past a multiple
-# of 128 (ep8 T = 6656: ~170 routes per expert, 128 + 42). Measured on an H100 (where the rule
-# applies: SM90_PAIR_WIDE_MEMORY below), the table's pair and these in one process on the same
+# of 128 (ep8 T = 6656: ~170 routes per expert, 128 + 42). Measured first on an H100 (then on an
+# H200: SM90_PAIR_WIDE_MEMORY below), the table's pair and these in one process on the same
 # inputs (bench/results/2026-12-05_h100_mxfp4_moe_modeled_pairs.md): ep8 T = 6656 / 7168 / 7680 /
 # 8192 / 12288 10.0 / 7.3 / 2.4 / 2.3 / 4.2% faster, tp8 T = 5632 / 10240 / 12288 5.1 / 7.1 /
 # 3.4%. Why only these pairs and a 4% margin: the model overstates a split's gain (0.3-1.0x of it
