@@ -206,8 +206,7 @@ def test_per_stream_workspaces_keep_the_last_eight_streams(launches_stood_in):
     larger = on(3, 4096)                                        # replaced: its old launches go
     assert larger is not first[3] and held()[-1] == 3
     assert kept[("wgrad", 3)][4] is larger
-    assert not any(e[4] is first[3] for entry in kept.values() for e in (entry if len(entry) == 2 else (entry,))
-                   if e is not None)
+    assert not any(e[4] is first[3] for entry in kept.values() for e in _kept_launches.launches_of(entry))
     assert _launch._workspace(cpu, 0) is None and len(held()) == 8
     other = (0, 99, None)   # another device's workspace counts against its own device only
     _launch._workspaces[other] = torch.zeros(1, dtype=torch.uint8)

@@ -166,8 +166,7 @@ def test_one_shot_wgrad_keeps_the_workspaces_of_the_last_eight_streams():
             torch.cuda.current_stream().wait_stream(s)
             assert torch.equal(dw, want) and torch.equal(again, want) and torch.equal(wv.grad, want)
             held = {id(t) for t in _launch._workspaces.values()}
-            launches = [e for entry in _kept_launches._kept.values()
-                        for e in (entry if len(entry) == 2 else (entry,)) if e is not None]
+            launches = [e for entry in _kept_launches._kept.values() for e in _kept_launches.launches_of(entry)]
             bound = {id(e[4]) for e in launches if e[4] is not None}
             assert len(held) <= 8 and bound and bound <= held, (len(held), len(bound))
     assert len(_launch._workspaces) == 8

@@ -63,17 +63,16 @@ def _keep(key: tuple, entry: tuple) -> None:
     _kept[key] = entry
 
 
-def _binds(entry: tuple, workspace: torch.Tensor) -> bool:
-    """Whether a kept entry (a launch, or grads' pair of launches or None) binds ``workspace``."""
-    if len(entry) == 2:
-        return any(kept is not None and kept[4] is workspace for kept in entry)
-    return entry[4] is workspace
+def launches_of(entry: tuple) -> tuple:
+    """The kept launches in an entry: itself (plan, shape, dtype, device, workspace), or those of
+    grouped_mm's backward pair (two launches or None)."""
+    return tuple(kept for kept in entry if kept is not None) if len(entry) == 2 else (entry,)
 
 
 def forget_launches_binding(workspace: torch.Tensor) -> None:
     """Drop the kept launches (and backward pairs) that bind ``workspace``, which is let go."""
     for key, entry in list(_kept.items()):   # a snapshot: other threads may keep launches meanwhile
-        if _binds(entry, workspace):
+        if any(kept[4] is workspace for kept in launches_of(entry)):
             _kept.pop(key, None)
 
 
