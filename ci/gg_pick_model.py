@@ -46,7 +46,7 @@ class HostRule:
         m_tiles = self.rows / t[0] + 0.5 * self.groups
         if self.small:
             m_tiles = max(m_tiles, self.groups)
-        return waves(m_tiles, self.n_out, t[1], self.sms) * wave_cost(*t, self.narrow)
+        return waves(m_tiles, self.n_out, t[1], self.sms) * wave_cost(t[0], t[1], self.narrow)
 
     def weighed(self, t, cost: float) -> float:
         """A cost as the rule weighs it: 128x192 must win by its margin."""
@@ -70,7 +70,7 @@ class HostRule:
 
     def device_cost(self, t, sizes) -> float:
         m_tiles = sum((s + t[0] - 1) // t[0] for s in sizes)
-        return self.weighed(t, waves(m_tiles, self.n_out, t[1], self.sms) * wave_cost(*t, self.narrow))
+        return self.weighed(t, waves(m_tiles, self.n_out, t[1], self.sms) * wave_cost(t[0], t[1], self.narrow))
 
 
 def main() -> None:
