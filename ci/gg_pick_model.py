@@ -28,6 +28,10 @@ def wave_cost(bm: int, bn: int, narrow: bool) -> float:
     return bn / 128.0 * per_flop
 
 
+def geomean(values: list) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
 def waves(m_tiles: float, n_out: int, bn: int, sms: int) -> int:
     return math.ceil(m_tiles * ((n_out + bn - 1) // bn) / sms)
 
@@ -65,6 +69,7 @@ class HostRule:
         return best
 
     def runner_up(self, chosen):
+        # the fwd takes 128x256 by group size, not by cost (choose): it is no fwd runner-up
         others = [t for t in TILES if t != chosen and (self.dgrad or t != (128, 256))]
         return min(others, key=lambda t: self.weighed(t, self.cost(t)))
 
@@ -107,8 +112,7 @@ def main() -> None:
                 print(f"  {op:5} {str(r['layer']):16} {r['weight']:3} T={r['T']:6} {name(*chosen):>7} "
                       f"-> {name(*picked) if picked else '-':>7}: x{before[-1]:.2f} -> x{after[-1]:.2f}")
         if before:
-            geo = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
-            print(f"{op}: {len(before)} rows, host tile x{geo(before):.3f}, paired x{geo(after):.3f}; "
+            print(f"{op}: {len(before)} rows, host tile x{geomean(before):.3f}, paired x{geomean(after):.3f}; "
                   f"worst x{min(before):.2f} -> x{min(after):.2f}")
 
 

@@ -198,8 +198,9 @@ def test_decide_alt_tile_for_every_sm90_wgmma_path(shape, narrow):
     """On sm_90 every wgmma decision names a second form of another token-tile size for the
     device to choose from: the next larger tile below wg64x4's range, the other wide form of
     least expected cost past it, and past SM90_PAIR_MIN_LOAD the modeled pair (where DRAM per SM
-    is narrow, and where it is wide with SM90_PAIR_WIDE_MEMORY, as measured). Not the mma.sync paths, a forced tile, a portable device, nor
-    32 routes or fewer (the routing kernel's one-warp path lists one form's tiles)."""
+    is narrow, and where it is wide with SM90_PAIR_WIDE_MEMORY, as measured). Not the mma.sync
+    paths, a forced tile, a portable device, nor 32 routes or fewer (the routing kernel's
+    one-warp path lists one form's tiles)."""
     short = shape[3] <= _decide.RESIDENT_K
     for t in range(1, 30000, 97):
         d = _decide.decide(t, *shape, sm90=True, narrow_memory=narrow)
