@@ -178,13 +178,13 @@ def test_per_stream_workspaces_keep_the_last_eight_streams(launches_stood_in):
     """The one-shot wgrad's workspaces: one per stream, for the 8 streams of a device used last
     (a stream used again moves to the end); a workspace dropped, or replaced by a larger one, takes the
     kept launches and backward pairs that bind it along, and no other."""
-    from cake_moe.grouped_gemm import _kept_launches, _launch
+    from cake_moe.grouped_gemm import _kept_launches
     _, stream = launches_stood_in
     cpu = torch.device("cpu")
 
     def on(handle: int, nbytes: int = 64) -> torch.Tensor:
         stream[0] = handle
-        ws = _launch._workspace(cpu, nbytes)
+        ws = _kept_launches._workspace(cpu, nbytes)
         assert ws is not None and ws.numel() >= nbytes and not ws.any()
         launch = (None, (1,), torch.bfloat16, cpu, ws)   # a kept wgrad launch's entry
         _kept_launches._kept[("wgrad", handle)] = launch
@@ -193,7 +193,7 @@ def test_per_stream_workspaces_keep_the_last_eight_streams(launches_stood_in):
         return ws
 
     def held() -> list[int]:
-        return [key[1] for key in _launch._workspaces]
+        return [key[1] for key in _kept_launches._workspaces]
 
     first = {h: on(h) for h in range(1, 9)}
     assert held() == list(range(1, 9))
@@ -207,11 +207,52 @@ def test_per_stream_workspaces_keep_the_last_eight_streams(launches_stood_in):
     assert larger is not first[3] and held()[-1] == 3
     assert kept[("wgrad", 3)][4] is larger
     assert not any(e[4] is first[3] for entry in kept.values() for e in _kept_launches.launches_of(entry))
-    assert _launch._workspace(cpu, 0) is None and len(held()) == 8
+    assert _kept_launches._workspace(cpu, 0) is None and len(held()) == 8
     other = (0, 99, None)   # another device's workspace counts against its own device only
-    _launch._workspaces[other] = torch.zeros(1, dtype=torch.uint8)
+    _kept_launches._workspaces[other] = torch.zeros(1, dtype=torch.uint8)
     on(10)
-    assert len(held()) == 9 and other in _launch._workspaces and 4 not in held()
+    assert len(held()) == 9 and other in _kept_launches._workspaces and 4 not in held()
+
+
+@pytest.mark.parametrize("let_go", ["release", "room"])
+def test_a_launch_whose_workspace_is_let_go_meanwhile_is_not_kept(launches_stood_in, monkeypatch, let_go):
+    """A one-shot wgrad whose stream's workspace is let go between its preparation taking it and
+    its launch being kept (another thread's release(), or its calls on eight other streams
+    making room) keeps nothing: kept, the launch would hold the dropped workspace past the
+    per-device bound. Its stream's next call prepares again, on a fresh workspace, and keeps it."""
+    from cake_moe.grouped_gemm import _kept_launches, _ops
+    prepared, stream = launches_stood_in
+    cpu = torch.device("cpu")
+    meanwhile = [True]
+
+    def prepare(g, x, offs, out=None, *args, **kwargs):
+        prepared.append("wgrad")
+        ws = _kept_launches._workspace(cpu, 64)
+        if meanwhile[0]:
+            meanwhile[0] = False
+            if let_go == "release":
+                cake_moe.release()
+            else:
+                here = stream[0]
+                for other in range(100, 108):
+                    stream[0] = other
+                    _kept_launches._workspace(cpu, 64)
+                stream[0] = here
+        result = torch.empty((offs.numel(), g.shape[1], x.shape[1]), dtype=g.dtype)
+        return cake_moe.GroupedGemmLaunch("wgrad", _NoKernel(), cpu, result, (g, x, offs, ws))
+
+    monkeypatch.setattr(_ops, "prepare_grouped_gemm_wgrad", prepare)
+    _, _, g, offs = cpu_problem([3, 0, 5], n=16, k=32)
+    x = torch.randn(g.shape[0], 32).to(torch.bfloat16)
+    cake_moe.grouped_gemm_wgrad(g, x, offs)
+    held = list(_kept_launches._workspaces.values())
+    assert not _kept_launches._kept and len(held) == (0 if let_go == "release" else 8)
+    for _ in range(2):
+        cake_moe.grouped_gemm_wgrad(g, x, offs)
+    assert prepared == ["wgrad", "wgrad"]
+    (entry,) = _kept_launches._kept.values()
+    assert any(entry[4] is ws for ws in _kept_launches._workspaces.values())
+    assert not any(entry[4] is ws for ws in held)
 
 
 def test_a_large_models_step_keeps_every_launch(launches_stood_in):

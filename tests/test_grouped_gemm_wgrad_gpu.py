@@ -148,7 +148,7 @@ def test_one_shot_wgrad_keeps_the_workspaces_of_the_last_eight_streams():
     keeps the workspaces of the 8 streams used last; the launches one-shot calls and
     grouped_mm's backward keep bind only those, and every step, on a kept launch or on one
     bound anew after its stream's workspace was dropped, gives the same det bits."""
-    from cake_moe.grouped_gemm import _kept_launches, _launch
+    from cake_moe.grouped_gemm import _kept_launches
     cake_moe.release()
     x, w, g, offs = problem([1500, 0, 2600, 2048], 256, 512, seed=31, pad=0)
     assert cake_moe.prepare_grouped_gemm_wgrad(g, x, offs, variant="det")._keep[3] is not None, "not a splitting form"
@@ -165,11 +165,11 @@ def test_one_shot_wgrad_keeps_the_workspaces_of_the_last_eight_streams():
                 cake_moe.grouped_mm(xv, wv, offs, variant="det").backward(g)
             torch.cuda.current_stream().wait_stream(s)
             assert torch.equal(dw, want) and torch.equal(again, want) and torch.equal(wv.grad, want)
-            held = {id(t) for t in _launch._workspaces.values()}
+            held = {id(t) for t in _kept_launches._workspaces.values()}
             launches = [e for entry in _kept_launches._kept.values() for e in _kept_launches.launches_of(entry)]
             bound = {id(e[4]) for e in launches if e[4] is not None}
             assert len(held) <= 8 and bound and bound <= held, (len(held), len(bound))
-    assert len(_launch._workspaces) == 8
+    assert len(_kept_launches._workspaces) == 8
     cake_moe.release()
 
 

@@ -1,7 +1,9 @@
-"""The launches one-shot grouped-GEMM calls keep while the same tensors come back."""
+"""The launches one-shot grouped-GEMM calls keep while the same tensors come back, and the
+per-stream workspaces of the wgrad's split-K reduction that those launches bind."""
 from __future__ import annotations
 
 import atexit
+import threading
 
 import torch
 
@@ -58,9 +60,14 @@ def _kept_launch(key: tuple, tensors: tuple, per_stream: bool = False) -> tuple 
 
 
 def _keep(key: tuple, entry: tuple) -> None:
-    if len(_kept) >= _MAX_KEPT:
-        _kept.clear()
-    _kept[key] = entry
+    """Keep ``entry`` under ``key``, unless a workspace it binds was let go since the call took
+    it (release(), or another thread's call making room): kept, it would outlive the bound."""
+    with _lock:
+        if any(kept[4] is not None and not _held(kept[4]) for kept in launches_of(entry)):
+            return
+        if len(_kept) >= _MAX_KEPT:
+            _kept.clear()
+        _kept[key] = entry
 
 
 def launches_of(entry: tuple) -> tuple:
@@ -69,11 +76,67 @@ def launches_of(entry: tuple) -> tuple:
     return tuple(kept for kept in entry if kept is not None) if len(entry) == 2 else (entry,)
 
 
-def forget_launches_binding(workspace: torch.Tensor) -> None:
-    """Drop the kept launches (and backward pairs) that bind ``workspace``, which is let go."""
-    for key, entry in list(_kept.items()):   # a snapshot: other threads may keep launches meanwhile
+def _forget_launches_binding(workspace: torch.Tensor) -> None:
+    """Drop the kept launches (and backward pairs) that bind ``workspace``, which is let go
+    (the caller holds _lock)."""
+    for key, entry in list(_kept.items()):
         if any(kept[4] is workspace for kept in launches_of(entry)):
-            _kept.pop(key, None)
+            del _kept[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# per-stream workspaces of the wgrad split-K reduction
+# ---------------------------------------------------------------------------------------------
+
+_workspaces: dict[tuple[int, int, int | None], torch.Tensor] = {}
+# Streams whose workspace is kept at once per device, the least recently used dropped first.
+# A loop that takes a new torch.cuda.Stream() each step walks through torch's pool of streams
+# (32 per priority); unbounded, it would keep a workspace (tens of MB at MoE sizes) for each.
+_MAX_STREAM_WORKSPACES = 8
+# Guards _workspaces and _kept together where one-shot calls of several threads change both: a
+# workspace let go takes its launches along, and a launch is kept only while its workspace is held.
+_lock = threading.Lock()
+
+
+def _held(workspace: torch.Tensor) -> bool:
+    return any(ws is workspace for ws in _workspaces.values())
+
+
+def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
+    """Zeroed scratch for the wgrad reduction (kernels leave it zeroed). Never shared across
+    streams; a launch prepared during graph capture owns a fresh one.
+
+    Each stream's launches kept by one-shot calls bind its current workspace and no other: a
+    larger one replaces it with the launches that bound the smaller, and a workspace dropped
+    for want of room goes with its launches. Freeing one is safe without a sync: it was
+    allocated on its own stream, so the caching allocator hands its block out again only to
+    that stream's later work."""
+    if nbytes == 0:
+        return None
+    if _runtime.capturing(device):
+        return torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    stream = _runtime.stream_handle(device)
+    key = (device.index, stream, _runtime.stream_thread(stream))
+    with _lock:
+        ws = _workspaces.get(key)
+    if ws is None or ws.numel() < nbytes:
+        ws = torch.zeros(nbytes, dtype=torch.uint8, device=device)   # (allocated outside the lock)
+    with _lock:
+        old = _workspaces.pop(key, None)
+        if old is not None and old is not ws:
+            _forget_launches_binding(old)
+        _workspaces[key] = ws   # the most recently used last
+        on_device = [k for k in _workspaces if k[0] == key[0]]
+        for oldest in on_device[:max(0, len(on_device) - _MAX_STREAM_WORKSPACES)]:
+            _forget_launches_binding(_workspaces.pop(oldest))
+    return ws
+
+
+def forget_all() -> None:
+    """release(): let every workspace and kept launch go."""
+    with _lock:
+        _workspaces.clear()
+        _kept.clear()
 
 
 def _launch_kept(kept: tuple, out, stream: int | None) -> torch.Tensor:

@@ -1,6 +1,5 @@
 """Prepared grouped-GEMM launches: arguments validated and bound once, enqueued many times
-(``prepare_grouped_gemm_fwd/dgrad/wgrad``), and the per-stream workspaces of the wgrad's
-split-K reduction."""
+(``prepare_grouped_gemm_fwd/dgrad/wgrad``)."""
 from __future__ import annotations
 
 import torch
@@ -8,7 +7,7 @@ import torch
 from .. import _config, _runtime, _validate
 from ..reference import grouped_gemm as ref
 from ._checks import _bf16, _form, _offsets, _outer, _wgrad_out_dtype, check_grouped_dims
-from ._kept_launches import forget_launches_binding
+from ._kept_launches import _workspace
 
 _OPS = {"fwd": 0, "dgrad": 1, "wgrad": 2}
 _VARIANTS = {"det": 0, "fast": 1}
@@ -63,46 +62,7 @@ class GroupedGemmLaunch:
         return f"GroupedGemmLaunch(op={self.op!r}, form={self.form!r}, out={tuple(self.out.shape)})"
 
 
-# ---------------------------------------------------------------------------------------------
-# per-stream workspaces of the wgrad split-K reduction
-# ---------------------------------------------------------------------------------------------
-
-_workspaces: dict[tuple[int, int, int | None], torch.Tensor] = {}
-_PER_STREAM = object()  # one-shot calls: the cached workspace of the current stream
-# Streams whose workspace is kept at once per device, the least recently used dropped first.
-# A loop that takes a new torch.cuda.Stream() each step walks through torch's pool of streams
-# (32 per priority); unbounded, it would keep a workspace (tens of MB at MoE sizes) for each.
-_MAX_STREAM_WORKSPACES = 8
-
-
-def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
-    """Zeroed scratch for the wgrad reduction (kernels leave it zeroed). Never shared across
-    streams; a launch prepared during graph capture owns a fresh one.
-
-    Each stream's launches kept by one-shot calls bind its current workspace and no other: a
-    larger one replaces it with the launches that bound the smaller, and a workspace dropped
-    for want of room goes with its launches. Freeing one is safe without a sync: it was
-    allocated on its own stream, so the caching allocator hands its block out again only to
-    that stream's later work."""
-    if nbytes == 0:
-        return None
-    if _runtime.capturing(device):
-        return torch.zeros(nbytes, dtype=torch.uint8, device=device)
-    stream = _runtime.stream_handle(device)
-    key = (device.index, stream, _runtime.stream_thread(stream))
-    ws = _workspaces.get(key)
-    if ws is None or ws.numel() < nbytes:
-        if ws is not None:
-            forget_launches_binding(ws)
-        ws = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-    _workspaces.pop(key, None)
-    _workspaces[key] = ws   # the most recently used last
-    on_device = [k for k in list(_workspaces) if k[0] == key[0]]   # a snapshot: other threads may add
-    for oldest in on_device[:max(0, len(on_device) - _MAX_STREAM_WORKSPACES)]:
-        dropped = _workspaces.pop(oldest, None)
-        if dropped is not None:
-            forget_launches_binding(dropped)
-    return ws
+_PER_STREAM = object()  # one-shot calls: the current stream's workspace (_kept_launches._workspace)
 
 
 # ---------------------------------------------------------------------------------------------
