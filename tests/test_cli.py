@@ -280,6 +280,22 @@ def test_grouped_gemm_rows_are_the_grid_or_its_layers_at_other_token_counts():
     assert [r[:6] for r in off[::2]] == [r[:6] for r in grid if r[-1] == "random"][::len(bench_gg.TOKENS)]
 
 
+def test_grouped_gemm_rows_of_other_layers(capsys):
+    """``--layers H,I,E ...``: those layers' w13 and w2 rows at the grid's T (or --tokens), no
+    grid layer and no zipf or empty row; a malformed layer exits 2 with the reason."""
+    from cake_moe.bench import grouped_gemm as bench_gg
+    rows = list(bench_gg._rows(layers=[(2048, 768, 128), (7168, 2048, 32)]))
+    assert len(rows) == 2 * 2 * len(bench_gg.TOKENS) and {r[-1] for r in rows} == {"random"}
+    assert {r[:3] for r in rows} == {(2048, 768, 128), (7168, 2048, 32)}
+    assert {(r[3], r[4], r[5]) for r in rows if r[:3] == (2048, 768, 128)} == {("w13", 1536, 2048), ("w2", 2048, 768)}
+    assert {r[6] for r in bench_gg._rows((512,), [(2048, 768, 128)])} == {512}
+    for bad, why in (("2048,768", "expected H,I,E (3 ints)"), ("2048,764,128", "multiples of 8"),
+                     ("2048,768,0", "positive")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["bench", "grouped-gemm", "--layers", bad])
+        assert e.value.code == 2 and why in capsys.readouterr().err
+
+
 def test_grouped_gemm_group_draws_keep_the_grids_and_differ_by_seed():
     """Draw 0 is the published grid's (each row seeded by its index); other draws differ."""
     from cake_moe.bench import grouped_gemm as bench_gg

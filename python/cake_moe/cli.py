@@ -137,7 +137,7 @@ def cmd_bench(args) -> int:
         from .bench import grouped_gemm as bench_gg
         bench_gg.main(args.out, ops=tuple(args.ops.split(",")), sweep=args.sweep,
                       tokens=tuple(args.tokens) if args.tokens else None, seed=args.seed,
-                      rotate=not args.no_rotate)
+                      rotate=not args.no_rotate, layers=args.layers)
     elif args.what == "mxfp4-moe":
         from .bench import mxfp4_moe as bench_moe
         bench_moe.main(args.out, tokens=tuple(args.tokens or bench_moe.TOKENS), layouts=args.layouts,
@@ -167,14 +167,26 @@ def _out_prefix(text: str) -> str:
     return text
 
 
-def _layer_dims(text: str) -> tuple[int, int, int, int]:
+def _ints(text: str, count: int, names: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(v) for v in text.split(","))
     except ValueError:
         dims = ()
-    if len(dims) != 4:
-        raise argparse.ArgumentTypeError(f"expected E,K,H,I (four ints), got {text!r}")
-    return dims[0], dims[1], dims[2], dims[3]
+    if len(dims) != count:
+        raise argparse.ArgumentTypeError(f"expected {names} ({count} ints), got {text!r}")
+    return dims
+
+
+def _layer_dims(text: str) -> tuple[int, int, int, int]:
+    e, k, h, i = _ints(text, 4, "E,K,H,I")
+    return e, k, h, i
+
+
+def _gg_layer(text: str) -> tuple[int, int, int]:
+    h, i, e = _ints(text, 3, "H,I,E")
+    if min(h, i, e) < 1 or h % 8 or i % 8:
+        raise argparse.ArgumentTypeError(f"expected H,I,E positive, H and I multiples of 8, got {text!r}")
+    return h, i, e
 
 
 def _layouts(text: str) -> tuple[str, ...]:
@@ -218,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
                         "the grid's layers at these T instead of the PERF.md grid")
     b.add_argument("--seed", type=int, default=0,
                    help="grouped-gemm: draw other group sizes (0: the published grid's)")
+    b.add_argument("--layers", type=_gg_layer, nargs="+", default=None, metavar="H,I,E",
+                   help="grouped-gemm: these layers (hidden, intermediate size, experts; w13 and w2 rows at --tokens, "
+                        "default the grid's) instead of the grid's")
     b.add_argument("--no-rotate", action="store_true",
                    help="grouped-gemm: time every row on one input set (operands that fit may stay in the L2)")
     b.add_argument("--layouts", default="ep8,tp8", type=_layouts, help="mxfp4-moe: comma list of ep8,tp8")

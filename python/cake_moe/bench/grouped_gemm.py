@@ -36,15 +36,16 @@ def _sizes(total: int, e: int, kind: str, seed: int) -> list[int]:
     return s.tolist()
 
 
-def _rows(tokens=None):
+def _rows(tokens=None, layers=None):
     """The PERF.md grid; with ``tokens``, its layers' random-group rows at those token counts
-    instead (an off-grid check: the grid starts at T = 4096)."""
-    for h, i, e in LAYERS:
+    instead (an off-grid check: the grid starts at T = 4096); with ``layers`` ((H, I, E) each),
+    those layers' random-group rows instead of the grid's layers."""
+    for h, i, e in layers or LAYERS:
         for which in ("w13", "w2"):
             n, k = (2 * i, h) if which == "w13" else (h, i)
             for t in tokens or TOKENS:
                 yield (h, i, e, which, n, k, t, "random")
-    if not tokens:
+    if not tokens and not layers:
         yield (2048, 1536, 8, "w13", 3072, 2048, 16384, "zipf")
         yield (4096, 2048, 9, "w2", 4096, 2048, 16384, "empty")
 
@@ -54,10 +55,10 @@ def case_seed(row: int, seed: int = 0) -> int:
     return row + 1000 * seed
 
 
-def cases(tokens=None, seed: int = 0):
-    """Each row of ``_rows(tokens)`` with its inputs ``(sizes, offs, x, w, g)`` in draw ``seed``:
-    what the benchmark and ``ci/ab_forms.py`` time."""
-    for idx, row in enumerate(_rows(tokens)):
+def cases(tokens=None, seed: int = 0, layers=None):
+    """Each row of ``_rows(tokens, layers)`` with its inputs ``(sizes, offs, x, w, g)`` in draw
+    ``seed``: what the benchmark and ``ci/ab_forms.py`` time."""
+    for idx, row in enumerate(_rows(tokens, layers)):
         h, i, e, which, n, k, t, kind = row
         yield row, _case(n, k, e, t, kind, case_seed(idx, seed))
 
@@ -154,12 +155,12 @@ def _time_op(op, x, w, g, offs, dense, copies: int, sweep: bool):
 
 
 def run(ops=("fwd", "dgrad", "wgrad"), sweep: bool = False, tokens=None, seed: int = 0,
-        rotate: bool = True) -> list[dict]:
+        rotate: bool = True, layers=None) -> list[dict]:
     """``seed`` offsets every row's group-size draw (0: the published grid's group sizes);
-    ``rotate=False`` times every row on one input set."""
+    ``rotate=False`` times every row on one input set; ``layers``: see ``_rows``."""
     copies_for = rotation_copies if rotate else (lambda nbytes: 1)
     out = []
-    for (h, i, e, which, n, k, t, kind), (sizes, offs, x, w, g) in cases(tokens, seed):
+    for (h, i, e, which, n, k, t, kind), (sizes, offs, x, w, g) in cases(tokens, seed, layers):
         flops = 2.0 * t * n * k
         dense_a = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         dense_b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
@@ -272,7 +273,7 @@ def plot(rows: list[dict], path: str) -> bool:
 
 
 def main(out_prefix: str | None = None, ops=("fwd", "dgrad", "wgrad"), sweep: bool = False,
-         tokens=None, seed: int = 0, rotate: bool = True) -> list[dict]:
-    rows = run(ops, sweep, tokens, seed, rotate)
+         tokens=None, seed: int = 0, rotate: bool = True, layers=None) -> list[dict]:
+    rows = run(ops, sweep, tokens, seed, rotate, layers)
     timing.publish(rows, markdown(rows), summary(rows), out_prefix, plot)
     return rows
