@@ -10,7 +10,7 @@ launches and exits). Prints the geomean over torch._grouped_mm both ways and the
 by more than 3%.
 
 usage: python ci/gg_pick_model.py bench/results/<run>_sweep.json [--launch-us 1.0] [--ratio 1.1]
-       [--narrow-memory] [--sms 132]
+       [--narrow-memory] [--rule-before] [--sms 132]
 Runs on the CPU.
 """
 import argparse
@@ -18,6 +18,7 @@ import json
 import math
 
 TILES = [(128, 128), (128, 256), (64, 128), (128, 192)]
+MANY_WAVES = 30   # kSm90ManyWaves
 
 
 def wave_cost(bm: int, bn: int, narrow: bool) -> float:
@@ -39,12 +40,16 @@ def waves(m_tiles: float, n_out: int, bn: int, sms: int) -> int:
 class HostRule:
     """choose_sm90_tile for one row: the host knows the row count and the group count only."""
 
-    def __init__(self, rows: int, groups: int, n_out: int, dgrad: bool, narrow: bool, sms: int):
+    def __init__(self, rows: int, groups: int, n_out: int, dgrad: bool, narrow: bool, sms: int,
+                 before: bool = False):
         self.rows, self.groups, self.n_out, self.dgrad, self.sms = rows, groups, n_out, dgrad, sms
         self.per_group = rows // groups
         self.small = self.per_group < 48
         self.narrow = narrow and not self.small
         self.margin_192 = 0.9 if self.per_group < 300 else 0.85
+        # the fwd chooses 128x256 by the wave cost as the dgrad does where memory is narrow and
+        # 128x128 takes many waves (kSm90ManyWaves)
+        self.by_cost = dgrad or (self.narrow and self.cost(TILES[0]) >= MANY_WAVES and not before)
 
     def cost(self, t) -> float:
         m_tiles = self.rows / t[0] + 0.5 * self.groups
@@ -61,7 +66,7 @@ class HostRule:
             return TILES[3] if self.cost(TILES[3]) < self.cost(TILES[2]) else TILES[2]
         best = TILES[0]
         wide_rows = 1024 if self.narrow else 2048
-        wide = self.cost(TILES[1]) < self.cost(best) if self.dgrad else (self.per_group >= wide_rows and self.n_out >= 512)
+        wide = self.cost(TILES[1]) < self.cost(best) if self.by_cost else (self.per_group >= wide_rows and self.n_out >= 512)
         if wide:
             best = TILES[1]
         if self.per_group < 1024 and self.cost(TILES[3]) < self.margin_192 * self.cost(best):
@@ -69,8 +74,8 @@ class HostRule:
         return best
 
     def runner_up(self, chosen):
-        # the fwd takes 128x256 by group size, not by cost (choose): it is no fwd runner-up
-        others = [t for t in TILES if t != chosen and (self.dgrad or t != (128, 256))]
+        # where the fwd takes 128x256 by group size, not by cost (choose), it is no runner-up
+        others = [t for t in TILES if t != chosen and (self.by_cost or t != (128, 256))]
         return min(others, key=lambda t: self.weighed(t, self.cost(t)))
 
     def device_cost(self, t, sizes) -> float:
@@ -84,6 +89,7 @@ def main() -> None:
     ap.add_argument("--launch-us", type=float, default=1.0)
     ap.add_argument("--ratio", type=float, default=1.1)
     ap.add_argument("--narrow-memory", action="store_true", help="the H100's constants")
+    ap.add_argument("--rule-before", action="store_true", help="the rule of runs made before kSm90ManyWaves")
     ap.add_argument("--sms", type=int, default=132)
     args = ap.parse_args()
     data = json.load(open(args.results))
@@ -95,7 +101,8 @@ def main() -> None:
             if r["op"] != op or not r.get("tiles_ms"):
                 continue
             n_out = r["N"] if op == "fwd" else r["K"]
-            rule = HostRule(sum(r["sizes"]), len(r["sizes"]), n_out, op == "dgrad", args.narrow_memory, args.sms)
+            rule = HostRule(sum(r["sizes"]), len(r["sizes"]), n_out, op == "dgrad", args.narrow_memory, args.sms,
+                            args.rule_before)
             chosen = rule.choose()
             if not r["form"].endswith(name(*chosen)):
                 raise SystemExit(f"the mirrored rule chose {name(*chosen)} where the run chose {r['form']}: "

@@ -288,7 +288,8 @@ def test_every_sm90_tile_form(op, tile):
 def test_tile_choice_follows_the_memory_bandwidth():
     """The default fwd tile of 16384 rows in 9 groups, N = 4096 (the grid's (4096, 2048, 9) w2 row):
     128x256 where DRAM bandwidth per SM is narrow (an H100, where it was 5-13% faster), 128x128
-    otherwise (an H200). The bandwidth the driver reports must be a real part's."""
+    otherwise (an H200); the same of 16384 rows in 32 groups. The bandwidth the driver reports
+    must be a real part's."""
     ext = cake_moe._runtime.ext()
     device = torch.cuda.current_device()
     bandwidth, sms = ext.device_dram_bytes_per_s(device), ext.device_sm_count(device)
@@ -296,6 +297,12 @@ def test_tile_choice_follows_the_memory_bandwidth():
     narrow = bandwidth < ext.narrow_memory_bytes_per_sm_s * sms
     assert ext.device_narrow_memory(device) == narrow
     x, w, _, offs = problem([16384 // 9] * 9, 4096, 64, pad=16384 % 9)
+    launch = cake_moe.prepare_grouped_gemm_fwd(x, w, offs)
+    assert launch.form == ("gg_sm90_fwd_128x256" if narrow else "gg_sm90_fwd_128x128"), (launch.form, bandwidth)
+    check_rows(launch.launch(), ref.fwd(x, w, offs), poisoned=False)
+    # 512 rows in each of 32 groups: 35 waves of 128x128 tiles, so where memory is narrow the fwd
+    # chooses by the wave cost (kSm90ManyWaves), not 128x192 as with fewer waves
+    x, w, _, offs = problem([512] * 32, 4096, 64, pad=0)
     launch = cake_moe.prepare_grouped_gemm_fwd(x, w, offs)
     assert launch.form == ("gg_sm90_fwd_128x256" if narrow else "gg_sm90_fwd_128x128"), (launch.form, bandwidth)
     check_rows(launch.launch(), ref.fwd(x, w, offs), poisoned=False)

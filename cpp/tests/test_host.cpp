@@ -154,11 +154,17 @@ static void test_grouped_gemm_tiles_narrow_memory() {
       {4096, 9, 4096, true, 128, 256},    // dgrad (4096,2048,9) w13: 128x256 0.968 / 0.958 / 0.964
       {65536, 8, 4096, false, 256, 256},  // large groups: 128x256 either way
       {4096, 8, 3072, false, 128, 128},   // fwd (2048,1536,8) w13: 128x128 within 1.5% of the others
+      // a fwd of 30 or more 128x128 waves chooses by the wave cost (kSm90ManyWaves; layers of 32-128
+      // experts, 2026-12-06 sweep): 128x256 ran x1.127 / x1.104 the speed of 128x192, x1.19 / x1.34 of 128x128
+      {16384, 32, 4096, false, 128, 256}, // fwd (7168,2048,32) w13 T = 16384: 35 waves of 128x128
+      {65536, 128, 3072, false, 128, 256},// fwd (4096,1536,128) w13 T = 65536: 105 waves
   };
   for (const Row& r : rows) {
     EXPECT(choose_sm90_tile(r.rows, r.groups, r.n_out, r.dgrad, sms, false).bn == r.wide_bn);
     EXPECT(choose_sm90_tile(r.rows, r.groups, r.n_out, r.dgrad, sms, true).bn == r.narrow_bn);
   }
+  // under 30 waves the fwd keeps 128x192 (fwd (7168,2048,8) w13 T = 4096 above: 9 waves of 128x128)
+  EXPECT(grouped_gemm::sm90_tile_cost(4096, 8, 4096, 128, 128, sms) < grouped_gemm::kSm90ManyWaves);
   // under 48 rows per group the choice does not depend on the memory
   for (const int32_t groups : {32, 64, 128})
     EXPECT(choose_sm90_tile(1024, groups, 4096, false, sms, true).bn ==

@@ -55,8 +55,15 @@ inline double sm90_tile_cost(int64_t rows, int32_t num_groups, int32_t n_out, in
 //   (..._grouped_gemm_192_margin_ab.md).
 // Where memory is narrow (an H100) the 128-row tiles' wave costs take the narrow constants and the
 // fwd takes 128x256 from 1024 rows per group: 128x256 was 0.2-10% faster than 128x128 on each of
-// the five grid rows of 1024-1820 rows per group (..._h100_grouped_gemm_tiles.md). The small-group
-// choice keeps the H200's constants: it was not measured on an H100.
+// the five grid rows of 1024-1820 rows per group (..._h100_grouped_gemm_tiles.md). There, too, a
+// fwd of many waves (kSm90ManyWaves of 128x128 tiles or more) chooses 128x256 by the wave cost as
+// the dgrad does: 128x192's narrow credit was fitted where few waves make their rounding count,
+// and with many it took 128x192 where 128x256 was 4-13% faster (layers of 32-128 experts at
+// T = 16384 and 65536, 2026-12-06, ..._h100_grouped_gemm_layers_sweep_ee4a31b.md: five of the
+// eight rows it changes 3.5-13% faster, three 0.4-2.2% slower; no row of the grid or below it
+// changes, `python ci/gg_rule_change.py`). The small-group choice keeps the H200's constants: it
+// was not measured on an H100.
+inline constexpr int kSm90ManyWaves = 30;
 inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out, bool dgrad, int sms,
                                  bool narrow_memory = false) {
   const int64_t per_group = num_groups > 0 ? rows / num_groups : rows;
@@ -67,7 +74,8 @@ inline Sm90Tile choose_sm90_tile(int64_t rows, int32_t num_groups, int32_t n_out
   if (small) return cost(kSm90Tiles[3]) < cost(kSm90Tiles[2]) ? kSm90Tiles[3] : kSm90Tiles[2];
   Sm90Tile best = kSm90Tiles[0];
   const int64_t fwd_wide_rows = narrow_memory ? 1024 : 2048;
-  if (dgrad ? cost(kSm90Tiles[1]) < cost(best) : per_group >= fwd_wide_rows && n_out >= 512) best = kSm90Tiles[1];
+  const bool by_cost = dgrad || (narrow_memory && cost(kSm90Tiles[0]) >= kSm90ManyWaves);  // 128x128: 1 a wave
+  if (by_cost ? cost(kSm90Tiles[1]) < cost(best) : per_group >= fwd_wide_rows && n_out >= 512) best = kSm90Tiles[1];
   const double margin_192 = per_group < 300 ? 0.9 : 0.85;
   if (per_group < 1024 && cost(kSm90Tiles[3]) < margin_192 * cost(best)) best = kSm90Tiles[3];
   return best;
