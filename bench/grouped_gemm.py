@@ -1,6 +1,6 @@
 """Family A benchmark entry point: ``python bench/grouped_gemm.py [ARGS]`` is
 ``cake-moe bench grouped-gemm [ARGS]`` (the same flags: --out, --ops, --sweep, --tokens, --seed,
---no-rotate)."""
+--layers, --no-rotate)."""
 import sys
 
 from cake_moe.cli import main
