@@ -165,6 +165,32 @@ def test_ab_table_reads_two_logs_and_rejects_a_missing_column(tmp_path):
     assert bad.returncode != 0 and "no column 'nope'" in bad.stderr
 
 
+def test_tile_rule_mirror_chooses_what_the_recorded_runs_chose():
+    """ci/gg_pick_model.py mirrors heuristics_sm90.hpp's fwd / dgrad tile choice (it stops where a
+    run chose otherwise): on the H100 layers sweep of 7722882 with the many-wave clause, on
+    ee4a31b's (made before it) only with --rule-before. ci/gg_rule_change.py finds the eight rows
+    the clause changes on ee4a31b's sweep and none on the grid's (c3216f4)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    results = root / "bench" / "results"
+    after = results / "2026-12-06_h100_grouped_gemm_layers_fwd_sweep_seed1_7722882.json"
+    before = results / "2026-12-06_h100_grouped_gemm_layers_sweep_ee4a31b.json"
+    grid = results / "2026-12-05_h100_grouped_gemm_sweep_c3216f4.json"
+
+    def tool(name, *args):
+        return subprocess.run([sys.executable, str(root / "ci" / name), *map(str, args), "--narrow-memory"],
+                              capture_output=True, text=True)
+
+    assert tool("gg_pick_model.py", after).returncode == 0
+    assert tool("gg_pick_model.py", before, "--rule-before").returncode == 0
+    mismatch = tool("gg_pick_model.py", before)
+    assert mismatch.returncode != 0 and "the mirrored rule chose 128x256" in mismatch.stderr
+    out = tool("gg_rule_change.py", before, grid)
+    assert out.returncode == 0, out.stderr
+    changed = [line for line in out.stdout.splitlines() if "->" in line]
+    assert len(changed) == 8 and all(line.split()[0] == "fwd" and "128x192 -> 128x256" in line for line in changed)
+    assert "c3216f4.json: 52 rows, before x1.144, now x1.144" in out.stdout
+
+
 def test_gpu_script_deselects_tests_that_exist():
     """Every test ci/gpu.sh deselects is a test function of the module it names (a test moved to
     another module would otherwise run on the device, or a typo deselect nothing)."""
