@@ -191,6 +191,30 @@ def test_tile_rule_mirror_chooses_what_the_recorded_runs_chose():
     assert "c3216f4.json: 52 rows, before x1.144, now x1.144" in out.stdout
 
 
+def test_tile_rule_mirror_matches_the_host_rule():
+    """ci/gg_pick_model.py's HostRule chooses the tile the extension's default choice binds
+    (heuristics_sm90.hpp, through ``grouped_gemm_sm90_default_form``) on random sizes, fwd and
+    dgrad, narrow memory or not, three SM counts: the tools that replay the rule on recorded runs
+    replay the one that ships."""
+    import importlib.util
+    import random
+
+    from cake_moe import _runtime
+    path = pathlib.Path(__file__).resolve().parents[1] / "ci" / "gg_pick_model.py"
+    spec = importlib.util.spec_from_file_location("gg_pick_model", path)
+    mirror = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mirror)
+    ext = _runtime.ext()
+    rng = random.Random(87)
+    for _ in range(3000):
+        rows, groups = rng.randint(1, 1 << rng.randint(4, 20)), rng.randint(1, 300)
+        n, k = 8 * rng.randint(1, 2048), 8 * rng.randint(1, 2048)
+        op, narrow, sms = rng.choice((0, 1)), rng.random() < 0.5, rng.choice((132, 114, 78))
+        want = mirror.HostRule(rows, groups, n if op == 0 else k, op == 1, narrow, sms).choose()
+        got = ext.grouped_gemm_sm90_default_form(op, 0, groups, n, k, rows, False, sms, narrow)
+        assert got == "gg_sm90_{}_{}x{}".format("fwd" if op == 0 else "dgrad", *want), (rows, groups, n, k, op, narrow, sms)
+
+
 def test_gpu_script_deselects_tests_that_exist():
     """Every test ci/gpu.sh deselects is a test function of the module it names (a test moved to
     another module would otherwise run on the device, or a typo deselect nothing)."""

@@ -321,6 +321,26 @@ def test_decide_prints_the_decision_table(capsys, narrow, want):
     assert f"{_decide.routes_per_expert(512, 16, 896):.3g}" in rows[512]
 
 
+def test_decide_prints_the_grouped_gemm_forms(capsys):
+    """``cake-moe decide --grouped-gemm H,I,E``: per routed-row count and weight, the default
+    sm_90a fwd / dgrad / wgrad forms (host only); narrow memory takes 128x256 for a fwd of many
+    waves (kSm90ManyWaves) where an H200 keeps 128x128, and groups of at most 512 rows take the
+    wgrad's CTA pairs. A family-B --layer with it exits 2."""
+    rows = {}
+    for narrow in ("yes", "no"):
+        assert cli.main(["decide", "--grouped-gemm", "7168,2048,32", "--tokens", "16384", "--narrow-memory",
+                         narrow]) == 0
+        out = capsys.readouterr().out
+        assert f"narrow memory {narrow}" in out
+        rows[narrow] = {line.split()[2]: line.split() for line in out.splitlines() if line.strip().startswith("16384")}
+    assert set(rows["yes"]) == {"w13", "w2"}
+    assert rows["yes"]["w13"][3:] == ["4096", "7168", "gg_sm90_fwd_128x256", "gg_sm90_dgrad_128x256",
+                                      "gg_sm90_wgrad_det_c2"]
+    assert rows["no"]["w13"][5] == "gg_sm90_fwd_128x128"
+    assert cli.main(["decide", "--grouped-gemm", "7168,2048,32", "--layer", "256,8,7168,2048"]) == 2
+    assert "takes no family-B --layer" in capsys.readouterr().err
+
+
 def test_decide_refuses_an_unknown_layout(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["decide", "--layouts", "ep4"])

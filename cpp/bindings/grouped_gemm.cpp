@@ -135,6 +135,17 @@ void bind_grouped_gemm(nb::module_& m) {
         },
         nb::arg("op"), nb::arg("variant"), nb::arg("num_groups"), nb::arg("n"), nb::arg("k"), nb::arg("rows"),
         nb::arg("out_f32"), nb::arg("device"), nb::arg("form") = "");
+
+  m.def("grouped_gemm_sm90_default_form",
+        [](int op, int variant, int32_t num_groups, int32_t n, int32_t k, int64_t rows, bool out_f32, int sms,
+           bool narrow_memory) {
+          if (sms <= 0) throw ValueError("sms must be positive");
+          return grouped_gemm::sm90_default_form(shape(op, variant, num_groups, n, k, rows, out_f32), sms,
+                                                 narrow_memory);
+        },
+        nb::arg("op"), nb::arg("variant"), nb::arg("num_groups"), nb::arg("n"), nb::arg("k"), nb::arg("rows"),
+        nb::arg("out_f32"), nb::arg("sms"), nb::arg("narrow_memory"),
+        "the sm_90a form the default choice binds on a part with `sms` SMs (host facts only, no device)");
 }
 
 }  // namespace cake_moe::bindings

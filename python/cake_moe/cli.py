@@ -71,12 +71,43 @@ def _decision_line(w: CakeMxfp4MoEWrapper, t: int) -> str:
             f"{'yes' if d.tile_sync else 'no':5} {mib:>6.1f} MiB  {gemms}")
 
 
+def _decide_grouped_gemm(args) -> int:
+    """Family A's default sm_90a forms for a layer (``--grouped-gemm H,I,E``): per routed-row count
+    and weight, the fwd / dgrad / det wgrad forms the host would bind, the group sizes taken as
+    the row count over E (the choice sees nothing else). Host only: no kernel runs."""
+    import torch
+
+    from .bench.grouped_gemm import TOKENS
+    ext = _runtime.ext()
+    on_device = torch.cuda.is_available()
+    device = torch.cuda.current_device() if on_device else None
+    sms = ext.device_sm_count(device) if on_device else 132
+    narrow = (ext.device_narrow_memory(device) if on_device else False) if args.narrow_memory == "device" \
+        else args.narrow_memory == "yes"
+    h, i, e = args.grouped_gemm
+    where = "the current device" if on_device else "no CUDA device: an H200's"
+    print(f"grouped GEMM (H, I, E) = ({h}, {i}, {e}): sm_90a forms with {sms} SMs, narrow memory "
+          f"{'yes' if narrow else 'no'} ({where} unless --narrow-memory says)")
+    print(f"{'T':>7} {'rows/E':>7} {'weight':6} {'N':>6} {'K':>6}  {'fwd':24} {'dgrad':24} wgrad (det, bf16)")
+    for t in args.tokens or TOKENS:
+        for which, (n, k) in (("w13", (2 * i, h)), ("w2", (h, i))):
+            forms = [ext.grouped_gemm_sm90_default_form(op, 0, e, n, k, t, False, sms, narrow) for op in (0, 1, 2)]
+            print(f"{t:>7} {t // e:>7} {which:6} {n:>6} {k:>6}  {forms[0]:24} {forms[1]:24} {forms[2]}")
+    return 0
+
+
 def cmd_decide(args) -> int:
     """Family B's decisions (the contract layouts, or ``--layer``): per token count, the path,
     the tile forms (with the one the device may take instead from the call's route counts), the
-    per-tile sync, the workspace and the GEMM kernels ``plan()`` binds. Host only: no kernel runs."""
+    per-tile sync, the workspace and the GEMM kernels ``plan()`` binds. Host only: no kernel runs.
+    With ``--grouped-gemm``, family A's default forms instead."""
     import torch
 
+    if args.grouped_gemm is not None:
+        if args.layer is not None or any(v is not None for v in (args.local_experts, args.expert_offset, args.shard)):
+            print("cake-moe decide: --grouped-gemm takes no family-B --layer or rank", file=sys.stderr)
+            return 2
+        return _decide_grouped_gemm(args)
     from .bench.mxfp4_moe import E, H, I, LAYOUTS, TOP_K
     from .mxfp4_moe import CakeMxfp4MoEWrapper
     narrow = {"device": None, "yes": True, "no": False}[args.narrow_memory]
@@ -216,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="--layer: this rank's experts (expert parallel)")
     c.add_argument("--expert-offset", type=int, default=None, help="--layer: the first local expert's id")
     c.add_argument("--shard", type=_positive, default=None, help="--layer: this rank's intermediate shard (MoE TP)")
+    c.add_argument("--grouped-gemm", type=_gg_layer, default=None, metavar="H,I,E",
+                   help="family A instead: the default sm_90a forms of this layer's w13 and w2 fwd / dgrad / wgrad "
+                        "at --tokens routed rows (default the grid's 4096 16384 65536)")
     c.add_argument("--narrow-memory", choices=("device", "yes", "no"), default="device",
                    help="the decisions of a part with narrow DRAM bandwidth per SM (an H100 SXM: yes) or not "
                         "(an H200: no); device (default) reads the current device, an H200's without one")

@@ -72,20 +72,29 @@ std::unique_ptr<Launch> prepare_form(const Problem& p) {
                    runtime::device_arch(p.device) + " (see `cake-moe info`)");
 }
 
+// The fwd / dgrad tile the default choice takes on sm_90a (the dgrad's output width is K).
+Sm90Tile default_sm90_tile(const Problem& p, int sms, bool narrow_memory) {
+  const int32_t n_out = p.op == Op::kDgrad ? p.k : p.n;
+  return choose_sm90_tile(p.rows, p.num_groups, n_out, p.op == Op::kDgrad, sms, narrow_memory);
+}
+
 // The GEMM of a problem with rows and groups.
 std::unique_ptr<Launch> prepare_gemm(const Problem& p) {
   if (!p.form.empty()) return prepare_form(p);
   if (native_sm90(p.device)) {
     if (p.op == Op::kWgrad) return make_sm90_wgrad_launch(p, use_sm90_wgrad_pair(p.rows, p.num_groups, p.out_f32));
-    const int32_t n_out = p.op == Op::kDgrad ? p.k : p.n;
     const runtime::DeviceInfo& dev = runtime::device_info(p.device);
-    return make_sm90_launch(p, choose_sm90_tile(p.rows, p.num_groups, n_out, p.op == Op::kDgrad, dev.sm_count,
-                                                dev.narrow_memory()));
+    return make_sm90_launch(p, default_sm90_tile(p, dev.sm_count, dev.narrow_memory()));
   }
   return make_portable_launch(p);
 }
 
 }  // namespace
+
+std::string sm90_default_form(const Problem& p, int sms, bool narrow_memory) {
+  if (p.op == Op::kWgrad) return sm90_wgrad_form(p.variant, use_sm90_wgrad_pair(p.rows, p.num_groups, p.out_f32));
+  return sm90_form_name(p.op, default_sm90_tile(p, sms, narrow_memory));
+}
 
 std::unique_ptr<Launch> prepare(const Problem& p) {
   check_bounds(p);
