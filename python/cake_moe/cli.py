@@ -85,9 +85,9 @@ def _decide_grouped_gemm(args) -> int:
     narrow = (ext.device_narrow_memory(device) if on_device else False) if args.narrow_memory == "device" \
         else args.narrow_memory == "yes"
     h, i, e = args.grouped_gemm
-    where = "the current device" if on_device else "no CUDA device: an H200's"
-    print(f"grouped GEMM (H, I, E) = ({h}, {i}, {e}): sm_90a forms with {sms} SMs, narrow memory "
-          f"{'yes' if narrow else 'no'} ({where} unless --narrow-memory says)")
+    src = "the current device's" if on_device else "an H200's: no CUDA device"
+    print(f"grouped GEMM (H, I, E) = ({h}, {i}, {e}): sm_90a forms with {sms} SMs ({src}), narrow memory "
+          f"{'yes' if narrow else 'no'} ({src if args.narrow_memory == 'device' else '--narrow-memory'})")
     print(f"{'T':>7} {'rows/E':>7} {'weight':6} {'N':>6} {'K':>6}  {'fwd':24} {'dgrad':24} wgrad (det, bf16)")
     for t in args.tokens or TOKENS:
         for which, (n, k) in (("w13", (2 * i, h)), ("w2", (h, i))):
