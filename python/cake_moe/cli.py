@@ -77,7 +77,7 @@ def _decide_grouped_gemm(args) -> int:
     the row count over E (the choice sees nothing else). Host only: no kernel runs."""
     import torch
 
-    from .bench.grouped_gemm import TOKENS
+    from .bench.grouped_gemm import TOKENS, weight_nk
     ext = _runtime.ext()
     on_device = torch.cuda.is_available()
     device = torch.cuda.current_device() if on_device else None
@@ -90,7 +90,8 @@ def _decide_grouped_gemm(args) -> int:
           f"{'yes' if narrow else 'no'} ({src if args.narrow_memory == 'device' else '--narrow-memory'})")
     print(f"{'T':>7} {'rows/E':>7} {'weight':6} {'N':>6} {'K':>6}  {'fwd':24} {'dgrad':24} wgrad (det, bf16)")
     for t in args.tokens or TOKENS:
-        for which, (n, k) in (("w13", (2 * i, h)), ("w2", (h, i))):
+        for which in ("w13", "w2"):
+            n, k = weight_nk(h, i, which)
             forms = [ext.grouped_gemm_sm90_default_form(op, 0, e, n, k, t, False, sms, narrow) for op in (0, 1, 2)]
             print(f"{t:>7} {t // e:>7} {which:6} {n:>6} {k:>6}  {forms[0]:24} {forms[1]:24} {forms[2]}")
     return 0

@@ -36,13 +36,18 @@ def _sizes(total: int, e: int, kind: str, seed: int) -> list[int]:
     return s.tolist()
 
 
+def weight_nk(h: int, i: int, which: str) -> tuple[int, int]:
+    """(N, K) of a layer's weight: w13 [E, 2I, H], w2 [E, H, I]."""
+    return (2 * i, h) if which == "w13" else (h, i)
+
+
 def _rows(tokens=None, layers=None):
     """The PERF.md grid; with ``tokens``, its layers' random-group rows at those token counts
     instead (an off-grid check: the grid starts at T = 4096); with ``layers`` ((H, I, E) each),
     those layers' random-group rows instead of the grid's layers."""
     for h, i, e in layers or LAYERS:
         for which in ("w13", "w2"):
-            n, k = (2 * i, h) if which == "w13" else (h, i)
+            n, k = weight_nk(h, i, which)
             for t in tokens or TOKENS:
                 yield (h, i, e, which, n, k, t, "random")
     if not tokens and not layers:

@@ -117,8 +117,7 @@ def _workspace(device: torch.device, nbytes: int) -> torch.Tensor | None:
         return torch.zeros(nbytes, dtype=torch.uint8, device=device)
     stream = _runtime.stream_handle(device)
     key = (device.index, stream, _runtime.stream_thread(stream))
-    with _lock:
-        ws = _workspaces.get(key)
+    ws = _workspaces.get(key)   # (one dict read: the lock guards the changes below)
     if ws is None or ws.numel() < nbytes:
         ws = torch.zeros(nbytes, dtype=torch.uint8, device=device)   # (allocated outside the lock)
     with _lock:
