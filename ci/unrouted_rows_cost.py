@@ -23,7 +23,7 @@ def main() -> None:
     print("| layer | op | T | rows past the end | plain us | zeroing us | ratio |")
     print("|---|---|---|---|---|---|---|")
     for (h, i, e), which in [(layer, w) for layer in bench.LAYERS for w in ("w13", "w2")]:
-        n, k = (2 * i, h) if which == "w13" else (h, i)
+        n, k = bench.weight_nk(h, i, which)
         for t in args.tokens:
             for tail in (0, t // 20):
                 gen = torch.Generator().manual_seed(args.seed * 1000 + t)
