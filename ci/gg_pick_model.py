@@ -41,15 +41,17 @@ class HostRule:
     """choose_sm90_tile for one row: the host knows the row count and the group count only."""
 
     def __init__(self, rows: int, groups: int, n_out: int, dgrad: bool, narrow: bool, sms: int,
-                 before: bool = False):
+                 before: bool = False, clause_wide: bool = False):
         self.rows, self.groups, self.n_out, self.dgrad, self.sms = rows, groups, n_out, dgrad, sms
         self.per_group = rows // groups
         self.small = self.per_group < 48
         self.narrow = narrow and not self.small
         self.margin_192 = 0.9 if self.per_group < 300 else 0.85
         # the fwd chooses 128x256 by the wave cost as the dgrad does where memory is narrow and
-        # 128x128 takes many waves (kSm90ManyWaves)
-        self.by_cost = dgrad or (self.narrow and self.cost(TILES[0]) >= MANY_WAVES and not before)
+        # 128x128 takes many waves (kSm90ManyWaves); clause_wide: the same where it is wide too
+        # (a question put to the wide-memory sweeps, not the host's rule)
+        many = not before and self.cost(TILES[0]) >= MANY_WAVES
+        self.by_cost = dgrad or (many and (self.narrow or (clause_wide and not self.small)))
 
     def cost(self, t) -> float:
         m_tiles = self.rows / t[0] + 0.5 * self.groups

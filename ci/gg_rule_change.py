@@ -4,6 +4,7 @@ timed on every row): per run, the geomean speed-up over torch._grouped_mm of the
 chose before it and now, and each row whose tile changed, with the measured time ratio.
 
 usage: python ci/gg_rule_change.py bench/results/<run>_sweep.json ... [--narrow-memory] [--sms 132]
+       [--clause-wide]  (the wide-memory rule as it is against the clause added to it as well)
 Runs on the CPU.
 """
 import argparse
@@ -17,7 +18,11 @@ def main() -> None:
     ap.add_argument("results", nargs="+")
     ap.add_argument("--narrow-memory", action="store_true", help="the H100's constants")
     ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--clause-wide", action="store_true",
+                    help="on wide-memory runs: the rule now against the rule with the clause added")
     args = ap.parse_args()
+    if args.clause_wide and args.narrow_memory:
+        raise SystemExit("--clause-wide asks about wide-memory runs: leave out --narrow-memory")
     name = "{}x{}".format
     for path in args.results:
         data = json.load(open(path))
@@ -26,8 +31,11 @@ def main() -> None:
         speedups: dict = {False: [], True: []}
         for r in rows:
             n_out = r["N"] if r["op"] == "fwd" else r["K"]
+            # before: the rule of the runs (without the clause, or, with --clause-wide, the wide
+            # rule as it stands); now: with the clause (on wide memory too under --clause-wide)
             tile = {before: name(*HostRule(sum(r["sizes"]), len(r["sizes"]), n_out, r["op"] == "dgrad",
-                                           args.narrow_memory, args.sms, before).choose())
+                                           args.narrow_memory, args.sms, before and not args.clause_wide,
+                                           clause_wide=args.clause_wide and not before).choose())
                     for before in (True, False)}
             for before, t in tile.items():
                 speedups[before].append(r["torch_ms"] / r["tiles_ms"][t])
