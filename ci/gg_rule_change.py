@@ -24,6 +24,9 @@ def main() -> None:
     if args.clause_wide and args.narrow_memory:
         raise SystemExit("--clause-wide asks about wide-memory runs: leave out --narrow-memory")
     name = "{}x{}".format
+    # the two rules compared: before = the rule of the runs (without the many-wave clauses), now =
+    # with them; under --clause-wide, the wide rule as it stands against it with the fwd clause added
+    rules = {True: {"before": not args.clause_wide}, False: {"clause_wide": args.clause_wide}}
     for path in args.results:
         data = json.load(open(path))
         rows = [r for r in (data["rows"] if isinstance(data, dict) else data)
@@ -31,12 +34,9 @@ def main() -> None:
         speedups: dict = {False: [], True: []}
         for r in rows:
             n_out = r["N"] if r["op"] == "fwd" else r["K"]
-            # before: the rule of the runs (without the clause, or, with --clause-wide, the wide
-            # rule as it stands); now: with the clause (on wide memory too under --clause-wide)
             tile = {before: name(*HostRule(sum(r["sizes"]), len(r["sizes"]), n_out, r["op"] == "dgrad",
-                                           args.narrow_memory, args.sms, before and not args.clause_wide,
-                                           clause_wide=args.clause_wide and not before).choose())
-                    for before in (True, False)}
+                                           args.narrow_memory, args.sms, **kw).choose())
+                    for before, kw in rules.items()}
             for before, t in tile.items():
                 speedups[before].append(r["torch_ms"] / r["tiles_ms"][t])
             if tile[True] != tile[False]:
