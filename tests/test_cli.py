@@ -174,18 +174,47 @@ def test_grouped_gemm_summary_per_form_geomeans():
             "128x256_c2 x1.414 (2 rows)") in s
 
 
-def test_interleaved_timing_rotates_and_takes_medians():
+def test_balanced_orders_put_every_callable_after_every_other_equally_often():
     from cake_moe.bench import timing
-    calls = []
-    fake = {"a": [5.0, 1.0, 2.0], "b": [3.0, 9.0, 4.0], "c": [7.0, 7.0, 8.0]}
+    for n in range(1, 9):
+        orders = timing.balanced_orders(n)
+        assert len(orders) == (n if n % 2 == 0 or n == 1 else 2 * n)
+        assert all(sorted(o) == list(range(n)) for o in orders)
+        follows = {}
+        for o in orders:
+            for a, b in zip(o, o[1:]):
+                follows[(a, b)] = follows.get((a, b), 0) + 1
+        assert len(follows) == n * (n - 1), f"n={n}: some callable never follows another"
+        assert len(set(follows.values())) <= 1, f"n={n}: uneven {follows}"
 
+
+def _fake_timer(fake: dict, calls: list):
     def timer(fn, iters, reps):
         calls.append(fn())
         return fake[calls[-1]].pop(0)
+    return timer
 
-    ms = timing.time_interleaved({k: (lambda k=k: k) for k in "abc"}, rounds=3, timer=timer)
+
+def test_interleaved_timing_balances_its_rounds_and_takes_medians():
+    from cake_moe.bench import timing
+    calls = []
+    fake = {"a": [5.0, 1.0, 2.0, 2.0, 9.0, 1.5], "b": [3.0, 9.0, 4.0, 4.0, 3.5, 8.0], "c": [7.0] * 6}
+    ms = timing.time_interleaved({k: (lambda k=k: k) for k in "abc"}, timer=_fake_timer(fake, calls))
+    want = ["abc"[i] for o in timing.balanced_orders(3) for i in o]
+    assert calls == want, "one full balanced design of rounds by default (six for three callables)"
+    assert ms == {"a": 2.0, "b": 4.0, "c": 7.0}
+
+
+def test_interleaved_timing_rotates_on_request():
+    from cake_moe.bench import timing
+    calls = []
+    fake = {"a": [5.0, 1.0, 2.0], "b": [3.0, 9.0, 4.0], "c": [7.0, 7.0, 8.0]}
+    ms = timing.time_interleaved({k: (lambda k=k: k) for k in "abc"}, rounds=3, timer=_fake_timer(fake, calls),
+                                 order="rotate")
     assert calls == list("abc" "bca" "cab"), "each round starts one callable later"
     assert ms == {"a": 2.0, "b": 4.0, "c": 7.0}
+    with pytest.raises(ValueError, match="order"):
+        timing.time_interleaved({"a": lambda: "a"}, order="shuffled")
 
 
 def test_grouped_gemm_bench_rotates_inputs_that_fit_in_l2():

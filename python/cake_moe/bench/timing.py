@@ -43,19 +43,48 @@ def time_cuda(fn: Callable[[], object], *, warmup: int = 3, iters: int = 10, rep
     return statistics.median(times)
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int = 4, iters: int = 3, reps: int = 5,
-                     timer: Callable[..., float] = time_cuda) -> dict[str, float]:
-    """Median milliseconds per call of each of ``fns``, timed round-robin for ``rounds`` rounds
-    (the order rotates each round), so clock and power drift during a run falls on every
-    callable alike: timing one after the other biases a ratio (at large sizes the later one ran
-    up to 16% slower on the H200). 20 timed samples per callable (rounds x reps) of ``iters``
-    back-to-back calls each: the median of the rounds' medians."""
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of ``n`` callables in which each one directly follows every other equally often (a
+    Williams design: ``n`` orders for even ``n``, ``2n`` for odd). A rotation keeps the cyclic
+    order, so each callable always runs after the same one; what ran before can carry over (on
+    the H200, of three launches of one dgrad kernel at T = 65536 timed in rotation, the one
+    after torch's was the fastest in 8 runs of 8, by 2-7%)."""
+    if n <= 1:
+        return [list(range(n))]
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    orders = [[(v + r) % n for v in first] for r in range(n)]
+    return orders if n % 2 == 0 else orders + [o[::-1] for o in orders]
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int | None = None, iters: int = 3,
+                     reps: int = 5, timer: Callable[..., float] = time_cuda,
+                     order: str = "balanced") -> dict[str, float]:
+    """Median milliseconds per call of each of ``fns``, timed in rounds that each call every
+    callable once, so clock and power drift during a run falls on every callable alike: timing
+    one after the other biases a ratio (at large sizes the later one ran up to 16% slower on the
+    H200). ``order="balanced"`` (default) takes the rounds' orders from ``balanced_orders``
+    (``rounds`` default: one full design, at least 4), so no callable always follows the same
+    one; ``"rotate"`` starts each round one callable later. ``reps`` timed samples per callable
+    and round, of ``iters`` back-to-back calls each: the median of the rounds' medians."""
     names = list(fns)
+    if order == "balanced":
+        orders = balanced_orders(len(names))
+    elif order == "rotate":
+        orders = [list(range(r, len(names))) + list(range(r)) for r in range(len(names))]
+    else:
+        raise ValueError(f"order must be 'balanced' or 'rotate', got {order!r}")
+    if rounds is None:
+        rounds = max(4, len(orders)) if order == "balanced" else 4
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            times[name].append(timer(fns[name], iters=iters, reps=reps))
+        for idx in orders[r % len(orders)]:
+            times[names[idx]].append(timer(fns[names[idx]], iters=iters, reps=reps))
     return {name: statistics.median(v) for name, v in times.items()}
 
 
