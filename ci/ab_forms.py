@@ -1,20 +1,17 @@
 """Interleaved timing of grouped-GEMM forms against torch._grouped_mm on the benchmark grid.
 
-Each row's callables (torch's peer and every named form) are timed round-robin
+Each row's callables (torch's peer and every named form) are timed in interleaved rounds
 (`timing.time_interleaved`), so clock and power drift during the run falls on all of them alike.
 
 usage: python ci/ab_forms.py OP FORM[,FORM...] [--rounds R] [--json PATH] [--tokens T ...] [--seed S]
-       [--layers H,I,E ...] [--own-outputs] [--order balanced|rotate]
-       [--settle-ms MS]
+       [--layers H,I,E ...] [--order balanced|rotate]
   OP: fwd, dgrad or wgrad (det); FORM: as `prepare_grouped_gemm_*(form=...)` takes it, optionally
   prefixed with NAME=VALUE: to prepare it with that environment variable set (a switch read when
   a launch is prepared, e.g. CAKE_MOE_GG_SPLIT_TAIL=0:gg_sm90_fwd_128x256).
   --tokens / --seed: the grid's layers at other token counts / other group draws, as
   `cake-moe bench grouped-gemm` takes them (a tile rule for small T is checked this way).
   --layers: other layers' rows in place of the grid's layers, as the benchmark's --layers.
-  Every form of a row writes into one output (the first form's), so forms are compared on the
-  same buffer; --own-outputs gives each its own (at T = 65536 the first-prepared of several
-  512 MB outputs ran up to 6% faster with the same kernel).
+  --order: the rounds' orders (`timing.time_interleaved`); --rounds defaults to one full design.
 """
 import argparse
 import json
@@ -26,16 +23,16 @@ from cake_moe.bench import timing
 from cake_moe.cli import _gg_layer
 
 
-def prepared(make, entry: str, out=None):
-    """The launch of one FORM entry: `make(form, out)`, under the entry's NAME=VALUE: prefix if any."""
+def prepared(make, entry: str):
+    """The launch of one FORM entry: `make(form)`, under the entry's NAME=VALUE: prefix if any."""
     env, sep, form = entry.rpartition(":") if "=" in entry.split(":")[0] else ("", "", entry)
     if not sep:
-        return make(form, out)
+        return make(form)
     name, _, value = env.partition("=")
     old = os.environ.get(name)
     os.environ[name] = value
     try:
-        return make(form, out)
+        return make(form)
     finally:
         if old is None:
             del os.environ[name]
@@ -52,20 +49,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=_gg_layer, nargs="+", default=None, metavar="H,I,E")
-    ap.add_argument("--own-outputs", action="store_true", help="each form its own output buffer")
-    ap.add_argument("--order", choices=("balanced", "rotate"), default="balanced", help="see timing.time_interleaved")
-    ap.add_argument("--settle-ms", type=float, default=0.0, help="see timing.time_interleaved")
+    ap.add_argument("--order", choices=("balanced", "rotate"), default="balanced")
     args = ap.parse_args()
     forms = args.forms.split(",")
     rows, logs = [], {f or "default": [] for f in forms}
     for (h, i, e, which, n, k, t, kind), (_, offs, x, w, g) in b.cases(args.tokens, args.seed, args.layers):
         make, peer = b.op_callables(args.op, x, w, g, offs)
-        fns, out = {"torch": peer}, None
-        for f in forms:
-            launch = prepared(make, f, out)
-            fns[f or "default"] = launch.launch
-            out = None if args.own_outputs else launch.out
-        med = timing.time_interleaved(fns, rounds=args.rounds, order=args.order, settle_ms=args.settle_ms)
+        fns = {"torch": peer, **{f or "default": prepared(make, f).launch for f in forms}}
+        med = timing.time_interleaved(fns, rounds=args.rounds, order=args.order)
         names = list(fns)
         row = {"op": args.op, "layer": [h, i, e], "weight": which, "N": n, "K": k, "E": e, "T": t, "groups": kind,
                "ms": med}
