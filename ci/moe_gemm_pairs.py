@@ -1,6 +1,7 @@
 """Family B: time the layer with each (GEMM1, GEMM2) form pair of one token-tile size, on the
-same inputs, round-robin in one process (the pairs the decision table does not bind together
-included), and check each pair's output against the table's own plan.
+same inputs, in interleaved rounds in one process (their orders from `timing.balanced_orders`;
+the pairs the decision table does not bind together included), and check each pair's output
+against the table's own plan.
 
     python ci/moe_gemm_pairs.py ep8 1 2 --pairs n8_narrow/n8_narrow,n8_narrow/n8 --rounds 4
     python ci/moe_gemm_pairs.py tp8 1 2 4 --env CAKE_MOE_UNIT_QUEUE=0
@@ -132,10 +133,10 @@ def main() -> None:
                     os.environ[name] = value
         _decide.gemm_tiles = table_tiles
         times = {pair: [] for pair in calls}
+        names = list(calls)
+        orders = timing.balanced_orders(len(names))
         for r in range(args.rounds):
-            order = list(calls)
-            order = order[r % len(order):] + order[:r % len(order)]
-            for pair in order:
+            for pair in (names[i] for i in orders[r % len(orders)]):
                 n = 48 if len(inputs) > 1 else 20
                 if args.graph and t > bench.GRAPH_MAX_T:  # ~1000 layer calls per timing would take minutes
                     times[pair].append(timing.time_graph(calls[pair], calls=max(8, len(inputs)), reps=5))

@@ -150,7 +150,7 @@ def _time_op(op, x, w, g, offs, dense, copies: int, sweep: bool):
     except NotImplementedError as err:
         print(f"{op} skipped: {err}")
         return None
-    # ours, the peers and the swept tiles timed round-robin (see timing.time_interleaved)
+    # ours, the peers and the swept tiles timed in interleaved rounds (see timing.time_interleaved)
     fns = {"ours": timing.cycling([launch.launch for launch in launches]), "dense": dense}
     if pairs[0][1]:
         fns["torch"] = timing.cycling([peer for _, peer in pairs])
