@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE[,NAME=VALUE...]: the table's pair planned with them set")
     ap.add_argument("--tiles", default="", help="comma list of tile forms, each planned forced")
     ap.add_argument("--alts", default="", help="comma list of A+B: sm_90a forms planned as a decision's two forms")
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=None, help="default: one balanced design, at least 4 rounds")
     ap.add_argument("--rotations", type=int, default=bench.ROTATIONS, help="routings per variant (one graph)")
     ap.add_argument("--graph", action="store_true",
                     help=f"time every row graph-replayed (the benchmark graphs T <= {bench.GRAPH_MAX_T} "
@@ -135,7 +135,7 @@ def main() -> None:
         times = {pair: [] for pair in calls}
         names = list(calls)
         orders = timing.balanced_orders(len(names))
-        for r in range(args.rounds):
+        for r in range(args.rounds or max(4, len(orders))):
             for pair in (names[i] for i in orders[r % len(orders)]):
                 n = 48 if len(inputs) > 1 else 20
                 if args.graph and t > bench.GRAPH_MAX_T:  # ~1000 layer calls per timing would take minutes

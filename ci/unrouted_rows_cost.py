@@ -1,8 +1,8 @@
 """Device time of grouped_mm's zeroing of the rows past the last group end: the fwd and dgrad
-prepared launches with and without ``zero_unrouted_rows``, timed in interleaved rounds in one process on
-the grid's layers (random imbalanced groups covering every row, so the zeroing kernel finds no
-row to write: its cost is one launch whose CTAs read one offset and exit), and once with 5% of
-the rows past the last end. Prints a markdown table; the bench/results file takes it.
+prepared launches with and without ``zero_unrouted_rows``, timed in interleaved rounds in one
+process on the grid's layers (random imbalanced groups covering every row, so the zeroing
+kernel finds no row to write: its cost is one launch whose CTAs read one offset and exit), and
+once with 5% of the rows past the last end. Prints a markdown table; the bench/results file takes it.
 
     python ci/unrouted_rows_cost.py [--tokens 4096 16384] [--seed 1]
 """
