@@ -4,8 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import _config, _library, _runtime, _validate
-from . import _kept_launches
-from ._kept_launches import _keep, _kept, _kept_key, _kept_launch, _launch_kept, _one_shot
+from ._kept_launches import _keep, _kept, _kept_key, _kept_launch, _launch_kept, _one_shot, forget_all
 from ._checks import _wgrad_out_dtype
 from ._launch import _PER_STREAM, prepare_grouped_gemm_dgrad, prepare_grouped_gemm_fwd, prepare_grouped_gemm_wgrad
 
@@ -13,7 +12,7 @@ from ._launch import _PER_STREAM, prepare_grouped_gemm_dgrad, prepare_grouped_ge
 def release() -> None:
     """Drop the per-device, per-stream workspaces held for one-shot weight gradients and the
     launches one-shot calls keep (both come back as needed)."""
-    _kept_launches.forget_all()
+    forget_all()
 
 
 def fwd_impl(x, w, offs, out=None, zero_unrouted_rows=False):
