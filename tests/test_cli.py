@@ -298,6 +298,48 @@ def test_rank_layer_draws_the_bank_then_the_situ_parameters(monkeypatch):
     assert bench_moe.rank_layer("ep", torch.Generator().manual_seed(3)).bank16 is None
 
 
+def test_other_layers_are_named_after_their_geometry_and_rank(monkeypatch):
+    """``--layer``'s Layer: named after its geometry and rank; a contract layout by name is the
+    contract geometry with that layout's rank; rank_layer builds either the same way."""
+    ep = bench_moe.other_layer((256, 8, 7168, 2048), {"num_local_experts": 32, "local_expert_offset": 64})
+    assert ep.name == "E256 k8 H7168 I2048 L32@64" and ep.dims == (256, 8, 7168, 2048)
+    assert bench_moe.other_layer((256, 8, 7168, 2048), {"intermediate_shard": 256}).name == "E256 k8 H7168 I2048 /256"
+    assert bench_moe.other_layer((64, 4, 1024, 512), {}).name == "E64 k4 H1024 I512"
+    assert bench_moe.layer_of(ep) is ep
+    tp8 = bench_moe.layer_of("tp8")
+    assert (tp8.name, tp8.dims, tp8.rank) == ("tp8", (bench_moe.E, bench_moe.TOP_K, bench_moe.H, bench_moe.I),
+                                              bench_moe.LAYOUTS["tp8"])
+    small = bench_moe.other_layer((8, 2, 256, 256), {"num_local_experts": 2, "local_expert_offset": 4})
+    got = bench_moe.rank_layer(small, torch.Generator().manual_seed(3))
+    monkeypatch.setattr(bench_moe, "LAYOUTS", {"ep": dict(small.rank)})
+    for name, value in zip(("E", "TOP_K", "H", "I"), small.dims):
+        monkeypatch.setattr(bench_moe, name, value)
+    want = bench_moe.rank_layer("ep", torch.Generator().manual_seed(3))
+    assert (got.local, got.offset, got.i_shard) == (want.local, want.offset, want.i_shard) == (2, 4, 256)
+    assert torch.equal(got.beta, want.beta) and torch.equal(got.prepared["w1"], want.prepared["w1"])
+    assert repr(got.runner) == repr(want.runner)
+
+
+def test_bench_takes_another_layer_and_refuses_before_any_work(capsys):
+    """``cake-moe bench mxfp4-moe --layer E,K,H,I`` with a rank: what the wrapper refuses, a rank
+    without a layer and --layer on another benchmark exit 2 with the reason, GPU or not."""
+    assert cli.main(["bench", "mxfp4-moe", "--layer", "256,8,7168,2048", "--shard", "100"]) == 2
+    assert "--layer: intermediate_shard must be a multiple of 128" in capsys.readouterr().err
+    assert cli.main(["bench", "mxfp4-moe", "--local-experts", "3"]) == 2
+    assert "describe a --layer's rank" in capsys.readouterr().err
+    assert cli.main(["bench", "grouped-gemm", "--layer", "256,8,7168,2048"]) == 2
+    assert "--layer is mxfp4-moe's" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "mxfp4-moe", "--layer", "256,8,7168"])
+    assert e.value.code == 2 and "expected E,K,H,I" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_bench_of_another_layer_without_a_gpu_says_so(capsys):
+    assert cli.main(["bench", "mxfp4-moe", "--layer", "256,8,7168,2048", "--local-experts", "32"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
 def test_grouped_gemm_rows_are_the_grid_or_its_layers_at_other_token_counts():
     from cake_moe.bench import grouped_gemm as bench_gg
     grid = list(bench_gg._rows())

@@ -109,19 +109,16 @@ def cmd_decide(args) -> int:
             print("cake-moe decide: --grouped-gemm takes no family-B --layer or rank", file=sys.stderr)
             return 2
         return _decide_grouped_gemm(args)
-    from .bench.mxfp4_moe import E, H, I, LAYOUTS, TOP_K
+    from .bench.mxfp4_moe import layer_of
     from .mxfp4_moe import CakeMxfp4MoEWrapper
     narrow = {"device": None, "yes": True, "no": False}[args.narrow_memory]
-    rank = {"num_local_experts": args.local_experts, "local_expert_offset": args.expert_offset,
-            "intermediate_shard": args.shard}
-    if args.layer is None and any(v is not None for v in rank.values()):
-        print("cake-moe decide: --local-experts, --expert-offset and --shard describe a --layer's rank",
-              file=sys.stderr)
+    layers = _family_b_layers(args, "decide")
+    if layers is None:
         return 2
-    layers = ({"layer": (args.layer, rank)} if args.layer is not None
-              else {name: ((E, TOP_K, H, I), dict(LAYOUTS[name])) for name in args.layouts})
     try:
-        wrappers = {name: CakeMxfp4MoEWrapper(*dims, **kw, narrow_memory=narrow) for name, (dims, kw) in layers.items()}
+        wrappers = {("layer" if args.layer is not None else spec.name):
+                    CakeMxfp4MoEWrapper(*spec.dims, **spec.rank, narrow_memory=narrow)
+                    for spec in map(layer_of, layers)}
     except ValueError as err:
         print(f"cake-moe decide: {err}", file=sys.stderr)
         return 2
@@ -135,6 +132,27 @@ def cmd_decide(args) -> int:
     return 0
 
 
+def _family_b_layers(args, cmd: str) -> tuple | None:
+    """The family-B layers a command runs: ``--layer E,K,H,I`` with its rank options (a
+    bench.mxfp4_moe.Layer), else the contract layouts of ``--layouts`` by name; None (after
+    saying why) for rank options without a layer."""
+    from .bench.mxfp4_moe import LayoutArgs, other_layer
+    rank = LayoutArgs()
+    if args.local_experts is not None:
+        rank["num_local_experts"] = args.local_experts
+    if args.expert_offset is not None:
+        rank["local_expert_offset"] = args.expert_offset
+    if args.shard is not None:
+        rank["intermediate_shard"] = args.shard
+    if args.layer is None:
+        if rank:
+            print(f"cake-moe {cmd}: --local-experts, --expert-offset and --shard describe a --layer's rank",
+                  file=sys.stderr)
+            return None
+        return tuple(args.layouts)
+    return (other_layer(args.layer, rank),)
+
+
 def cmd_demo(args) -> int:
     from . import demo
     return demo.main(tokens=args.tokens)
@@ -142,6 +160,21 @@ def cmd_demo(args) -> int:
 
 def cmd_bench(args) -> int:
     import torch
+    layers = _family_b_layers(args, "bench")   # the arguments first: they need no GPU
+    if layers is None:
+        return 2
+    if args.what != "mxfp4-moe" and args.layer is not None:
+        print("cake-moe bench: --layer is mxfp4-moe's (grouped-gemm takes --layers H,I,E ...)", file=sys.stderr)
+        return 2
+    if args.what == "mxfp4-moe" and args.layer is not None:   # what the wrapper refuses
+        from .bench.mxfp4_moe import layer_of
+        from .mxfp4_moe import CakeMxfp4MoEWrapper
+        spec = layer_of(layers[0])
+        try:
+            CakeMxfp4MoEWrapper(*spec.dims, **spec.rank)   # (a host-only wrapper without a GPU)
+        except ValueError as err:
+            print(f"cake-moe bench: --layer: {err}", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("cake-moe bench needs a CUDA GPU (none visible)")
         return 2
@@ -172,7 +205,7 @@ def cmd_bench(args) -> int:
                       rotate=not args.no_rotate, layers=args.layers)
     elif args.what == "mxfp4-moe":
         from .bench import mxfp4_moe as bench_moe
-        bench_moe.main(args.out, tokens=tuple(args.tokens or bench_moe.TOKENS), layouts=args.layouts,
+        bench_moe.main(args.out, tokens=tuple(args.tokens or bench_moe.TOKENS), layouts=layers,
                        tiles=tuple(t for t in args.tiles.split(",") if t))
     return 0
 
@@ -228,6 +261,18 @@ def _layouts(text: str) -> tuple[str, ...]:
     return names
 
 
+def _add_layer_arguments(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """``--layer E,K,H,I`` and its rank (decide, bench mxfp4-moe)."""
+    parser.add_argument("--layer", type=_layer_dims, default=None, metavar="E,K,H,I",
+                        help=f"{what}another layer instead of the contract layouts: experts, top_k, hidden and "
+                             "intermediate size")
+    parser.add_argument("--local-experts", type=_positive, default=None,
+                        help="--layer: this rank's experts (expert parallel)")
+    parser.add_argument("--expert-offset", type=int, default=None, help="--layer: the first local expert's id")
+    parser.add_argument("--shard", type=_positive, default=None,
+                        help="--layer: this rank's intermediate shard (MoE TP)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cake-moe", description="AOT-compiled MoE expert-layer kernels")
     p.add_argument("--version", action="version", version=f"cake-moe {__version__}")
@@ -242,12 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--layouts", default="ep8,tp8", type=_layouts, help="comma list of ep8,tp8")
     c.add_argument("--tokens", type=_positive, nargs="+", default=None,
                    help=f"token counts (default {' '.join(map(str, DECIDE_TOKENS))})")
-    c.add_argument("--layer", type=_layer_dims, default=None, metavar="E,K,H,I",
-                   help="another layer instead of the contract layouts: experts, top_k, hidden and intermediate size")
-    c.add_argument("--local-experts", type=_positive, default=None,
-                   help="--layer: this rank's experts (expert parallel)")
-    c.add_argument("--expert-offset", type=int, default=None, help="--layer: the first local expert's id")
-    c.add_argument("--shard", type=_positive, default=None, help="--layer: this rank's intermediate shard (MoE TP)")
+    _add_layer_arguments(c)
     c.add_argument("--grouped-gemm", type=_gg_layer, default=None, metavar="H,I,E",
                    help="family A instead: the default sm_90a forms of this layer's w13 and w2 fwd / dgrad / wgrad "
                         "at --tokens routed rows (default the grid's 4096 16384 65536)")
@@ -271,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--no-rotate", action="store_true",
                    help="grouped-gemm: time every row on one input set (operands that fit may stay in the L2)")
     b.add_argument("--layouts", default="ep8,tp8", type=_layouts, help="mxfp4-moe: comma list of ep8,tp8")
+    _add_layer_arguments(b, "mxfp4-moe: ")
     b.add_argument("--tiles", default="", help="mxfp4-moe: also time these tile forms (comma list, e.g. n64,wg128; "
                    "sync / nosync or form+sync: the per-tile GEMM1 -> GEMM2 sync forced on / off)")
     b.set_defaults(fn=cmd_bench)

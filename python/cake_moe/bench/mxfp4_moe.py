@@ -1,6 +1,8 @@
 """Family B benchmark: the whole MXFP4 x MXFP8 SiTU MoE layer (``plan.run()``: routing, both
 GEMMs, SiTU, requantization, finalize) at the contract geometry (H=7168, I=3072, E=896,
-top_k=16; layouts ep8 and tp8), measured side by side in one run against
+top_k=16; layouts ep8 and tp8) or another layer and rank (``--layer E,K,H,I`` with
+``--local-experts`` / ``--expert-offset`` / ``--shard``: ``other_layer``), measured side by side
+in one run against
 
 - the device-to-device copy bandwidth: effective bandwidth = bytes of the weights + scales of
   the local experts that have at least one route, divided by the time (PERF.md decode target);
@@ -57,6 +59,31 @@ def layout_dims(name: str) -> tuple[int, int, int]:
     """(local experts, first local id, intermediate shard) of a layout."""
     kw = LAYOUTS[name]
     return kw.get("num_local_experts", E), kw.get("local_expert_offset", 0), kw.get("intermediate_shard", I)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """A layer and one rank of it under a name: CakeMxfp4MoEWrapper's arguments."""
+    name: str
+    dims: tuple[int, int, int, int]   # num_experts, top_k, hidden_size, intermediate_size
+    rank: LayoutArgs
+
+
+def layer_of(layout: str | Layer) -> Layer:
+    """A contract layout by name (ep8, tp8), or a Layer as it is."""
+    return layout if isinstance(layout, Layer) else Layer(layout, (E, TOP_K, H, I), LAYOUTS[layout])
+
+
+def other_layer(dims: tuple[int, int, int, int], rank: LayoutArgs) -> Layer:
+    """Another layer than the contract's (``cake-moe bench mxfp4-moe --layer E,K,H,I`` with its
+    rank), named after its geometry and rank: ``E256 k8 H7168 I2048 L32@64``, ``... /384``."""
+    e, k, h, i = dims
+    name = f"E{e} k{k} H{h} I{i}"
+    if "num_local_experts" in rank or "local_expert_offset" in rank:
+        name += f" L{rank.get('num_local_experts', e)}@{rank.get('local_expert_offset', 0)}"
+    if "intermediate_shard" in rank:
+        name += f" /{rank['intermediate_shard']}"
+    return Layer(name, dims, rank)
 
 
 def expert_bytes(i_shard: int, h: int = H) -> int:
@@ -137,7 +164,7 @@ def random_situ(l: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tenso
 
 @dataclasses.dataclass
 class RankLayer:
-    """One rank of a contract layout on the benchmark's random weights (rank_layer)."""
+    """One rank of a layer on the benchmark's random weights (rank_layer)."""
     local: int                 # local experts
     offset: int                # first local expert id
     i_shard: int               # intermediate shard
@@ -148,19 +175,21 @@ class RankLayer:
     bank16: tuple | None       # (w13, w2) dequantized to BF16 for naive_layer, or None
 
 
-def rank_layer(layout: str, gen: torch.Generator, *, with_bf16: bool = False) -> RankLayer:
-    """The benchmark's layer of one rank: random_bank, then random_situ, drawn from ``gen`` in
-    that order (so every tool that starts from the same seed times the same layer), prepared,
-    and its wrapper; ``with_bf16`` keeps the bank dequantized to BF16 for the naive layer."""
+def rank_layer(layout: str | Layer, gen: torch.Generator, *, with_bf16: bool = False) -> RankLayer:
+    """The benchmark's layer of one rank (a contract layout by name, or a Layer): its wrapper,
+    then random_bank and random_situ drawn from ``gen`` in that order (so every tool that starts
+    from the same seed times the same layer), the bank prepared; ``with_bf16`` keeps the bank
+    dequantized to BF16 for the naive layer."""
     from ..mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
-    l, offset, i_shard = layout_dims(layout)
-    bank = random_bank(l, i_shard, gen, h=H)
+    spec = layer_of(layout)
+    runner = CakeMxfp4MoEWrapper(*spec.dims, **spec.rank, device=gen.device)   # (draws nothing)
+    l, offset, i_shard = runner.num_local_experts, runner.local_expert_offset, runner.intermediate_shard
+    bank = random_bank(l, i_shard, gen, h=runner.hidden_size)
     prepared = prepare_cake_mxfp4_weights(bank["w1"], bank["w1_scale"], bank["w2"], bank["w2_scale"])
     bank16 = ((dequantize_bf16(bank["w1"], bank["w1_scale"]), dequantize_bf16(bank["w2"], bank["w2_scale"]))
               if with_bf16 else None)
     del bank
     beta, linear_beta = random_situ(l, gen)
-    runner = CakeMxfp4MoEWrapper(E, TOP_K, H, I, **LAYOUTS[layout], device=gen.device)
     return RankLayer(l, offset, i_shard, runner, prepared, beta, linear_beta, bank16)
 
 
@@ -172,19 +201,20 @@ def _time(fn, t: int, calls: int) -> float:
 
 def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: int, tile: str | None = None,
           tile_sync: bool | None = None):
-    """Plans (and naive calls on the same inputs) for T tokens: ROTATIONS routings for decode
-    rows, one otherwise; with the mean routed-expert and local-route counts."""
+    """Plans (and naive calls on the same inputs) for T tokens of the wrapper's layer: ROTATIONS
+    routings for decode rows, one otherwise; with the mean routed-expert and local-route counts."""
     n = ROTATIONS if t <= ROTATE_MAX_T else 1
     w13, w2 = bank16 if bank16 is not None else (None, None)   # (a rank made without with_bf16: no naive layer)
+    h, e = runner.hidden_size, runner.num_experts
     plans, naive, outs, experts, routes = [], [], [], 0, 0
     for _ in range(n):
-        x, x_sf, ids, w = random_inputs(t, l, offset, gen)
-        out = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
+        x, x_sf, ids, w = random_inputs(t, l, offset, gen, h=h, e=e, k=runner.top_k)
+        out = torch.empty(t, h, dtype=torch.bfloat16, device="cuda")
         ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")  # one per plan
         plans.append(runner.plan(x, x_sf, ids, w, prepared,
                                  beta=beta, linear_beta=lbeta, workspace=ws, output=out, tile=tile,
                                  tile_sync=tile_sync))
-        naive.append(functools.partial(naive_layer, x, x_sf, ids, w, w13, w2, beta, lbeta, num_experts=E,
+        naive.append(functools.partial(naive_layer, x, x_sf, ids, w, w13, w2, beta, lbeta, num_experts=e,
                                        offset=offset))
         outs.append(out)
         local = ids.long() - offset
@@ -213,12 +243,15 @@ def _same_as_table(runner, t: int, variant: str) -> bool:
 
 def _row(layout: str, t: int, runner, prepared, bank16, beta, lbeta, gen, copy_bw: float,
          variant: str | None = None) -> dict:
-    l, offset, i_shard = layout_dims(layout)
+    """One row of the layer named ``layout`` (its geometry and rank are the wrapper's)."""
+    l, offset, i_shard = runner.num_local_experts, runner.local_expert_offset, runner.intermediate_shard
+    h = runner.hidden_size
+    shape = [h, runner.intermediate_size, runner.num_experts, runner.top_k]
     tile, tile_sync = _variant(variant)
     d = runner.decide(t, tile=tile, tile_sync=tile_sync)
     if variant is not None and d.supported:
         d = dataclasses.replace(d, path="forced")
-    row = {"op": "mxfp4_moe", "layout": layout, "shape": [H, I, E, TOP_K], "T": t, "path": getattr(d, "path", None),
+    row = {"op": "mxfp4_moe", "layout": layout, "shape": shape, "T": t, "path": getattr(d, "path", None),
            "block_n": getattr(d, "block_n", None), "tile": d.tile + ("+sync" if d.tile_sync else ""),
            "gpu": timing.gpu_name(), "date": datetime.date.today().isoformat()}
     if not d.supported:
@@ -241,23 +274,26 @@ def _row(layout: str, t: int, runner, prepared, bank16, beta, lbeta, gen, copy_b
         plans[-1].run()
         want = naive[-1]().double()
         diff = float((outs[-1].double() - want).norm() / want.norm())
-    nbytes = experts * expert_bytes(i_shard)
-    flops = 2.0 * routes * (2 * i_shard * H + H * i_shard)
+    nbytes = experts * expert_bytes(i_shard, h)
+    flops = 2.0 * routes * (2 * i_shard * h + h * i_shard)
+    peer = PEER_TP8_US.get(t) if layout == "tp8" and shape == [H, I, E, TOP_K] else None
     return dict(row, ours_us=ours_ms * 1e3, naive_us=naive_ms * 1e3, speedup=naive_ms / ours_ms,
                 naive_eager_us=naive_eager_ms * 1e3, speedup_eager_naive=naive_eager_ms / ours_ms, bytes=nbytes,
                 flops=flops, eff_bw_frac=nbytes / (ours_ms * 1e-3) / copy_bw, tflops=flops / ours_ms / 1e9,
                 copy_TBps=copy_bw / 1e12, routed_experts=experts, local_routes=routes, naive_rel_diff=diff,
-                peer_us_perf_md=PEER_TP8_US.get(t) if layout == "tp8" else None)
+                peer_us_perf_md=peer)
 
 
-def run(tokens=TOKENS, layouts=tuple(LAYOUTS), tiles: tuple[str, ...] = ()) -> list[dict]:
-    """The grid; ``tiles``: variants also timed (forced) beside the decision table's own choice
-    (see ``_variant``), on the same inputs as the table's row."""
+def run(tokens=TOKENS, layouts: tuple[str | Layer, ...] = tuple(LAYOUTS), tiles: tuple[str, ...] = ()) -> list[dict]:
+    """The grid over contract layouts (names) or other Layers; ``tiles``: variants also timed
+    (forced) beside the decision table's own choice (see ``_variant``), on the same inputs as the
+    table's row."""
     copy_bw = timing.copy_bandwidth(1 << 30)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for layout in layouts:
-        rank = rank_layer(layout, gen, with_bf16=True)
+    for spec in map(layer_of, layouts):
+        layout = spec.name
+        rank = rank_layer(spec, gen, with_bf16=True)
         runner, prepared, bank16, beta, lbeta = rank.runner, rank.prepared, rank.bank16, rank.beta, rank.linear_beta
         del rank
         for t in tokens:
@@ -365,14 +401,17 @@ def plot(rows: list[dict], path: str) -> bool:
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
     if rs:
-        fig.suptitle(f"MXFP4 x MXFP8 SiTU MoE, H={H} I={I} E={E} top_k={TOP_K} ({rs[0]['gpu']}, {rs[0]['date']})")
+        shapes = sorted({tuple(r["shape"]) for r in rs if "shape" in r})
+        what = "; ".join(f"H={h} I={i} E={e} top_k={k}" for h, i, e, k in shapes)
+        fig.suptitle(f"MXFP4 x MXFP8 SiTU MoE, {what} ({rs[0]['gpu']}, {rs[0]['date']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
 
 
-def main(out_prefix: str | None = None, tokens=TOKENS, layouts=tuple(LAYOUTS), tiles: tuple[str, ...] = ()) -> list[dict]:
+def main(out_prefix: str | None = None, tokens=TOKENS, layouts: tuple[str | Layer, ...] = tuple(LAYOUTS),
+         tiles: tuple[str, ...] = ()) -> list[dict]:
     rows = run(tokens, layouts, tiles)
     timing.publish(rows, markdown(rows), summary(rows), out_prefix, plot)
     return rows
