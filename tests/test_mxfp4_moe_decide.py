@@ -481,6 +481,23 @@ def test_decide_tile_sync_rows(sm90):
     assert not _decide.decide(17, *_TP8).tile_sync and "per token tile" not in _decide.decide(17, *_TP8).reason
 
 
+@pytest.mark.parametrize("layer", [_TP8, (8, 256, 7168, 2048), (8, 128, 4096, 1536), (8, 256, 7168, 256)])
+def test_decide_tile_sync_on_every_decode_load_where_memory_is_narrow(layer):
+    """An sm_90 device with narrow DRAM bandwidth per SM (an H100) syncs GEMM1 -> GEMM2 per token
+    tile on every BN 8 (decode) decision, and on none of the wgmma paths; a wide one (an H200)
+    keeps the 0.3-routes-per-expert limit, as does every other arch."""
+    k, e = layer[0], layer[1]
+    rows = [(t, _decide.decide(t, *layer, sm90=True, narrow_memory=True)) for t in range(1, 2049)]
+    decode = [t for t, d in rows if d.block_n == 8]
+    assert decode == list(range(1, len(decode) + 1)) and len(decode) > 16
+    assert all(d.tile_sync == (d.block_n == 8) for _, d in rows)
+    assert all("per token tile" in d.reason for _, d in rows if d.block_n == 8)
+    for kw in ({"sm90": True}, {}):
+        wide = [t for t in range(1, 2049) if _decide.decide(t, *layer, **kw).tile_sync]
+        assert wide == [t for t in range(1, 2049) if t * k / e <= _decide.TILE_SYNC_MAX_LOAD]
+    assert not _decide.decide(max(decode), *layer, sm90=True, narrow_memory=True, tile_sync=False).tile_sync
+
+
 def test_decide_forced_tile_sync():
     assert _decide.decide(20000, *_TP8, tile="n64", tile_sync=True).tile_sync
     assert not _decide.decide(1, *_TP8, tile_sync=False).tile_sync

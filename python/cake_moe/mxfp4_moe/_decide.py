@@ -199,6 +199,13 @@ RESIDENT_TILES: tuple[str, ...] = ("wg128x4", "wg64x4", "wg32x4", "wg160x3", "wg
 # expert), 2-3% at T = 16 (0.29), even at T = 28 (0.5), 1-2% slower at T = 64 (1.14), where
 # GEMM1 fills the GPU.
 TILE_SYNC_MAX_LOAD = 0.3
+# Where DRAM bandwidth per SM is narrow (an H100 SXM) the sm_90 decode tiles (BN 8) sync at every
+# load. Measured on an H100 80GB HBM3 with the unit queue that runs under the sync, same inputs
+# (bench/results/2026-12-06_h100_mxfp4_moe_tile_sync_layers.md): the contract layouts 1.0-2.5%
+# faster at T = 24..64 (ep8) and 0.4-2.3% at T = 24..48 (tp8; +0.2% at 64), four other layers
+# (`cake-moe bench mxfp4-moe --layer`) 1-17% faster at T = 16..128 and +0.1% at 256. The H200
+# keeps TILE_SYNC_MAX_LOAD until it is measured the same way.
+SM90_NARROW_MEMORY_DECODE_SYNC = True
 # moe::kMaxFewRoutes: up to this many routes the routing kernel takes its one-warp path.
 MAX_FEW_ROUTES = 32
 # moe::kRouteChunkMin: from 4x this many routes the routing runs over several CTAs, and a plan with
@@ -223,7 +230,7 @@ class PlanDecision:
     block_n: int
     forms: tuple[str, ...]
     tile: str = ""  # form suffix of the GEMMs whose K exceeds SHORT_K
-    tile_sync: bool = False  # GEMM2 waits per token tile for GEMM1 (TILE_SYNC_MAX_LOAD)
+    tile_sync: bool = False  # GEMM2 waits per token tile for GEMM1 (TILE_SYNC_MAX_LOAD, SM90_NARROW_MEMORY_DECODE_SYNC)
     alt_tile: str = ""  # the second wgmma tile form the device may run instead of ``tile``
 
 
@@ -370,7 +377,8 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
         block_n = BLOCK_N_OF[tile]
     sync_ok = chosen not in SM90_TILES
     if tile_sync is None:
-        tile_sync = sync_ok and load <= TILE_SYNC_MAX_LOAD
+        every_load = sm90 and narrow_memory and block_n == 8 and SM90_NARROW_MEMORY_DECODE_SYNC
+        tile_sync = sync_ok and (load <= TILE_SYNC_MAX_LOAD or every_load)
     elif not isinstance(tile_sync, bool):
         raise ValueError(f"tile_sync must be None, True or False, got {tile_sync!r}")
     elif tile_sync and not sync_ok:
