@@ -203,8 +203,9 @@ TILE_SYNC_MAX_LOAD = 0.3
 # load. Measured on an H100 80GB HBM3 with the unit queue that runs under the sync, same inputs
 # (bench/results/2026-12-06_h100_mxfp4_moe_tile_sync_layers.md): four other layers (`cake-moe
 # bench mxfp4-moe --layer`) 1.2-17.4% faster at T = 16..128 and +0.1% at 256; the contract's ep8
-# 0.5-2.5% faster at T = 24..288, tp8 0.4-2.3% at T = 24..48, within 0.2% at 64..192 and
-# +0.6 / +0.9% at 256 / 288. The H200 keeps TILE_SYNC_MAX_LOAD until it is measured the same way.
+# 0-2.6% faster at T = 24..288, tp8 0.4-2.9% at T = 24..48, within 0.2% at 64..192 and
+# +0.5..+1.1% at 256 / 288 (two runs). The H200 keeps TILE_SYNC_MAX_LOAD until it is measured the
+# same way.
 SM90_NARROW_MEMORY_DECODE_SYNC = True
 # moe::kMaxFewRoutes: up to this many routes the routing kernel takes its one-warp path.
 MAX_FEW_ROUTES = 32
