@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from . import __version__, _runtime
 
 if TYPE_CHECKING:
+    from .bench.mxfp4_moe import Layer
     from .mxfp4_moe import CakeMxfp4MoEWrapper
 
 
@@ -132,7 +133,7 @@ def cmd_decide(args) -> int:
     return 0
 
 
-def _family_b_layers(args, cmd: str) -> tuple | None:
+def _family_b_layers(args, cmd: str) -> tuple[str | Layer, ...] | None:
     """The family-B layers a command runs: ``--layer E,K,H,I`` with its rank options (a
     bench.mxfp4_moe.Layer), else the contract layouts of ``--layouts`` by name; None (after
     saying why) for rank options without a layer."""
