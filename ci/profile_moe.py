@@ -1,4 +1,5 @@
-"""One family-B layer at the contract geometry, planned once and run a few times.
+"""One family-B layer (a contract layout, or ``layer --layer E,K,H,I`` with its rank), planned
+once and run a few times.
 
 Two uses:
 - the target for Nsight Compute / Systems (e.g. ``ncu -k regex:gemm1 -s 1 -c 1 python ci/profile_moe.py ep8 4096``);
@@ -12,12 +13,22 @@ Two uses:
 
 usage: python ci/profile_moe.py LAYOUT T [T ...] [--tile TILE] [--tile-sync on|off] [--runs N]
        [--kernel-times | --timeline [--rotate N [--per-routing]]] [--local-experts N]
+       (LAYOUT: ep8, tp8, or layer with --layer E,K,H,I [--rank-experts L --expert-offset O | --shard S]:
+       `cake-moe decide --layer`'s rank, its --local-experts named --rank-experts here)
 """
 import argparse
 
 import torch
 
+from cake_moe import cli
 from cake_moe.bench import mxfp4_moe as b
+from cake_moe.bench.mxfp4_moe import LayoutArgs
+
+
+def inputs(t: int, runner, gen: torch.Generator):
+    """The benchmark's random inputs for T tokens of the wrapper's layer and rank."""
+    return b.random_inputs(t, runner.num_local_experts, runner.local_expert_offset, gen, h=runner.hidden_size,
+                           e=runner.num_experts, k=runner.top_k)
 
 
 def cuda_events(plan, runs: int) -> list:
@@ -68,13 +79,14 @@ def local_expert_count(ids: torch.Tensor, offset: int, l: int) -> int:
     return int(ids[(ids >= offset) & (ids < offset + l)].unique().numel())
 
 
-def local_expert_ids(t: int, experts: list[int], gen: torch.Generator, l: int, offset: int) -> torch.Tensor:
-    """[t, TOP_K] ids: every token routes to `experts` (global ids of local experts) and fills
+def local_expert_ids(t: int, experts: list[int], gen: torch.Generator, runner) -> torch.Tensor:
+    """[t, top_k] ids: every token routes to `experts` (global ids of local experts) and fills
     the rest of its top_k with distinct remote experts."""
-    remote = torch.tensor([e for e in range(b.E) if not offset <= e < offset + l], device="cuda")
+    l, offset = runner.num_local_experts, runner.local_expert_offset
+    remote = torch.tensor([e for e in range(runner.num_experts) if not offset <= e < offset + l], device="cuda")
     rows = []
     for _ in range(t):
-        pick = remote[torch.randperm(remote.numel(), device="cuda", generator=gen)[:b.TOP_K - len(experts)]]
+        pick = remote[torch.randperm(remote.numel(), device="cuda", generator=gen)[:runner.top_k - len(experts)]]
         rows.append(torch.cat([torch.tensor(experts, device="cuda"), pick]))
     return torch.stack(rows).to(torch.int32).contiguous()
 
@@ -87,9 +99,9 @@ def scan_local_experts(args, runner, prepared, beta, lbeta, gen, l: int, offset:
             sets = [list(range(offset + s, offset + s + n)) for s in range(0, l - n + 1, n)][:8]
             plans = []
             for experts in sets:
-                x, x_sf, _, w = b.random_inputs(t, l, offset, gen)
-                ids = local_expert_ids(t, experts, gen, l, offset)
-                out = torch.empty(t, b.H, dtype=torch.bfloat16, device="cuda")
+                x, x_sf, _, w = inputs(t, runner, gen)
+                ids = local_expert_ids(t, experts, gen, runner)
+                out = torch.empty(t, runner.hidden_size, dtype=torch.bfloat16, device="cuda")
                 ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
                 plans.append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws,
                                          output=out, tile=args.tile, tile_sync=args.tile_sync))
@@ -102,7 +114,7 @@ def scan_local_experts(args, runner, prepared, beta, lbeta, gen, l: int, offset:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("layout", choices=sorted(b.LAYOUTS))
+    ap.add_argument("layout", choices=sorted(b.LAYOUTS) + ["layer"], help="a contract layout, or layer (--layer)")
     ap.add_argument("tokens", type=int, nargs="+")
     ap.add_argument("--tile", default=None)
     ap.add_argument("--tile-sync", choices=("on", "off"), default=None,
@@ -117,15 +129,33 @@ def main() -> None:
     ap.add_argument("--local-experts", type=int, default=None, help="route every token to N local experts (0: 1..6)")
     ap.add_argument("--gemm-tiles", default=None,
                     help="experiment: bind these GEMM1,GEMM2 forms (same BN) whatever the decision table says")
+    ap.add_argument("--layer", type=cli._layer_dims, default=None, metavar="E,K,H,I",
+                    help="LAYOUT layer: experts, top_k, hidden and intermediate size")
+    ap.add_argument("--rank-experts", type=int, default=None, help="--layer: this rank's experts")
+    ap.add_argument("--expert-offset", type=int, default=None, help="--layer: the first local expert's id")
+    ap.add_argument("--shard", type=int, default=None, help="--layer: this rank's intermediate shard")
     args = ap.parse_args()
     args.tile_sync = None if args.tile_sync is None else args.tile_sync == "on"
+    if (args.layout == "layer") != (args.layer is not None):
+        ap.error("LAYOUT layer goes with --layer E,K,H,I (and a contract layout without it)")
+    spec: str | b.Layer = args.layout
+    if args.layer is not None:
+        rank = LayoutArgs()
+        if args.rank_experts is not None:
+            rank["num_local_experts"] = args.rank_experts
+        if args.expert_offset is not None:
+            rank["local_expert_offset"] = args.expert_offset
+        if args.shard is not None:
+            rank["intermediate_shard"] = args.shard
+        spec = b.other_layer(args.layer, rank)
+    args.layout = b.layer_of(spec).name   # (the printed name)
 
     if args.gemm_tiles:
         from cake_moe.mxfp4_moe import _decide
         forced = tuple(args.gemm_tiles.split(","))
         _decide.gemm_tiles = lambda tile, hidden, inter: forced
     gen = torch.Generator(device="cuda").manual_seed(0)
-    r = b.rank_layer(args.layout, gen)
+    r = b.rank_layer(spec, gen)
     l, offset, runner, prepared, beta, lbeta = r.local, r.offset, r.runner, r.prepared, r.beta, r.linear_beta
     if args.local_experts is not None:
         scan_local_experts(args, runner, prepared, beta, lbeta, gen, l, offset)
@@ -133,9 +163,9 @@ def main() -> None:
     for t in args.tokens:
         plans, local = [], []
         for _ in range(args.rotate if args.timeline else 1):
-            x, x_sf, ids, w = b.random_inputs(t, l, offset, gen)
+            x, x_sf, ids, w = inputs(t, runner, gen)
             local.append(local_expert_count(ids, offset, l))
-            out = torch.empty(t, b.H, dtype=torch.bfloat16, device="cuda")
+            out = torch.empty(t, runner.hidden_size, dtype=torch.bfloat16, device="cuda")
             ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
             plans.append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta, workspace=ws,
                                      output=out, tile=args.tile, tile_sync=args.tile_sync))
