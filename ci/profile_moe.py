@@ -22,7 +22,6 @@ import torch
 
 from cake_moe import cli
 from cake_moe.bench import mxfp4_moe as b
-from cake_moe.bench.mxfp4_moe import LayoutArgs
 
 
 def inputs(t: int, runner, gen: torch.Generator):
@@ -140,14 +139,7 @@ def main() -> None:
         ap.error("LAYOUT layer goes with --layer E,K,H,I (and a contract layout without it)")
     spec: str | b.Layer = args.layout
     if args.layer is not None:
-        rank = LayoutArgs()
-        if args.rank_experts is not None:
-            rank["num_local_experts"] = args.rank_experts
-        if args.expert_offset is not None:
-            rank["local_expert_offset"] = args.expert_offset
-        if args.shard is not None:
-            rank["intermediate_shard"] = args.shard
-        spec = b.other_layer(args.layer, rank)
+        spec = b.other_layer(args.layer, b.rank_args(args.rank_experts, args.expert_offset, args.shard))
     args.layout = b.layer_of(spec).name   # (the printed name)
 
     if args.gemm_tiles:

@@ -305,6 +305,8 @@ def test_other_layers_are_named_after_their_geometry_and_rank(monkeypatch):
     assert ep.name == "E256 k8 H7168 I2048 L32@64" and ep.dims == (256, 8, 7168, 2048)
     assert bench_moe.other_layer((256, 8, 7168, 2048), {"intermediate_shard": 256}).name == "E256 k8 H7168 I2048 /256"
     assert bench_moe.other_layer((64, 4, 1024, 512), {}).name == "E64 k4 H1024 I512"
+    assert bench_moe.rank_args(32, 64) == {"num_local_experts": 32, "local_expert_offset": 64}
+    assert bench_moe.rank_args(shard=256) == {"intermediate_shard": 256} and bench_moe.rank_args() == {}
     assert bench_moe.layer_of(ep) is ep
     tp8 = bench_moe.layer_of("tp8")
     assert (tp8.name, tp8.dims, tp8.rank) == ("tp8", (bench_moe.E, bench_moe.TOP_K, bench_moe.H, bench_moe.I),

@@ -137,14 +137,8 @@ def _family_b_layers(args, cmd: str) -> tuple[str | Layer, ...] | None:
     """The family-B layers a command runs: ``--layer E,K,H,I`` with its rank options (a
     bench.mxfp4_moe.Layer), else the contract layouts of ``--layouts`` by name; None (after
     saying why) for rank options without a layer."""
-    from .bench.mxfp4_moe import LayoutArgs, other_layer
-    rank = LayoutArgs()
-    if args.local_experts is not None:
-        rank["num_local_experts"] = args.local_experts
-    if args.expert_offset is not None:
-        rank["local_expert_offset"] = args.expert_offset
-    if args.shard is not None:
-        rank["intermediate_shard"] = args.shard
+    from .bench.mxfp4_moe import other_layer, rank_args
+    rank = rank_args(args.local_experts, args.expert_offset, args.shard)
     if args.layer is None:
         if rank:
             print(f"cake-moe {cmd}: --local-experts, --expert-offset and --shard describe a --layer's rank",

@@ -74,6 +74,19 @@ def layer_of(layout: str | Layer) -> Layer:
     return layout if isinstance(layout, Layer) else Layer(layout, (E, TOP_K, H, I), LAYOUTS[layout])
 
 
+def rank_args(local_experts: int | None = None, expert_offset: int | None = None,
+              shard: int | None = None) -> LayoutArgs:
+    """The wrapper's rank keywords of the options given (None: not given)."""
+    rank = LayoutArgs()
+    if local_experts is not None:
+        rank["num_local_experts"] = local_experts
+    if expert_offset is not None:
+        rank["local_expert_offset"] = expert_offset
+    if shard is not None:
+        rank["intermediate_shard"] = shard
+    return rank
+
+
 def other_layer(dims: tuple[int, int, int, int], rank: LayoutArgs) -> Layer:
     """Another layer than the contract's (``cake-moe bench mxfp4-moe --layer E,K,H,I`` with its
     rank), named after its geometry and rank: ``E256 k8 H7168 I2048 L32@64``, ``... /384``."""
