@@ -136,6 +136,16 @@ def test_summary_verdicts_ignore_forced_rows():
     assert "vs naive >= 30x (T = 1): met" in s and "vs naive >= 4x (T = 16384): met" in s
     assert "vs naive called eagerly as PERF.md's anchor was >= 30x (T = 1): met (1 rows)" in s
     assert "faster than the PERF.md peer (tp8): MISSED at tp8 T=16384 (1 of 4 rows)" in s
+    assert "rows of other layers" not in s
+
+
+def test_summary_says_the_targets_are_the_contracts_for_other_layers():
+    other = dict(_row("E64 k4 H1024 I512", 1, "decode", "n8_narrow", 20.0, 0.3, 1, 6.0), shape=[1024, 512, 64, 4])
+    contract = dict(_row("tp8", 1, "decode", "n8_narrow", 40.0, 0.5, 5, 6.0, peer=83),
+                    shape=[bench_moe.H, bench_moe.I, bench_moe.E, bench_moe.TOP_K])
+    s = bench_moe.summary([contract, other])
+    assert "rows of other layers (E64 k4 H1024 I512): PERF.md set these targets for the contract geometry" in s
+    assert "rows of other layers" not in bench_moe.summary([contract])
 
 
 def test_markdown_has_one_line_per_row_with_its_tile():

@@ -379,6 +379,10 @@ def summary(rows: list[dict]) -> str:
                    "BF16 intermediate instead of MXFP8: a few percent is expected, much more means a broken row)")
     if any(not math.isfinite(r["naive_us"]) for r in rs):
         out.append("naive layer not timed (this torch has no torch._grouped_mm)")
+    others = sorted({r["layout"] for r in rs if r.get("shape", [H, I, E, TOP_K]) != [H, I, E, TOP_K]})
+    if others:
+        out.append(f"rows of other layers ({', '.join(others)}): PERF.md set these targets for the contract "
+                   "geometry; for another layer they are a yardstick, not a promise")
     return "\n".join(out)
 
 
