@@ -134,9 +134,8 @@ def main() -> None:
         _decide.gemm_tiles = table_tiles
         times = {pair: [] for pair in calls}
         names = list(calls)
-        orders = timing.balanced_orders(len(names))
-        for r in range(args.rounds or max(4, len(orders))):
-            for pair in (names[i] for i in orders[r % len(orders)]):
+        for round_order in timing.round_orders(len(names), args.rounds):
+            for pair in (names[i] for i in round_order):
                 n = 48 if len(inputs) > 1 else 20
                 if args.graph and t > bench.GRAPH_MAX_T:  # ~1000 layer calls per timing would take minutes
                     times[pair].append(timing.time_graph(calls[pair], calls=max(8, len(inputs)), reps=5))

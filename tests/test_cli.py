@@ -227,6 +227,16 @@ def test_interleaved_timing_rotates_on_request():
         timing.time_interleaved({"a": lambda: "a"}, order="shuffled")
 
 
+def test_round_orders_default_to_one_balanced_design_or_four_rotations():
+    """timing.round_orders, which time_interleaved and ci/moe_gemm_pairs.py both take their
+    rounds from: one full design by default (at least 4 rounds), cycling when asked for more."""
+    from cake_moe.bench import timing
+    assert timing.round_orders(3) == timing.balanced_orders(3) and len(timing.round_orders(3)) == 6
+    assert timing.round_orders(2) == timing.balanced_orders(2) * 2   # at least 4 rounds
+    assert timing.round_orders(3, rounds=8) == (timing.balanced_orders(3) * 2)[:8]
+    assert timing.round_orders(3, order="rotate") == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+
+
 def test_grouped_gemm_bench_rotates_inputs_that_fit_in_l2():
     """PERF.md: inputs that fit in the L2 are cycled over copies spanning ROTATE_BYTES (at most
     MAX_COPIES); larger inputs run on one set; each op names the tensors it reads."""

@@ -73,19 +73,26 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int | None
     one; ``"rotate"`` starts each round one callable later. ``reps`` timed samples per callable
     and round, of ``iters`` back-to-back calls each: the median of the rounds' medians."""
     names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_order in round_orders(len(names), rounds, order):
+        for idx in round_order:
+            times[names[idx]].append(timer(fns[names[idx]], iters=iters, reps=reps))
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def round_orders(n: int, rounds: int | None = None, order: str = "balanced") -> list[list[int]]:
+    """The order of ``n`` callables in each of ``rounds`` interleaved rounds (time_interleaved):
+    ``balanced`` cycles through ``balanced_orders`` (``rounds`` default: one full design, at
+    least 4), ``rotate`` starts each round one callable later (default 4 rounds)."""
     if order == "balanced":
-        orders = balanced_orders(len(names))
+        orders = balanced_orders(n)
     elif order == "rotate":
-        orders = [list(range(r, len(names))) + list(range(r)) for r in range(len(names))]
+        orders = [list(range(r, n)) + list(range(r)) for r in range(max(n, 1))]
     else:
         raise ValueError(f"order must be 'balanced' or 'rotate', got {order!r}")
     if rounds is None:
         rounds = max(4, len(orders)) if order == "balanced" else 4
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for idx in orders[r % len(orders)]:
-            times[names[idx]].append(timer(fns[names[idx]], iters=iters, reps=reps))
-    return {name: statistics.median(v) for name, v in times.items()}
+    return [orders[r % len(orders)] for r in range(rounds)]
 
 
 def time_graph(fn: Callable[[], object], *, calls: int = 50, reps: int = 20) -> float:
