@@ -19,7 +19,14 @@ narrower, as for the table's own two), e.g. a second form the table does not off
 
     python ci/moe_gemm_pairs.py ep8 6144 8192 --alts wg128x4+wg160x3,wg160x3+wg32x4 --rotations 1
 
-A pair is GEMM1_SUFFIX/GEMM2_SUFFIX (see `_decide.gemm_tiles`); both must share a block_n. Rows
+A pair is GEMM1_SUFFIX/GEMM2_SUFFIX (see `_decide.gemm_tiles`); both must share a block_n. A
+pair or a `--tiles` form may end in `+sync` or `+nosync`: the per-tile GEMM1 -> GEMM2 sync forced
+on or off (else the table's rule for it). LAYOUT is ep8, tp8 or `layer` with `--layer E,K,H,I`
+and its rank (ci/layer_args.py), e.g. a small-intermediate layer's GEMM2 forms at decode:
+
+    python ci/moe_gemm_pairs.py layer 1 2 --layer 128,8,2048,768 --pairs n8_narrow/n8_narrow+nosync
+
+Rows
 use the benchmark's inputs and weights (`cake_moe.bench.mxfp4_moe`), eight routings rotated
 (`--rotations`), timed as the benchmark times its rows (one CUDA graph up to T = 1024, eager
 launches beyond; `--graph`: one graph at every T, whose rounds spread less; past T = 1024 a
@@ -42,6 +49,8 @@ from cake_moe.bench import mxfp4_moe as bench
 from cake_moe.bench import timing
 from cake_moe.mxfp4_moe import _decide, _tile_cost
 
+import layer_args  # (ci/: LAYOUT and --layer)
+
 
 def _routed_experts(ids: torch.Tensor, offset: int, l: int) -> int:
     local = ids.long() - offset
@@ -60,6 +69,15 @@ def _relative_diff(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
     return (num / den) ** 0.5
 
 
+def _synced(text: str) -> tuple[str, bool | None]:
+    """A pair or tile form with its sync suffix: ``X+sync`` -> (X, True), ``X+nosync`` -> (X,
+    False), ``X`` -> (X, None: the table's rule)."""
+    form, _, sync = text.partition("+")
+    if sync not in ("", "sync", "nosync"):
+        raise SystemExit(f"{text!r}: the suffix must be +sync or +nosync")
+    return form, {"": None, "sync": True, "nosync": False}[sync]
+
+
 def _two_forms(runner, tile: str, alt: str):
     """A stand-in for ``runner.decide`` whose decisions name ``tile`` and ``alt`` as their two
     sm_90a forms (the GEMM kernels of both in the decision's order), the rest the table's."""
@@ -69,7 +87,8 @@ def _two_forms(runner, tile: str, alt: str):
 
     def decide(num_tokens, **kw):
         d = table(runner, num_tokens, **kw)
-        (g1, g2), (a1, a2) = (_decide.gemm_forms(f, runner.hidden_size, runner.intermediate_shard)
+        (g1, g2), (a1, a2) = (_decide.gemm_forms(f, runner.hidden_size, runner.intermediate_shard,
+                                                    routes=num_tokens * runner.top_k)
                               for f in (tile, alt))
         forms = (_decide.DEQUANT_FORM, _decide.ROUTE_FORM, g1, a1, g2, a2, _decide.FINALIZE_FORM)
         return dataclasses.replace(d, reason=f"forced: {tile} or {alt}, as the device finds cheaper", path="forced",
@@ -80,7 +99,7 @@ def _two_forms(runner, tile: str, alt: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("layout", choices=sorted(bench.LAYOUTS))
+    layer_args.add(ap)
     ap.add_argument("tokens", type=int, nargs="+")
     ap.add_argument("--pairs", default="", help="comma list of GEMM1/GEMM2 form suffixes")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE[,NAME=VALUE...]: the table's pair planned with them set")
@@ -92,24 +111,30 @@ def main() -> None:
                     help=f"time every row graph-replayed (the benchmark graphs T <= {bench.GRAPH_MAX_T} "
                          "only): tighter rounds for same-process comparisons at large T")
     args = ap.parse_args()
-    pairs = [tuple(p.split("/")) for p in args.pairs.split(",") if p]
-    pairs += [("table", env) for env in args.env]
-    pairs += [("tile", tile) for tile in args.tiles.split(",") if tile]
-    pairs += [("alts", alts) for alts in args.alts.split(",") if alts]
+    spec = layer_args.spec(ap, args)
+    # (kind or GEMM1 suffix, value or GEMM2 suffix, sync: None for the table's rule)
+    pairs = [(*_synced(p)[0].split("/"), _synced(p)[1]) for p in args.pairs.split(",") if p]
+    pairs += [("table", env, None) for env in args.env]
+    pairs += [("tile", *_synced(tile)) for tile in args.tiles.split(",") if tile]
+    pairs += [("alts", alts, None) for alts in args.alts.split(",") if alts]
     copy_bw = timing.copy_bandwidth(1 << 30)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    r = bench.rank_layer(args.layout, gen)
+    r = bench.rank_layer(spec, gen)
     l, offset, i_shard = r.local, r.offset, r.i_shard
     runner, prepared, beta, lbeta = r.runner, r.prepared, r.beta, r.linear_beta
+    h = runner.hidden_size
+    name_of_layer = bench.layer_of(spec).name
     table_tiles = _decide.gemm_tiles
     print(f"copy {copy_bw / 1e12:.2f} TB/s", flush=True)
     for t in args.tokens:
-        inputs = [bench.random_inputs(t, l, offset, gen) for _ in range(args.rotations)]
+        inputs = [bench.random_inputs(t, l, offset, gen, h=h, e=runner.num_experts, k=runner.top_k)
+                  for _ in range(args.rotations)]
         experts = statistics.mean(_routed_experts(ids, offset, l) for _, _, ids, _ in inputs)
-        nbytes = experts * bench.expert_bytes(i_shard)
+        nbytes = experts * bench.expert_bytes(i_shard, h)
         calls, outs, bound = {}, {}, {}
-        for pair in [("table", "")] + pairs:
-            _decide.gemm_tiles = table_tiles if pair[0] in ("table", "tile", "alts") else (lambda *_a, p=pair: p)
+        for pair in [("table", "", None)] + pairs:
+            _decide.gemm_tiles = (table_tiles if pair[0] in ("table", "tile", "alts")
+                                  else (lambda *_a, p=pair, **_k: p[:2]))
             if pair[0] == "alts":
                 runner.decide = _two_forms(runner, *pair[1].split("+"))
             env = dict(kv.split("=", 1) for kv in pair[1].split(",")) if pair[0] == "table" and pair[1] else {}
@@ -117,12 +142,12 @@ def main() -> None:
             os.environ.update(env)
             bound[pair], outs[pair] = [], []
             for x, x_sf, ids, w in inputs:
-                out = torch.full((t, bench.H), float("nan"), dtype=torch.bfloat16, device="cuda")
+                out = torch.full((t, h), float("nan"), dtype=torch.bfloat16, device="cuda")
                 ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
                 # a forced pair binds no second form: it is planned at the table's tile, forced
                 tile = pair[1] if pair[0] == "tile" else None if pair[0] in ("table", "alts") else runner.decide(t).tile
                 bound[pair].append(runner.plan(x, x_sf, ids, w, prepared, beta=beta, linear_beta=lbeta,
-                                               workspace=ws, output=out, tile=tile))
+                                               workspace=ws, output=out, tile=tile, tile_sync=pair[2]))
                 outs[pair].append(out)
             calls[pair] = timing.cycling([plan.run for plan in bound[pair]])
             vars(runner).pop("decide", None)
@@ -146,13 +171,15 @@ def main() -> None:
         torch.cuda.synchronize()
         for pair, ts in times.items():
             ms = statistics.median(ts)
-            diff = _relative_diff(outs[pair], outs[("table", "")])
+            diff = _relative_diff(outs[pair], outs[("table", "", None)])
             d = runner.decide(t)
-            table = "/".join(table_tiles(d.tile, bench.H, i_shard)) + (f" or {d.alt_tile}" if d.alt_tile else "")
+            table = ("/".join(table_tiles(d.tile, h, i_shard, routes=t * runner.top_k)) + (f" or {d.alt_tile}" if d.alt_tile else "")
+                     + ("+sync" if d.tile_sync else ""))
             name = (f"table {table}" + (f" {pair[1]}" if pair[1] else "") if pair[0] == "table" else
                     f"tile {pair[1]}" if pair[0] == "tile" else f"forms {pair[1]}" if pair[0] == "alts"
-                    else "/".join(pair))
-            print(f"{args.layout} T={t:3} {name:28} {ms * 1e3:8.1f} us  {nbytes / (ms * 1e-3) / copy_bw:.4f} of copy"
+                    else "/".join(pair[:2]))
+            name += {None: "", True: "+sync", False: "+nosync"}[pair[2]]
+            print(f"{name_of_layer} T={t:3} {name:28} {ms * 1e3:8.1f} us  {nbytes / (ms * 1e-3) / copy_bw:.4f} of copy"
                   f"  rounds {' '.join(f'{x * 1e3:.1f}' for x in ts)}  diff {diff:.2e}"
                   f"  ran {','.join(sorted({plan.last_tile() for plan in bound[pair]}))}", flush=True)
         del calls, outs, bound, inputs  # free this T's workspaces before the next T's

@@ -14,14 +14,15 @@ Two uses:
 usage: python ci/profile_moe.py LAYOUT T [T ...] [--tile TILE] [--tile-sync on|off] [--runs N]
        [--kernel-times | --timeline [--rotate N [--per-routing]]] [--local-experts N]
        (LAYOUT: ep8, tp8, or layer with --layer E,K,H,I [--rank-experts L --expert-offset O | --shard S]:
-       `cake-moe decide --layer`'s rank, its --local-experts named --rank-experts here)
+       ci/layer_args.py)
 """
 import argparse
 
 import torch
 
-from cake_moe import cli
 from cake_moe.bench import mxfp4_moe as b
+
+import layer_args  # (ci/: LAYOUT and --layer)
 
 
 def inputs(t: int, runner, gen: torch.Generator):
@@ -113,7 +114,7 @@ def scan_local_experts(args, runner, prepared, beta, lbeta, gen, l: int, offset:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("layout", choices=sorted(b.LAYOUTS) + ["layer"], help="a contract layout, or layer (--layer)")
+    layer_args.add(ap)
     ap.add_argument("tokens", type=int, nargs="+")
     ap.add_argument("--tile", default=None)
     ap.add_argument("--tile-sync", choices=("on", "off"), default=None,
@@ -128,24 +129,15 @@ def main() -> None:
     ap.add_argument("--local-experts", type=int, default=None, help="route every token to N local experts (0: 1..6)")
     ap.add_argument("--gemm-tiles", default=None,
                     help="experiment: bind these GEMM1,GEMM2 forms (same BN) whatever the decision table says")
-    ap.add_argument("--layer", type=cli._layer_dims, default=None, metavar="E,K,H,I",
-                    help="LAYOUT layer: experts, top_k, hidden and intermediate size")
-    ap.add_argument("--rank-experts", type=int, default=None, help="--layer: this rank's experts")
-    ap.add_argument("--expert-offset", type=int, default=None, help="--layer: the first local expert's id")
-    ap.add_argument("--shard", type=int, default=None, help="--layer: this rank's intermediate shard")
     args = ap.parse_args()
     args.tile_sync = None if args.tile_sync is None else args.tile_sync == "on"
-    if (args.layout == "layer") != (args.layer is not None):
-        ap.error("LAYOUT layer goes with --layer E,K,H,I (and a contract layout without it)")
-    spec: str | b.Layer = args.layout
-    if args.layer is not None:
-        spec = b.other_layer(args.layer, b.rank_args(args.rank_experts, args.expert_offset, args.shard))
+    spec = layer_args.spec(ap, args)
     args.layout = b.layer_of(spec).name   # (the printed name)
 
     if args.gemm_tiles:
         from cake_moe.mxfp4_moe import _decide
         forced = tuple(args.gemm_tiles.split(","))
-        _decide.gemm_tiles = lambda tile, hidden, inter: forced
+        _decide.gemm_tiles = lambda *_a, **_k: forced
     gen = torch.Generator(device="cuda").manual_seed(0)
     r = b.rank_layer(spec, gen)
     l, offset, runner, prepared, beta, lbeta = r.local, r.offset, r.runner, r.prepared, r.beta, r.linear_beta

@@ -356,6 +356,47 @@ def test_bench_takes_another_layer_and_refuses_before_any_work(capsys):
     assert e.value.code == 2 and "expected E,K,H,I" in capsys.readouterr().err
 
 
+def _ci_module(name: str):
+    """A tool of ci/ imported as its scripts run (ci/ first on the path)."""
+    import importlib
+    import pathlib
+    import sys
+    ci = str(pathlib.Path(__file__).resolve().parents[1] / "ci")
+    sys.path.insert(0, ci)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(ci)
+
+
+def test_ci_family_b_tools_take_the_benchmarks_layers(capsys):
+    """ci/layer_args.py (LAYOUT and --layer for ci/profile_moe.py and ci/moe_gemm_pairs.py): a
+    contract layout by name, another layer as the benchmark names it, and the two mixed up
+    refused; the pairs tool's +sync / +nosync suffixes."""
+    import argparse
+    layer_args = _ci_module("layer_args")
+
+    def spec(*argv):
+        ap = argparse.ArgumentParser()
+        layer_args.add(ap)
+        return layer_args.spec(ap, ap.parse_args(list(argv)))
+    assert spec("ep8") == "ep8"
+    assert spec("layer", "--layer", "128,8,2048,768") == bench_moe.other_layer((128, 8, 2048, 768), {})
+    ep = spec("layer", "--layer", "256,8,7168,2048", "--rank-experts", "32", "--expert-offset", "64")
+    assert ep.name == "E256 k8 H7168 I2048 L32@64"
+    assert spec("layer", "--layer", "256,8,7168,2048", "--shard", "256").name == "E256 k8 H7168 I2048 /256"
+    for argv, why in ((("layer",), "LAYOUT layer goes with --layer"), (("tp8", "--layer", "8,2,256,256"), "LAYOUT layer"),
+                      (("ep8", "--shard", "128"), "describe a --layer's rank")):
+        with pytest.raises(SystemExit):
+            spec(*argv)
+        assert why in capsys.readouterr().err
+    pairs = _ci_module("moe_gemm_pairs")
+    assert pairs._synced("n8_narrow/n8+nosync") == ("n8_narrow/n8", False)
+    assert pairs._synced("n8+sync") == ("n8", True) and pairs._synced("n8_narrow/n8") == ("n8_narrow/n8", None)
+    with pytest.raises(SystemExit):
+        pairs._synced("n8+fast")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_bench_of_another_layer_without_a_gpu_says_so(capsys):
     assert cli.main(["bench", "mxfp4-moe", "--layer", "256,8,7168,2048", "--local-experts", "32"]) == 2

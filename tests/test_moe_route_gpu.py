@@ -58,7 +58,8 @@ def test_device_tile_choice(layers, t, counts, pair):
     plan, out = layer.plan(bound)
     d = plan.decision
     assert (d.tile, d.alt_tile) == pair, d
-    assert len(d.forms) == 7 and _decide.gemm_forms(d.alt_tile, geom.hidden, geom.i_shard)[0] in plan.forms
+    assert len(d.forms) == 7 and _decide.gemm_forms(d.alt_tile, geom.hidden, geom.i_shard,
+                                                                routes=t * geom.top_k)[0] in plan.forms
     want = {}
     for n, case in cases.items():
         choice = _tile_cost.device_tile_choice([n] * geom.local, d.tile, d.alt_tile)

@@ -56,12 +56,12 @@ def test_decide_resident_rows_for_a_short_gemm2():
                                           "mxfp4_moe_gemm2_wg128x4_rb", "mxfp4_moe_gemm2_wg160x3_rb")
     assert w.decide(16384).forms[2:6] == ("mxfp4_moe_gemm1_wg160x3", "mxfp4_moe_gemm1_wg128x4",
                                           "mxfp4_moe_gemm2_wg160x3_rb", "mxfp4_moe_gemm2_wg128x4_rb")
-    assert _decide.gemm_tiles("wg160x3", 7168, 3072) == ("wg160x3", "wg160x3")
-    assert _decide.gemm_tiles("wg128x4", 7168, 512) == ("wg128x4", "wg128x4_rb")
-    assert _decide.gemm_tiles("wg128x4", 512, 640) == ("wg128x4", "wg128x4")
-    assert _decide.gemm_tiles("wg64x4", 7168, 384) == ("wg64x4", "wg64x4_rb")
-    assert _decide.gemm_tiles("wg32x4", 7168, 384) == ("wg32x4", "wg32x4_rb")
-    assert _decide.gemm_tiles("wg128", 7168, 384) == ("wg128", "wg128")
+    assert _decide.gemm_tiles("wg160x3", 7168, 3072, routes=4096) == ("wg160x3", "wg160x3")
+    assert _decide.gemm_tiles("wg128x4", 7168, 512, routes=4096) == ("wg128x4", "wg128x4_rb")
+    assert _decide.gemm_tiles("wg128x4", 512, 640, routes=4096) == ("wg128x4", "wg128x4")
+    assert _decide.gemm_tiles("wg64x4", 7168, 384, routes=4096) == ("wg64x4", "wg64x4_rb")
+    assert _decide.gemm_tiles("wg32x4", 7168, 384, routes=4096) == ("wg32x4", "wg32x4_rb")
+    assert _decide.gemm_tiles("wg128", 7168, 384, routes=4096) == ("wg128", "wg128")
 
 
 @pytest.mark.parametrize("sm90", [False, True])
@@ -415,10 +415,33 @@ def test_decide_short_k_form_for_a_tp_shard():
     assert w.decide(8).forms[2:4] == ("mxfp4_moe_gemm1_n8", "mxfp4_moe_gemm2_n8_shortk")
     assert CakeMxfp4MoEWrapper(**CONTRACT).decide(1).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow",
                                                                      "mxfp4_moe_gemm2_n8_narrow")   # ep8: K = 3072
-    k2 = {inter: _decide.gemm_tiles("n8_narrow", 7168, inter)[1] for inter in (128, 256, 384, 512, 640, 1024)}
-    assert k2 == {128: "n8_shortk", 256: "n8_shortk2", 384: "n8_shortk2", 512: "n8_shortk2", 640: "n8_shortk",
-                  1024: "n8_shortk"}
-    assert _decide.gemm_tiles("n8_narrow", 256, 384) == ("n8_shortk", "n8_shortk2")   # GEMM1 keeps its form
+    k2 = {inter: _decide.gemm_tiles("n8_narrow", 7168, inter, routes=16)[1] for inter in (128, 256, 384, 512, 640, 1024)}
+    assert k2 == {128: "n8_shortk", 256: "n8_shortk2", 384: "n8_shortk2", 512: "n8_shortk2", 640: "n8_narrow",
+                  1024: "n8_narrow"}
+    assert _decide.gemm_tiles("n8_narrow", 256, 384, routes=16) == ("n8_shortk", "n8_shortk2")   # GEMM1 keeps its form
+
+
+def test_decide_narrow_gemm2_for_a_short_k_past_512():
+    """A GEMM2 of K = 640..1024 after the narrow GEMM1s keeps their tiling up to
+    NARROW_GEMM2_ROUTES routes (n8_shortk would give it one CTA per 256 weight rows of each routed
+    expert), then takes the short-K tiling; K <= 512 and K > SHORT_K are as before."""
+    tiles = _decide.gemm_tiles
+    for tile in ("n8_narrow4", "n8_narrow"):
+        assert tiles(tile, 2048, 768, routes=8) == (tile, tile)
+        assert tiles(tile, 2048, 1024, routes=_decide.NARROW_GEMM2_ROUTES) == (tile, tile)
+        assert tiles(tile, 2048, 768, routes=_decide.NARROW_GEMM2_ROUTES + 1) == (tile, "n8_shortk")
+        assert tiles(tile, 2048, 1152, routes=8) == (tile, tile)   # past SHORT_K: as it always was
+    assert tiles("n8_narrow4", 7168, 384, routes=32) == ("n8_narrow4", "n8_shortk")
+    assert tiles("n8", 2048, 768, routes=8) == ("n8", "n8_shortk")   # (the n8 tile itself is past the narrow range)
+    # through the table: Qwen3-30B-A3B's shape on one GPU (E = 128, top_k = 8, H = 2048, I = 768), and
+    # OLMoE's (E = 64, top_k = 8, H = 2048, I = 1024); both memory widths
+    for narrow in (False, True):
+        q = CakeMxfp4MoEWrapper(128, 8, 2048, 768, narrow_memory=narrow)
+        assert q.decide(1).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow", "mxfp4_moe_gemm2_n8_narrow")
+        assert q.decide(8).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow4", "mxfp4_moe_gemm2_n8_narrow4")
+        assert q.decide(9).forms[3] == "mxfp4_moe_gemm2_n8_shortk"
+        o = CakeMxfp4MoEWrapper(64, 8, 2048, 1024, narrow_memory=narrow)
+        assert o.decide(4).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow4", "mxfp4_moe_gemm2_n8_narrow4")
 
 
 @pytest.mark.parametrize("sm90", [False, True])

@@ -187,6 +187,15 @@ SHORT_K = 1024
 # 1.6-2.6% faster (three passes); after the wider GEMM1s (T = 2..16) 3-7% slower, so only the
 # narrow tile binds it. (From K = 256: a stage's 128-byte weight box fits the row.)
 SHORT_K2 = (256, 512)
+# With at most this many routes (the narrow decode tilings' range on every device) a GEMM2 whose
+# K lies past SHORT_K2 up to SHORT_K keeps the narrow GEMM1's own tiling instead of n8_shortk:
+# the short-K tiling gives such a launch one CTA per 256 weight rows of each routed expert (64
+# CTAs at T = 1 of a 128-expert top-8 layer of H = 2048), each streaming its 6-8 K stages alone.
+# Measured on an H100, same inputs (`ci/moe_gemm_pairs.py layer`, bench/results/
+# 2026-12-06_h100_mxfp4_moe_short_gemm2.md): I = 768 (E128 k8 H2048) 2-20% faster at T = 1..8,
+# I = 1024 (E64 k8 H2048) 8-29%; past 64 routes n8_shortk stayed within -5..+4% of them. (At a
+# K of 256..512 the narrow forms lose: tp8's GEMM2 as n8_narrow4 ran 6% slower at T = 1.)
+NARROW_GEMM2_ROUTES = 64
 # A four-warpgroup GEMM2 whose K (the intermediate shard) is at most this keeps each token tile's
 # rows resident in shared memory (every stage of K in its own ring slot) and walks a contiguous
 # range of items, so consecutive items reuse the rows and only the weights stream: `<tile>_rb`.
@@ -235,11 +244,12 @@ class PlanDecision:
     alt_tile: str = ""  # the second wgmma tile form the device may run instead of ``tile``
 
 
-def gemm_tiles(tile: str, hidden: int, inter: int) -> tuple[str, str]:
-    """The GEMM1 (K = hidden) and GEMM2 (K = inter) form suffixes of tile form ``tile``: the BN 8
-    forms take the short-K tiling for a K of at most SHORT_K (the narrow tile's GEMM2 its
-    two-K-warp variant for a K in SHORT_K2), and a four-warpgroup GEMM2 its resident-rows form
-    for a K of at most RESIDENT_K."""
+def gemm_tiles(tile: str, hidden: int, inter: int, *, routes: int) -> tuple[str, str]:
+    """The GEMM1 (K = hidden) and GEMM2 (K = inter) form suffixes of tile form ``tile`` for
+    ``routes`` routes (T * top_k): the BN 8 forms take the short-K tiling for a K of at most
+    SHORT_K (the narrow tile's GEMM2 its two-K-warp variant for a K in SHORT_K2; a narrow tile's
+    GEMM2 of a K past SHORT_K2 keeps the narrow tiling up to NARROW_GEMM2_ROUTES), and a
+    four-warpgroup GEMM2 its resident-rows form for a K of at most RESIDENT_K."""
     if tile not in TILES:
         raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
 
@@ -249,14 +259,16 @@ def gemm_tiles(tile: str, hidden: int, inter: int) -> tuple[str, str]:
         gemm2 = f"{tile}_rb"
     elif tile == "n8_narrow" and SHORT_K2[0] <= inter <= SHORT_K2[1]:
         gemm2 = "n8_shortk2"
+    elif tile in ("n8_narrow", "n8_narrow4") and inter > SHORT_K2[1] and routes <= NARROW_GEMM2_ROUTES:
+        gemm2 = tile
     else:
         gemm2 = suffix(inter)
     return suffix(hidden), gemm2
 
 
-def gemm_forms(tile: str, hidden: int, inter: int) -> tuple[str, str]:
-    """The GEMM1 and GEMM2 form names of tile form ``tile``."""
-    t1, t2 = gemm_tiles(tile, hidden, inter)
+def gemm_forms(tile: str, hidden: int, inter: int, *, routes: int) -> tuple[str, str]:
+    """The GEMM1 and GEMM2 form names of tile form ``tile`` for ``routes`` routes."""
+    t1, t2 = gemm_tiles(tile, hidden, inter, routes=routes)
     return f"mxfp4_moe_gemm1_{t1}", f"mxfp4_moe_gemm2_{t2}"
 
 
@@ -389,10 +401,11 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
               + (f", or of BN={BLOCK_N_OF[alt]} ({alt}) where the device finds the call's route counts make "
                  "them cheaper" if alt else "")
               + (", GEMM2 waits per token tile" if tile_sync else ""))
-    gemm1, gemm2 = gemm_forms(chosen, hidden, inter)
+    routes = num_tokens * top_k
+    gemm1, gemm2 = gemm_forms(chosen, hidden, inter, routes=routes)
     forms: tuple[str, ...]
     if alt:
-        alt1, alt2 = gemm_forms(alt, hidden, inter)
+        alt1, alt2 = gemm_forms(alt, hidden, inter, routes=routes)
         forms = (DEQUANT_FORM, ROUTE_FORM, gemm1, alt1, gemm2, alt2, FINALIZE_FORM)
     else:
         forms = (DEQUANT_FORM, ROUTE_FORM, gemm1, gemm2, FINALIZE_FORM)
