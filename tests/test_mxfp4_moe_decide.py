@@ -113,6 +113,23 @@ def test_decide_decode_limit_where_memory_is_narrow(inter, t, wide, narrow):
     assert not CakeMxfp4MoEWrapper(**CONTRACT, **EP8, device="cpu").narrow_memory
 
 
+def test_decide_decode_limit_of_a_short_k_shard_where_memory_is_narrow():
+    """Where memory is narrow a shard of 512 < K <= 1024 takes the short shard's decode limit
+    (8.25 routes per expert; its later crossovers stay the long shard's), 1152 and up the long
+    one's (5.25); an H200 keeps 6 for all of them."""
+    def tile(t, inter, narrow, e=128, h=2048):
+        return _decide.decide(t, 8, e, h, inter, sm90=True, narrow_memory=narrow).tile
+    for inter in (640, 768, 1024):
+        assert tile(132, inter, True) == "n8_narrow4"     # 8.25 routes per expert (T * 8 / 128)
+        assert tile(133, inter, True) == "wg32x4"
+        assert tile(97, inter, False) == "wg32x4"          # the H200's 6
+        assert tile(385, inter, True) == "wg64x4" and tile(384, inter, True) == "wg32x4"  # mid limit 24, not 32
+    assert tile(84, 1152, True) == "n8_narrow4" and tile(85, 1152, True) == "wg32x4"   # 5.25
+    # a short shard as before: the same decode limit, its own mid limit (32 routes per expert)
+    assert tile(132, 384, True) == "n8_narrow4" and tile(133, 384, True) == "wg32x4"
+    assert tile(512, 384, True) == "wg32x4" and tile(513, 384, True) == "wg64x4"
+
+
 @pytest.mark.parametrize("t,wide,narrow", [(1345, "wg64x4/wg128x4", "wg64x4/wg96x4"),
                                            (2240, "wg64x4/wg128x4", "wg64x4/wg96x4"),
                                            (2241, "wg64x4/wg96x4", "wg64x4/wg96x4"),

@@ -66,6 +66,16 @@ SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 
 # at 8.0 (0.98x, 1.04x) and lost at 9.14 (0.96x, 0.94x); the limits below are where the time
 # ratio, interpolated linearly (the runs' mean), crosses 1. The H200 keeps 6 and 10 (above).
 SM90_NARROW_MEMORY_DECODE_LOADS = (5.25, 8.25)  # the largest loads n8 serves there: long shard, short shard
+# There a shard of at most this K takes the short shard's decode limit (its later crossovers stay
+# the long shard's): the wgmma forms' per-tile fill and epilogue weigh more on GEMM2 mainloops
+# this short. Measured on an H100, each row's decode form (n8_narrow4 / n8, synced) against
+# wg32x4 on the same inputs (`ci/moe_gemm_pairs.py layer`, bench/results/
+# 2026-12-06_h100_mxfp4_moe_decode_limit_layers.md): at 8 routes per expert the decode form won
+# by 14% (E128 k8 H2048 I768), 12% (E64 k8 H2048 I1024) and 8% (E128 k8 H4096 shard 768); at 10
+# it was within 1% on the first two; at 12 wg32x4 won by 10-20% on all three. With a shard of
+# 1536 (H 4096) the decode form won by 3.5% at 6 and lost by 13% at 8, with 2048 (H 7168) it lost
+# by 27% at 6: those keep the long shard's limit. The H200 keeps its limits until measured.
+SM90_NARROW_MEMORY_SHORT_DECODE_K = 1024
 # There the four-warp narrow tiling also stays ahead of n8 past NARROW4_ROUTES: on an H100, same
 # inputs, two runs each (bench/results/2026-12-05_h100_mxfp4_moe_decode_forms.md,
 # ..._h100_mxfp4_moe_narrow4_limit.md and ..._h100_mxfp4_moe_narrow4_to_128.md), n8_narrow4 ran
@@ -337,7 +347,7 @@ def _sm90_form(load: float, inter: int, narrow_memory: bool, split: bool) -> tup
     else:
         decode_max, mid_max, wg64_max = TILE_TABLE[0][0], SM90_MID_WG_MIN_LOAD, PREFILL_WG_MIN_LOAD
     if narrow_memory:
-        decode_max = SM90_NARROW_MEMORY_DECODE_LOADS[1 if short else 0]
+        decode_max = SM90_NARROW_MEMORY_DECODE_LOADS[1 if inter <= SM90_NARROW_MEMORY_SHORT_DECODE_K else 0]
     if load > wg64_max:
         tile = prefill_tile(load, short)
         alt = alt_tile(load, short, tile, narrow_memory)
