@@ -173,8 +173,8 @@ def main() -> None:
             ms = statistics.median(ts)
             diff = _relative_diff(outs[pair], outs[("table", "", None)])
             d = runner.decide(t)
-            table = ("/".join(table_tiles(d.tile, h, i_shard, routes=t * runner.top_k)) + (f" or {d.alt_tile}" if d.alt_tile else "")
-                     + ("+sync" if d.tile_sync else ""))
+            table = ("/".join(table_tiles(d.tile, h, i_shard, routes=t * runner.top_k))
+                     + (f" or {d.alt_tile}" if d.alt_tile else "") + ("+sync" if d.tile_sync else ""))
             name = (f"table {table}" + (f" {pair[1]}" if pair[1] else "") if pair[0] == "table" else
                     f"tile {pair[1]}" if pair[0] == "tile" else f"forms {pair[1]}" if pair[0] == "alts"
                     else "/".join(pair[:2]))

@@ -385,7 +385,8 @@ def test_ci_family_b_tools_take_the_benchmarks_layers(capsys):
     ep = spec("layer", "--layer", "256,8,7168,2048", "--rank-experts", "32", "--expert-offset", "64")
     assert ep.name == "E256 k8 H7168 I2048 L32@64"
     assert spec("layer", "--layer", "256,8,7168,2048", "--shard", "256").name == "E256 k8 H7168 I2048 /256"
-    for argv, why in ((("layer",), "LAYOUT layer goes with --layer"), (("tp8", "--layer", "8,2,256,256"), "LAYOUT layer"),
+    for argv, why in ((("layer",), "LAYOUT layer goes with --layer"),
+                      (("tp8", "--layer", "8,2,256,256"), "LAYOUT layer"),
                       (("ep8", "--shard", "128"), "describe a --layer's rank")):
         with pytest.raises(SystemExit):
             spec(*argv)

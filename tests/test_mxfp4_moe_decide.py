@@ -432,7 +432,8 @@ def test_decide_short_k_form_for_a_tp_shard():
     assert w.decide(8).forms[2:4] == ("mxfp4_moe_gemm1_n8", "mxfp4_moe_gemm2_n8_shortk")
     assert CakeMxfp4MoEWrapper(**CONTRACT).decide(1).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow",
                                                                      "mxfp4_moe_gemm2_n8_narrow")   # ep8: K = 3072
-    k2 = {inter: _decide.gemm_tiles("n8_narrow", 7168, inter, routes=16)[1] for inter in (128, 256, 384, 512, 640, 1024)}
+    k2 = {inter: _decide.gemm_tiles("n8_narrow", 7168, inter, routes=16)[1]
+          for inter in (128, 256, 384, 512, 640, 1024)}
     assert k2 == {128: "n8_shortk", 256: "n8_shortk2", 384: "n8_shortk2", 512: "n8_shortk2", 640: "n8_narrow",
                   1024: "n8_narrow"}
     assert _decide.gemm_tiles("n8_narrow", 256, 384, routes=16) == ("n8_shortk", "n8_shortk2")   # GEMM1 keeps its form

@@ -67,8 +67,8 @@ SM90_SHORT_SHARD_LOADS = (10, 32, 64)  # the largest loads served by n8, wg32x4 
 # ratio, interpolated linearly (the runs' mean), crosses 1. The H200 keeps 6 and 10 (above).
 SM90_NARROW_MEMORY_DECODE_LOADS = (5.25, 8.25)  # the largest loads n8 serves there: long shard, short shard
 # There a shard of at most this K takes the short shard's decode limit (its later crossovers stay
-# the long shard's): the wgmma forms' per-tile fill and epilogue weigh more on GEMM2 mainloops
-# this short. Measured on an H100, each row's decode form (n8_narrow4 / n8, synced) against
+# the long shard's), most likely because the wgmma forms' per-tile fill and epilogue weigh more
+# on GEMM2 mainloops this short. Measured on an H100, each row's decode form (n8_narrow4 / n8, synced) against
 # wg32x4 on the same inputs (`ci/moe_gemm_pairs.py layer`, bench/results/
 # 2026-12-06_h100_mxfp4_moe_decode_limit_layers.md): at 8 routes per expert the decode form won
 # by 14% (E128 k8 H2048 I768), 12% (E64 k8 H2048 I1024) and 8% (E128 k8 H4096 shard 768); at 10
@@ -202,9 +202,10 @@ SHORT_K2 = (256, 512)
 # the short-K tiling gives such a launch one CTA per 256 weight rows of each routed expert (64
 # CTAs at T = 1 of a 128-expert top-8 layer of H = 2048), each streaming its 6-8 K stages alone.
 # Measured on an H100, same inputs (`ci/moe_gemm_pairs.py layer`, bench/results/
-# 2026-12-06_h100_mxfp4_moe_short_gemm2.md): I = 768 (E128 k8 H2048) 2-20% faster at T = 1..8,
-# I = 1024 (E64 k8 H2048) 8-29%; past 64 routes n8_shortk stayed within -5..+4% of them. (At a
-# K of 256..512 the narrow forms lose: tp8's GEMM2 as n8_narrow4 ran 6% slower at T = 1.)
+# 2026-12-06_h100_mxfp4_moe_short_gemm2.md): four layers with a shard of 768 or 1024 ran 12-30%
+# faster at T = 1, 7-15% at T = 2, 2.5-15% at T = 4 and -7.5..+0.5% at T = 8 (top_k 6 and 8); past
+# 64 routes n8_shortk stayed within -5..+4% of them. (At a K of 256..512 the narrow forms lose:
+# tp8's GEMM2 as n8_narrow4 ran 6% slower at T = 1.)
 NARROW_GEMM2_ROUTES = 64
 # A four-warpgroup GEMM2 whose K (the intermediate shard) is at most this keeps each token tile's
 # rows resident in shared memory (every stage of K in its own ring slot) and walks a contiguous
