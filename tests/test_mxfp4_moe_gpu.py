@@ -111,6 +111,22 @@ def test_general_shapes(layers, name, t):
     check_output(case, layer.run(case), reference(case, layer.bank))
 
 
+@pytest.mark.parametrize("name,t", [("i640_h256_e8_k2", 1), ("i640_h256_e8_k2", 17), ("ring_h256_i1024_e4_k2", 1),
+                                    ("ring_h256_i1024_e4_k2", 12), ("tp8", 1), ("h384_ep_k8", 129)])
+def test_bound_gemm_forms_are_the_decisions(layers, name, t):
+    """The extension binds the GEMM forms decide() names (the wrapper and the table take them from
+    one rule, gemm_tiles with the call's routes): a GEMM2 of K 640 / 1024 on the narrow GEMM1's
+    tiling at 2, 24 and 34 routes (decode on every sm_90 part: at most 6 routes per expert)."""
+    layer = layers(name)
+    plan, _ = layer.plan(make_case(layer.geom, t, seed=t + 3))
+
+    def gemms(forms):
+        return [f for f in forms if f.startswith("mxfp4_moe_gemm")]
+    assert gemms(plan.forms.split(", ")) == gemms(plan.decision.forms), (plan.forms, plan.decision)
+    if layer.geom.i_shard in (640, 1024):
+        assert gemms(plan.decision.forms)[1] in ("mxfp4_moe_gemm2_n8_narrow", "mxfp4_moe_gemm2_n8_narrow4")
+
+
 @pytest.mark.parametrize("name,t", [("h256_e8_k2", 1), ("h256_e8_k2", 17), ("h384_ep_k8", 129),
                                     ("h128_e1024_k32", 17), ("h256_tp_k4", 300), ("tp8", 129)])
 @pytest.mark.parametrize("tile", TILE_FORMS)
