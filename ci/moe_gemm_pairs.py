@@ -70,12 +70,16 @@ def _relative_diff(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
 
 
 def _synced(text: str) -> tuple[str, bool | None]:
-    """A pair or tile form with its sync suffix: ``X+sync`` -> (X, True), ``X+nosync`` -> (X,
-    False), ``X`` -> (X, None: the table's rule)."""
-    form, _, sync = text.partition("+")
-    if sync not in ("", "sync", "nosync"):
-        raise SystemExit(f"{text!r}: the suffix must be +sync or +nosync")
-    return form, {"": None, "sync": True, "nosync": False}[sync]
+    """A pair or tile form with its sync suffix, read as the benchmark reads its ``--tiles``
+    entries (`bench._variant`): ``X+sync`` -> (X, True), ``X+nosync`` -> (X, False), ``X`` ->
+    (X, None: the table's rule)."""
+    try:
+        form, sync = bench._variant(text)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    if form is None:
+        raise SystemExit(f"{text!r}: name a GEMM pair or a tile form")
+    return form, sync
 
 
 def _two_forms(runner, tile: str, alt: str):
@@ -113,7 +117,7 @@ def main() -> None:
     args = ap.parse_args()
     spec = layer_args.spec(ap, args)
     # (kind or GEMM1 suffix, value or GEMM2 suffix, sync: None for the table's rule)
-    pairs = [(*_synced(p)[0].split("/"), _synced(p)[1]) for p in args.pairs.split(",") if p]
+    pairs = [(*form.split("/"), sync) for form, sync in map(_synced, filter(None, args.pairs.split(",")))]
     pairs += [("table", env, None) for env in args.env]
     pairs += [("tile", *_synced(tile)) for tile in args.tiles.split(",") if tile]
     pairs += [("alts", alts, None) for alts in args.alts.split(",") if alts]
