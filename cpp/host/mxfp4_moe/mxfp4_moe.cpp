@@ -308,6 +308,9 @@ class Mxfp4MoePlan final : public Plan {
       alt1.tile_choice = alt2.tile_choice = buf.alt_tile_count + moe::kTileChoiceAt;
       alt1.choice = alt2.choice = 0;
     }
+    // Launch order GEMM1, its alternative, GEMM2, its alternative: all but the first follow a
+    // GEMM launch and may read the choice before their dependency wait.
+    alt1.choice_at_start = alt2.choice_at_start = gemm2.choice_at_start = 1;
     alt1.code_ring = code_ring(t.alt1.gemm1_ring, p.hidden);
     alt2.code_ring = code_ring(t.alt2.gemm2_ring, p.inter);
     bind_gemm(gemm1_alt_, "mxfp4_moe_gemm1_", t.alt1, alt_tiles, p.num_local, alt1);

@@ -60,6 +60,10 @@ struct GemmParams {
   const int32_t* tile_choice;   // null, or (an sm_90a wgmma form bound beside another one) the tile
                                 //   form the routing kernel chose (header[moe::kTileChoiceAt]): the
   int32_t choice;               //   kernel exits at once unless it equals `choice`
+  int32_t choice_at_start;      // 1: the launch follows another GEMM launch, so the routing has completed
+                                //   when it starts (every GEMM launch releases its dependents only after
+                                //   its own dependency wait, or, not chosen, once it has read the choice
+                                //   itself) and the choice may be read before the wait
 };
 
 // A CTA computes kBM weight rows x kBN sorted rows. Warps: kWarpsM along M (64 rows each, four

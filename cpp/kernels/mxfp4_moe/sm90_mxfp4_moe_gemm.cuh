@@ -33,6 +33,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/ptx/global_mem.cuh"
 #include "common/ptx/grid_dependency.cuh"
 #include "common/ptx/mbarrier.cuh"
 #include "common/ptx/sm80.cuh"
@@ -425,6 +426,15 @@ struct Sm90Mxfp4MoeGemm {
   // rewritten only after the next item's first stage barrier).
   __device__ static void run(const GemmParams& p) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
+    if (p.choice_at_start && ptx::ld_cg_s32(p.tile_choice) != p.choice) {
+      // Not chosen, known before the wait: the next launch may start now, and one thread waits
+      // so that this grid still completes after its predecessor (the next launch's wait covers
+      // every launch before it); the other CTAs leave at once instead of each holding its
+      // shared memory until then.
+      ptx::allow_dependent_launch();
+      if (blockIdx.x == 0 && threadIdx.x == 0) ptx::grid_dependency_wait();
+      return;
+    }
     ptx::grid_dependency_wait();  // the tile list and B rows come from the previous launches
     // The other form of the pair was chosen: nothing to do (having waited, this grid completes
     // after its predecessor, so the next launch's wait still covers every launch before it).
