@@ -335,7 +335,8 @@ class Mxfp4MoePlan final : public Plan {
   // Launch order: dequantize (ordinary), routing, GEMM1, GEMM2, finalize, each of the last four
   // a dependent launch that starts while its predecessor drains and waits (griddepcontrol.wait)
   // before reading its outputs (a second GEMM pair: each GEMM followed by its alternative,
-  // also dependent; the one not chosen waits, then exits). The routing kernel reads nothing
+  // also dependent; the one not chosen exits once it has waited, or, past the first GEMM launch,
+  // releases the next launch first and waits in one thread). The routing kernel reads nothing
   // the dequantize writes: it runs alongside it and waits for it only before completing, so
   // GEMM1's wait covers both. With at most 32 routes (`route_first`) the routing kernel (then
   // GEMM1's gate: the lookahead has requested the first weights) goes first instead, and the
