@@ -481,7 +481,9 @@ struct Sm90Mxfp4MoeGemm {
         mainloop<false>(p, sm, pr, g, row0, acc);
       }
       const int next = work + walk.step;
-      if (next >= walk.end) ptx::allow_dependent_launch();  // the next GEMM / finalize may start; it waits for us
+      // The next GEMM / finalize may start; it waits for us. Only ever after this grid's own wait:
+      // a pair's later launches read the choice at their start on that (choice_at_start).
+      if (next >= walk.end) ptx::allow_dependent_launch();
       if constexpr (kStage == GemmStage::kGemm1) {
         epilogue_gemm1(p, t, smem_raw, group, warp, acc);
       } else {
