@@ -429,8 +429,8 @@ struct Sm90Mxfp4MoeGemm {
     if (p.choice_at_start && ptx::ld_cg_s32(p.tile_choice) != p.choice) {
       // Not chosen, known before the wait: the next launch may start now, and one thread waits
       // so that this grid still completes after its predecessor (the next launch's wait covers
-      // every launch before it); the other CTAs leave at once instead of each holding its
-      // shared memory until then.
+      // every launch before it); the other CTAs leave at once instead of each holding an SM's
+      // registers and shared memory until then.
       ptx::allow_dependent_launch();
       if (blockIdx.x == 0 && threadIdx.x == 0) ptx::grid_dependency_wait();
       return;
