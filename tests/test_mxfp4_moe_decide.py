@@ -462,6 +462,19 @@ def test_decide_narrow_gemm2_for_a_short_k_past_512():
         assert o.decide(4).forms[2:4] == ("mxfp4_moe_gemm1_n8_narrow4", "mxfp4_moe_gemm2_n8_narrow4")
 
 
+def test_bound_gemm_tiles_are_the_decisions_forms():
+    """What a plan binds is read from decision.forms: per GEMM the table's suffix, then the second
+    form's, each gemm_tiles of its form at the call's routes (one decision of each kind)."""
+    def decide(t):
+        return _decide.decide(t, 8, 128, 2048, 768, sm90=True)
+    for t in (1, 8, 9, 256, 4096):
+        d = decide(t)
+        forms = (d.tile, d.alt_tile) if d.alt_tile else (d.tile,)
+        want = [_decide.gemm_tiles(f, 2048, 768, routes=t * 8) for f in forms]
+        assert _decide.bound_gemm_tiles(d) == (tuple(g1 for g1, _ in want), tuple(g2 for _, g2 in want)), (t, d)
+    assert len(_decide.bound_gemm_tiles(decide(256))[0]) == 2   # a wgmma decision names two forms
+
+
 @pytest.mark.parametrize("sm90", [False, True])
 def test_decide_narrow_forms_by_route_count(sm90):
     """The decode tile by T * top_k: n8_narrow up to 16 routes, n8_narrow4 up to 64, then n8."""

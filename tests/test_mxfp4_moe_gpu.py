@@ -114,8 +114,8 @@ def test_general_shapes(layers, name, t):
 @pytest.mark.parametrize("name,t", [("i640_h256_e8_k2", 1), ("i640_h256_e8_k2", 17), ("ring_h256_i1024_e4_k2", 1),
                                     ("ring_h256_i1024_e4_k2", 12), ("tp8", 1), ("h384_ep_k8", 129)])
 def test_bound_gemm_forms_are_the_decisions(layers, name, t):
-    """The extension binds the GEMM forms decide() names (the wrapper and the table take them from
-    one rule, gemm_tiles with the call's routes): a GEMM2 of K 640 / 1024 on the narrow GEMM1's
+    """The extension binds the GEMM forms decide() names (the wrapper reads them from
+    decision.forms, `_decide.bound_gemm_tiles`): a GEMM2 of K 640 / 1024 on the narrow GEMM1's
     tiling at 2, 24 and 34 routes (decode on every sm_90 part: at most 6 routes per expert)."""
     layer = layers(name)
     plan, _ = layer.plan(make_case(layer.geom, t, seed=t + 3))

@@ -283,6 +283,16 @@ def gemm_forms(tile: str, hidden: int, inter: int, *, routes: int) -> tuple[str,
     return f"mxfp4_moe_gemm1_{t1}", f"mxfp4_moe_gemm2_{t2}"
 
 
+def bound_gemm_tiles(decision: PlanDecision) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The GEMM1 and GEMM2 form suffixes a plan of ``decision`` binds, as decide() named them in
+    ``decision.forms`` (gemm_forms at the call's routes): the table's form first, then the
+    second form's where there is one."""
+    def suffixes(gemm: str) -> tuple[str, ...]:
+        prefix = f"mxfp4_moe_{gemm}_"
+        return tuple(f.removeprefix(prefix) for f in decision.forms if f.startswith(prefix))
+    return suffixes("gemm1"), suffixes("gemm2")
+
+
 def routes_per_expert(num_tokens: int, top_k: int, num_experts: int) -> float:
     """The decision input: expected routes per expert, T * top_k / E."""
     return num_tokens * top_k / num_experts
@@ -383,17 +393,18 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
         return PlanDecision(False, refusal, "none", 0, ())
     num_tokens = _validate.integer(num_tokens, "num_tokens")   # a numpy integer as an int
     load = routes_per_expert(num_tokens, top_k, num_experts)
+    routes = num_tokens * top_k
     alt = ""
     if sm90:
-        split = tile_split and num_tokens * top_k >= SPLIT_MIN_ROUTES
+        split = tile_split and routes >= SPLIT_MIN_ROUTES
         path, block_n, chosen, alt = _sm90_form(load, inter, narrow_memory, split)
     else:
         _, path, block_n, chosen = next(row for row in TILE_TABLE if load <= row[0])
-    if num_tokens * top_k <= MAX_FEW_ROUTES:
+    if routes <= MAX_FEW_ROUTES:
         alt = ""  # the few-route routing path lists one form's tiles
     narrow4_max = SM90_NARROW_MEMORY_NARROW4_ROUTES if sm90 and narrow_memory else NARROW4_ROUTES
-    if block_n == 8 and num_tokens * top_k <= narrow4_max:
-        chosen = "n8_narrow" if num_tokens * top_k <= NARROW_ROUTES else "n8_narrow4"
+    if block_n == 8 and routes <= narrow4_max:
+        chosen = "n8_narrow" if routes <= NARROW_ROUTES else "n8_narrow4"
     if tile is not None:
         if tile not in TILES:
             raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
@@ -414,7 +425,6 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
               + (f", or of BN={BLOCK_N_OF[alt]} ({alt}) where the device finds the call's route counts make "
                  "them cheaper" if alt else "")
               + (", GEMM2 waits per token tile" if tile_sync else ""))
-    routes = num_tokens * top_k
     gemm1, gemm2 = gemm_forms(chosen, hidden, inter, routes=routes)
     forms: tuple[str, ...]
     if alt:

@@ -447,14 +447,10 @@ class CakeMxfp4MoEWrapper:
         _runtime.require_served(self.device, "mxfp4_moe")
         num_tokens = x.shape[0]
         weights_kind = _WEIGHT_KIND[None if topk_weights is None else topk_weights.dtype]
-        routes = num_tokens * self.top_k
-        gemm1_tile, gemm2_tile = _decide.gemm_tiles(decision.tile, self.hidden_size, self.intermediate_shard,
-                                                    routes=routes)
+        (gemm1_tile, *alt1), (gemm2_tile, *alt2) = _decide.bound_gemm_tiles(decision)
         alt = {}
         if decision.alt_tile:
-            alt1, alt2 = _decide.gemm_tiles(decision.alt_tile, self.hidden_size, self.intermediate_shard,
-                                            routes=routes)
-            alt = dict(gemm1_alt_tile=alt1, gemm2_alt_tile=alt2, tile_cost=_tile_cost.tile_cost_milli(decision.tile),
+            alt = dict(gemm1_alt_tile=alt1[0], gemm2_alt_tile=alt2[0], tile_cost=_tile_cost.tile_cost_milli(decision.tile),
                        alt_tile_cost=_tile_cost.tile_cost_milli(decision.alt_tile))
         bound = _runtime.ext().mxfp4_moe_plan(
             x.view(torch.uint8), x_sf, topk_ids, topk_weights, weights_kind, pw.w1, pw.w1_sf, pw.w2, pw.w2_sf, beta,
