@@ -57,6 +57,11 @@ def _routed_experts(ids: torch.Tensor, offset: int, l: int) -> int:
     return local[(local >= 0) & (local < l)].unique().numel()
 
 
+def _gemm_forms(forms: str) -> str:
+    """The GEMM launches a plan binds, by form suffix (two pairs bound: four)."""
+    return ",".join(f.removeprefix("mxfp4_moe_") for f in forms.split(", ") if f.startswith("mxfp4_moe_gemm"))
+
+
 def _relative_diff(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
     """||got - ref|| / ||ref|| over all rotations, one output at a time (a cat in FP64 of eight
     T = 8192 outputs would take GBs), NaN where an output holds a non-finite value."""
@@ -185,7 +190,8 @@ def main() -> None:
             name += {None: "", True: "+sync", False: "+nosync"}[pair[2]]
             print(f"{name_of_layer} T={t:3} {name:28} {ms * 1e3:8.1f} us  {nbytes / (ms * 1e-3) / copy_bw:.4f} of copy"
                   f"  rounds {' '.join(f'{x * 1e3:.1f}' for x in ts)}  diff {diff:.2e}"
-                  f"  ran {','.join(sorted({plan.last_tile() for plan in bound[pair]}))}", flush=True)
+                  f"  ran {','.join(sorted({plan.last_tile() for plan in bound[pair]}))}"
+                  f"  bound {_gemm_forms(bound[pair][0].forms)}", flush=True)
         del calls, outs, bound, inputs  # free this T's workspaces before the next T's
 
 
