@@ -136,8 +136,7 @@ def main() -> None:
     table_tiles = _decide.gemm_tiles
     print(f"copy {copy_bw / 1e12:.2f} TB/s", flush=True)
     for t in args.tokens:
-        inputs = [bench.random_inputs(t, l, offset, gen, h=h, e=runner.num_experts, k=runner.top_k)
-                  for _ in range(args.rotations)]
+        inputs = [bench.runner_inputs(t, runner, gen) for _ in range(args.rotations)]
         experts = statistics.mean(_routed_experts(ids, offset, l) for _, _, ids, _ in inputs)
         nbytes = experts * bench.expert_bytes(i_shard, h)
         calls, outs, bound = {}, {}, {}

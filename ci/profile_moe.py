@@ -25,12 +25,6 @@ from cake_moe.bench import mxfp4_moe as b
 import layer_args  # (ci/: LAYOUT and --layer)
 
 
-def inputs(t: int, runner, gen: torch.Generator):
-    """The benchmark's random inputs for T tokens of the wrapper's layer and rank."""
-    return b.random_inputs(t, runner.num_local_experts, runner.local_expert_offset, gen, h=runner.hidden_size,
-                           e=runner.num_experts, k=runner.top_k)
-
-
 def cuda_events(plan, runs: int) -> list:
     """The CUDA kernel events of ``runs`` runs of one plan, or of a list of plans run in turn
     (as the benchmark does, so that the weights come from DRAM)."""
@@ -99,7 +93,7 @@ def scan_local_experts(args, runner, prepared, beta, lbeta, gen, l: int, offset:
             sets = [list(range(offset + s, offset + s + n)) for s in range(0, l - n + 1, n)][:8]
             plans = []
             for experts in sets:
-                x, x_sf, _, w = inputs(t, runner, gen)
+                x, x_sf, _, w = b.runner_inputs(t, runner, gen)
                 ids = local_expert_ids(t, experts, gen, runner)
                 out = torch.empty(t, runner.hidden_size, dtype=torch.bfloat16, device="cuda")
                 ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")
@@ -147,7 +141,7 @@ def main() -> None:
     for t in args.tokens:
         plans, local = [], []
         for _ in range(args.rotate if args.timeline else 1):
-            x, x_sf, ids, w = inputs(t, runner, gen)
+            x, x_sf, ids, w = b.runner_inputs(t, runner, gen)
             local.append(local_expert_count(ids, offset, l))
             out = torch.empty(t, runner.hidden_size, dtype=torch.bfloat16, device="cuda")
             ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")

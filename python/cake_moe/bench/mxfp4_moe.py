@@ -169,6 +169,12 @@ def random_inputs(t: int, l: int, offset: int, gen: torch.Generator, *, h: int =
     return xq, xsf, ids, weights
 
 
+def runner_inputs(t: int, runner, gen: torch.Generator):
+    """random_inputs for T tokens of a wrapper's layer and rank."""
+    return random_inputs(t, runner.num_local_experts, runner.local_expert_offset, gen, h=runner.hidden_size,
+                         e=runner.num_experts, k=runner.top_k)
+
+
 def random_situ(l: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-expert FP32 beta ~ U[3, 5] and linear_beta ~ U[20, 30] (defaults 4 and 25)."""
     beta = 3.0 + 2.0 * torch.rand(l, device=gen.device, generator=gen)
@@ -221,7 +227,7 @@ def _bind(t: int, runner, prepared, bank16, beta, lbeta, gen, l: int, offset: in
     h, e = runner.hidden_size, runner.num_experts
     plans, naive, outs, experts, routes = [], [], [], 0, 0
     for _ in range(n):
-        x, x_sf, ids, w = random_inputs(t, l, offset, gen, h=h, e=e, k=runner.top_k)
+        x, x_sf, ids, w = runner_inputs(t, runner, gen)
         out = torch.empty(t, h, dtype=torch.bfloat16, device="cuda")
         ws = torch.empty(runner.get_workspace_size(t), dtype=torch.uint8, device="cuda")  # one per plan
         plans.append(runner.plan(x, x_sf, ids, w, prepared,
