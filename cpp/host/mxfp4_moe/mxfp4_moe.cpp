@@ -101,10 +101,8 @@ void check_sizes(const Problem& p, const moe::WorkspaceLayout& ws) {
     throw ValueError("workspace has " + std::to_string(p.workspace_bytes) + " bytes, needs " +
                      std::to_string(ws.total));
   if (p.num_local > moe::kMaxLocalExperts) throw ValueError("at most 1024 local experts");
-  // a bank's row coordinates (L x 2I, L x H rows) are int32 and the finalize's column blocks a
-  // grid dimension (< 2^16): H and the shard up to 2^19 keep both (the wrapper's MAX_DIM)
-  constexpr int64_t kMaxDim = int64_t(1) << 19;
-  if (p.hidden > kMaxDim || p.inter > kMaxDim)
+  // (mxfp4_moe/params.hpp says what depends on it; the wrapper's MAX_DIM)
+  if (p.hidden > kMaxLayerDim || p.inter > kMaxLayerDim)
     throw ValueError("H and the intermediate shard must be at most 2^19, got " + std::to_string(p.hidden) +
                      " and " + std::to_string(p.inter));
   constexpr int64_t kMaxOperandBytes = int64_t(16) << 32;

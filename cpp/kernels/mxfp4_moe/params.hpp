@@ -10,6 +10,13 @@
 
 namespace cake_moe::mxfp4_moe {
 
+// The layer's H and intermediate shard are at most this (the host refuses larger): a bank's row
+// coordinates (L x 2I, L x H rows) stay int32, the finalize's column blocks a grid dimension
+// (< 2^16), and an item's route-row offsets 32-bit (epilogue.cuh).
+constexpr int64_t kMaxLayerDim = int64_t(1) << 19;
+// The largest token tile of any form (the sm_90a wg160x3 forms).
+constexpr int kMaxTileRows = 160;
+
 enum class GemmStage : int32_t {
   kGemm1 = 1,  // act = MXFP8(SiTU(x W1^T)) as BF16, rows gathered by token
   kGemm2 = 2,  // rows = act W2^T as BF16 route rows
@@ -74,6 +81,7 @@ template <int kBN_, int kWarpsM_, int kWarpsK_, int kStages_, bool kTmaWeights_ 
 struct Tiling {
   static constexpr int kBN = kBN_, kWarpsM = kWarpsM_, kWarpsK = kWarpsK_, kStages = kStages_;
   static constexpr bool kTmaWeights = kTmaWeights_;
+  static_assert(kBN_ <= kMaxTileRows, "kMaxTileRows bounds every form's token tile");
   // As GEMM1 with few routes, the tiling requests its first weight stages before the dependency
   // wait (GemmParams::lookahead; the host binds one only where this holds).
   static constexpr bool kLooksAhead = kTmaWeights && kBN_ == 8;

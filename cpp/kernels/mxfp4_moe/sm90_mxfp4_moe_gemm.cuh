@@ -201,6 +201,8 @@ struct Sm90Mxfp4MoeGemm {
     }
     ptx::named_barrier_sync(kEpilogueBarrier, kThreads);
     const int j = (t.m0 + group * 64) / 2 + 4 * g + kMB * w;
+    const typename Base::TileRows rows(p.out, t, p.m / 2, j, q);
+    const bool column_in = j < p.m / 2;
     const float* partials = amax_rows + (warp - w) * kBN;  // the group's first warp
     // The 8 lanes g of a column q share their rows' block scales: lane g computes the codes of
     // n8 blocks g and g + 8 (a byte per row), the other lanes read them by shuffle.
@@ -234,20 +236,21 @@ struct Sm90Mxfp4MoeGemm {
       for (int i = 0; i < kOwn; ++i) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int nb = src + 8 * i, row = nb * 8 + 2 * q + c;
+          const int nb = src + 8 * i;
           if (nb >= kNBlocks) continue;
           const uint32_t code = (codes[(2 * i + c) / 4] >> (8 * ((2 * i + c) % 4))) & 0xFFu;
-          store_act(p, t, j, row, code, acc, nb, c);
+          store_act(rows, column_in, code, acc, nb, c);
         }
       }
     }
   }
 
   // One token row's MXFP8 elements of the thread's columns j, j + 1 (kMB of them), requantized
-  // with the row's block code and written as BF16. The factor into the element range is
-  // block_scale's for that code (round-up never yields 0xFF: that code marks a NaN block).
-  __device__ static __forceinline__ void store_act(const GemmParams& p, const typename Base::Tile& t, int j, int row,
-                                                   uint32_t code, const Acc& acc, int nb, int c) {
+  // with the row's block code and written as BF16 (row nb * 8 + 2q + c of `rows`, the thread's
+  // column j). The factor into the element range is block_scale's for that code (round-up never
+  // yields 0xFF: that code marks a NaN block).
+  __device__ static __forceinline__ void store_act(const typename Base::TileRows& rows, bool column_in, uint32_t code,
+                                                   const Acc& acc, int nb, int c) {
     using namespace numerics;
     const float to_elem = ue8m0_to_elem(code);
     const float from_elem = ue8m0_value(code);
@@ -255,13 +258,11 @@ struct Sm90Mxfp4MoeGemm {
 #pragma unroll
     for (int i = 0; i < kMB; ++i)
       out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(Base::requant_value(acc[i][nb][c], code, to_elem, from_elem)));
-    const int inter = p.m / 2;
-    if (row < t.rows && j < inter) {
-      uint16_t* dst = p.out + int64_t(t.row0 + row) * inter + j;
+    if (rows.has(nb, c) && column_in) {
       if constexpr (kMB == 2) {
-        *reinterpret_cast<uint32_t*>(dst) = uint32_t(out[0]) | (uint32_t(out[1]) << 16);
+        *reinterpret_cast<uint32_t*>(rows.at(nb, c)) = uint32_t(out[0]) | (uint32_t(out[1]) << 16);
       } else {
-        *dst = out[0];
+        *reinterpret_cast<uint16_t*>(rows.at(nb, c)) = out[0];
       }
     }
   }
