@@ -267,18 +267,24 @@ struct Sm90Mxfp4MoeGemm {
     }
   }
 
+  // An item's place in the list: token tile `index`, m-block `mb` (item index * m_blocks + mb).
+  struct Cursor {
+    int index, mb;
+  };
   // work >= 0 and m_blocks > 0: unsigned division and remainder (fewer instructions than signed).
-  __device__ static int tile_index_of(const GemmParams& p, int work) { return int(uint32_t(work) / uint32_t(p.m_blocks)); }
+  __device__ static Cursor cursor_of(const GemmParams& p, int work) {
+    const int index = int(uint32_t(work) / uint32_t(p.m_blocks));
+    return {index, work - index * p.m_blocks};
+  }
 
-  __device__ static typename Base::Tile tile_of(const GemmParams& p, int work) {
-    const int index = tile_index_of(p, work);
-    const moe::TokenTile tt = p.tiles[index];
+  __device__ static typename Base::Tile tile_at(const GemmParams& p, Cursor c) {
+    const moe::TokenTile tt = p.tiles[c.index];
     typename Base::Tile t;
     t.expert = tt.expert;
     t.row0 = tt.row0;
     const int end = p.offsets[tt.expert + 1];
     t.rows = end - tt.row0 < kBN ? end - tt.row0 : kBN;
-    t.m0 = (work - index * p.m_blocks) * Cfg::kBM;
+    t.m0 = c.mb * Cfg::kBM;
     return t;
   }
 
@@ -325,6 +331,24 @@ struct Sm90Mxfp4MoeGemm {
       return {int(blockIdx.x), items, int(gridDim.x)};
     }
   }
+  // Moves the cursor to item `work`, the walk's next one, and its tile `t` with it; returns
+  // whether the token tile changed. On the resident rows' contiguous walk the next item is
+  // mostly the next m-block of the same token tile (m_blocks items in a row), which keeps the
+  // tile's expert and rows instead of reading them again after a division (and the caller its
+  // scale class); an interleaved walk reads every item's tile.
+  __device__ static __forceinline__ bool step_to(const GemmParams& p, int work, Cursor& c, typename Base::Tile& t) {
+    if constexpr (kResidentB) {
+      if (++c.mb < p.m_blocks) {
+        t.m0 = c.mb * Cfg::kBM;
+        return false;
+      }
+      c = {c.index + 1, 0};
+    } else {
+      c = cursor_of(p, work);
+    }
+    t = tile_at(p, c);
+    return true;
+  }
 
   // The copying threads' place in the CTA's stream of stages, which runs on across items: item
   // `work` of the walk, its stage `ks`, and that item's loader. The next item's first stages are
@@ -335,6 +359,7 @@ struct Sm90Mxfp4MoeGemm {
     int work, ks;
     StageLoader loader;
     typename Base::Tile tile;
+    Cursor cursor;
   };
 
   // The copying threads' share of a stage. K is a multiple of 128 here, so kNoKTests drops the
@@ -373,7 +398,7 @@ struct Sm90Mxfp4MoeGemm {
         pr.ks = 0;
         pr.work += pr.walk.step;
         if (pr.work < pr.walk.end) {
-          pr.tile = tile_of(p, pr.work);
+          step_to(p, pr.work, pr.cursor, pr.tile);
           pr.loader = make_stage_loader(p, pr.tile);
         }
       }
@@ -452,7 +477,8 @@ struct Sm90Mxfp4MoeGemm {
     const int warp = threadIdx.x >> 5;
     const int group = warp / kGroupWarps;  // prepared 64-row group of the warp in the CTA
     const int row0 = group * 64 + (warp % kGroupWarps) * 16 * kMB;
-    typename Base::Tile t = tile_of(p, work);
+    Cursor cursor = cursor_of(p, work);
+    typename Base::Tile t = tile_at(p, cursor);
     if constexpr (kTmaW) {
       if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) ptx::mbar_init(&ring_bars(sm)[s], 1);
@@ -461,22 +487,23 @@ struct Sm90Mxfp4MoeGemm {
       }
       __syncthreads();
     }
-    Producer pr{walk, work, 0, make_stage_loader(p, t), t};
+    Producer pr{walk, work, 0, make_stage_loader(p, t), t, cursor};
     uint32_t g = 0;  // the stream's stage that the MMA warps compute next
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) produce(p, sm, pr, uint32_t(s));
     int resident = -1;  // the token tile whose rows are resident (kResidentB)
+    bool big = expert_may_need_big(p.sf_max, t.expert);  // CTA-uniform, the expert's scale class
     while (true) {
       if constexpr (kResidentB) {
-        if (tile_index_of(p, work) != resident) {  // CTA-uniform
+        if (cursor.index != resident) {  // CTA-uniform
           __syncthreads();  // every warp retired its wgmmas on the previous tile's rows
           load_resident_b(p, t, sm);
           ptx::cp_async_wait<0>();  // (the ring's prefetched stages too: once per tile)
-          resident = tile_index_of(p, work);  // the mainloop's first barrier publishes the rows
+          resident = cursor.index;  // the mainloop's first barrier publishes the rows
         }
       }
       Acc acc;
-      if (expert_may_need_big(p.sf_max, t.expert)) {  // CTA-uniform
+      if (big) {
         mainloop<true>(p, sm, pr, g, row0, acc);
       } else {
         mainloop<false>(p, sm, pr, g, row0, acc);
@@ -491,7 +518,7 @@ struct Sm90Mxfp4MoeGemm {
         Base::epilogue_gemm2(p, t, group * 64, 2 * kMB * (warp % kGroupWarps), acc);  // blocks kMB w + i
       }
       if (next >= walk.end) break;
-      t = tile_of(p, next);
+      if (step_to(p, next, cursor, t)) big = expert_may_need_big(p.sf_max, t.expert);
       work = next;
     }
   }
