@@ -91,11 +91,22 @@ struct Mxfp4MoeEpilogue {
   }
 
   // The MXFP8 element of v in its block, decoded again: exactly what GEMM2 multiplies.
+  // to_elem / from_elem: the code's factors (any values for the zero and NaN blocks, whose
+  // results are selected after the conversions). Selected by selp: nvcc turns early returns
+  // or ?: here into a branch around the conversions per element (its reconvergence and
+  // register moves cost ~15 instructions each).
   __device__ static __forceinline__ float requant_value(float v, uint32_t code, float to_elem, float from_elem) {
     using namespace numerics;
-    if (code == 0u) return 0.0f;
-    if (code == kUe8m0Nan) return __uint_as_float(0x7FC00000u);
-    return e4m3_decode(e4m3_encode(__fmul_rn(v, to_elem))) * from_elem;
+    const float q = e4m3_decode(e4m3_encode(__fmul_rn(v, to_elem))) * from_elem;
+    float r;
+    asm("{\n\t.reg .pred zero, nan;\n\t"
+        "setp.eq.u32 zero, %1, 0;\n\t"
+        "setp.eq.u32 nan, %1, 255;\n\t"
+        "selp.f32 %0, 0f7FC00000, %2, nan;\n\t"
+        "selp.f32 %0, 0f00000000, %0, zero;\n\t}"
+        : "=f"(r)
+        : "r"(code), "f"(q));
+    return r;
   }
 
   // A row's MXFP8 block from the amax of its 32 values (UE8M0 round-up): value(v) is v's

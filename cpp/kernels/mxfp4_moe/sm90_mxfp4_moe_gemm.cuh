@@ -252,8 +252,8 @@ struct Sm90Mxfp4MoeGemm {
   __device__ static __forceinline__ void store_act(const typename Base::TileRows& rows, bool column_in, uint32_t code,
                                                    const Acc& acc, int nb, int c) {
     using namespace numerics;
-    const float to_elem = ue8m0_to_elem(code);
-    const float from_elem = ue8m0_value(code);
+    // (codes 1..254; the zero and NaN blocks are selected in requant_value)
+    const float to_elem = ue8m0_inverse(code), from_elem = __uint_as_float(code << 23);
     uint16_t out[kMB];
 #pragma unroll
     for (int i = 0; i < kMB; ++i)
