@@ -85,8 +85,23 @@ struct Mxfp4MoeEpilogue {
   }
 
   // SiTU(g, u) = (beta tanh(g / beta) sigmoid(g)) (lbeta tanh(u / lbeta)), FP32, accurate tanh/exp.
+  // kPlainGate (the caller checked gate > kPlainGateMin): the sigmoid's IEEE reciprocal of
+  // y = 1 + e^-g in [1, 2^126) as its fast path alone. `1.0f / y` compiles to the same
+  // MUFU.RCP and two FMAs for such y, plus a check and a slow-path CALL per element that cost
+  // a branch and register moves each (y * r - 1 is never subnormal there, so the negation's FTZ
+  // in that sequence changes nothing): the same bits either way.
+  static constexpr float kPlainGateMin = -87.0f;  // e^87 < 2^126 - 1
+  template <bool kPlainGate = false>
   __device__ static __forceinline__ float situ(float gate, float up, const Situ& s) {
-    const float sig = 1.0f / (1.0f + expf(-gate));
+    const float y = 1.0f + expf(-gate);
+    float sig;
+    if constexpr (kPlainGate) {
+      float r;
+      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+      sig = fmaf(r, -fmaf(y, r, -1.0f), r);
+    } else {
+      sig = 1.0f / y;
+    }
     return (s.beta * tanhf(gate * s.inv_beta) * sig) * (s.lbeta * tanhf(up * s.inv_lbeta));
   }
 
