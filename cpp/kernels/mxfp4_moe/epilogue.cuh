@@ -116,11 +116,11 @@ struct Mxfp4MoeEpilogue {
     float r;
     asm("{\n\t.reg .pred zero, nan;\n\t"
         "setp.eq.u32 zero, %1, 0;\n\t"
-        "setp.eq.u32 nan, %1, 255;\n\t"
+        "setp.eq.u32 nan, %1, %3;\n\t"
         "selp.f32 %0, 0f7FC00000, %2, nan;\n\t"
         "selp.f32 %0, 0f00000000, %0, zero;\n\t}"
         : "=f"(r)
-        : "r"(code), "f"(q));
+        : "r"(code), "f"(q), "n"(kUe8m0Nan));
     return r;
   }
 
