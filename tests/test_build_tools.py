@@ -165,6 +165,32 @@ def test_ab_table_reads_two_logs_and_rejects_a_missing_column(tmp_path):
     assert bad.returncode != 0 and "no column 'nope'" in bad.stderr
 
 
+def test_ab_kernel_times_tabulates_builds_against_their_base(tmp_path):
+    """ci/ab_kernel_times.py: family-B kernel times of ab.sh logs per (layout, T, kernel), each
+    build's change against the mean of the base builds, small kernels left out, bad labels refused."""
+    tool = pathlib.Path(__file__).resolve().parents[1] / "ci" / "ab_kernel_times.py"
+    log = ("some warning line\n"
+           "tp8 T=4096 (wg96x4): {total} us of kernels per run\n"
+           "     {g1} us   52.8%  cake_mxfp4_moe_gemm1_wg96x4\n"
+           "       7.5 us    0.2%  cake_moe_route_count\n"
+           "dumped x\n"
+           "     999.0 us   99.0%  stray_kernel_outside_a_case\n")
+    for label, total, g1 in (("main", 3000.0, 1600.0), ("main_2", 3020.0, 1620.0), ("new", 2980.0, 1566.0)):
+        (tmp_path / f"ab_{label}.log").write_text(log.format(total=total, g1=g1))
+    run = [sys.executable, str(tool), str(tmp_path)]
+    out = subprocess.run(run + ["main", "main_2", "new", "--base", "main,main_2"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "| case | kernel | main | main_2 | new | new vs base |"
+    assert "| tp8 4096 | gemm1_wg96x4 | 1600.0 | 1620.0 | 1566.0 | -2.7% |" in lines
+    assert "| tp8 4096 | all kernels | 3000.0 | 3020.0 | 2980.0 | -1.0% |" in lines
+    assert not any("route_count" in line or "stray" in line for line in lines)
+    missing = subprocess.run(run + ["main", "nope"], capture_output=True, text=True)
+    assert missing.returncode != 0 and "ab_nope.log: no such log" in missing.stderr
+    bad_base = subprocess.run(run + ["main", "new", "--base", "old"], capture_output=True, text=True)
+    assert bad_base.returncode != 0 and "--base old: not among the labels" in bad_base.stderr
+
+
 def test_tile_rule_mirror_chooses_what_the_recorded_runs_chose():
     """ci/gg_pick_model.py mirrors heuristics_sm90.hpp's fwd / dgrad tile choice (it stops where a
     run chose otherwise): on the H100 layers sweep of 7722882 with the many-wave clause, on
