@@ -4,6 +4,9 @@
 # Logs go to $OUT; the last lines are a short table and "N passed, N failed". Each step's line
 # is also appended to $OUT/summary.txt as it finishes, so a run cut short says what it did.
 #   usage: bash ci/gpu.sh [pytest -k expression]
+# CAKE_GPU_REQUIRE=H200: stop before building (exit 3) unless the GPU's name holds that text, so
+# figures meant for one card never come from another. CAKE_GPU_TESTS=0: skip ctest, pytest and
+# the sanitizers (a benchmarks-only run: build, demo, the grids).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/cake-moe-gpu}
@@ -17,7 +20,14 @@ declare -a NAMES RESULTS
 # (summary.txt also says when each step ended, in seconds from the start: a run cut short by a
 # time limit tells what the next one needs)
 record() { NAMES+=("$1"); RESULTS+=("$2"); printf '%-10s %s [%d s]\n' "$1" "$2" "$(( $(date +%s) - t0 ))" >>"$OUT/summary.txt"; }
-rm -f "$OUT/summary.txt"
+rm -f "$OUT/summary.txt" "$OUT/token_errors.txt"
+if [ -n "${CAKE_GPU_REQUIRE:-}" ]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case "$gpu" in
+    *"$CAKE_GPU_REQUIRE"*) ;;
+    *) echo "the GPU is '${gpu:-none found}', not an $CAKE_GPU_REQUIRE (CAKE_GPU_REQUIRE): nothing run"; exit 3 ;;
+  esac
+fi
 passed=0; failed=0
 
 t0=$(date +%s)
@@ -33,6 +43,7 @@ else
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/misc.log" 2>&1
 
+if [ "${CAKE_GPU_TESTS:-1}" != 0 ]; then
 # host-side C++ tests (not the device code on emulated CTAs: CI runs those, and no result of
 # theirs depends on the machine)
 if cmake -S . -B build/host-tests -DCAKE_MOE_HOST_TESTS_ONLY=ON -DPython_EXECUTABLE="$(command -v "$PY")" >>"$OUT/misc.log" 2>&1 \
@@ -47,7 +58,6 @@ fi
 # compile tests: 73 s and 58 s of a cold inductor on the H200 machine, CPU only, run by CI)
 # (family-B outputs also log their per-token errors: the data behind TOKEN_BUDGET; the 25
 # slowest tests are listed at the log's end)
-rm -f "$OUT/token_errors.txt"
 CAKE_TEST_TOKEN_ERRORS="$OUT/token_errors.txt" "$PY" -m pytest -q -p no:cacheprovider tests ${K:+-k "$K"} --durations=25 \
   --deselect "tests/test_mxfp4_moe_cpu_plans.py::test_compiled_run_leaves_the_bound_tensors_as_the_graph_expects[inductor]" \
   --deselect "tests/test_grouped_gemm_autograd.py::test_compiled_moe_mlp_gives_the_eager_bits[inductor]" \
@@ -79,6 +89,7 @@ sanitize memcheck-moe memcheck "X=0" mxfp4_moe
 sanitize racecheck racecheck "X=0" grouped_gemm
 sanitize racecheck-pt racecheck "CAKE_MOE_GG_FORCE_PORTABLE=1" grouped_gemm
 sanitize racecheck-moe racecheck "X=0" mxfp4_moe
+fi  # CAKE_GPU_TESTS
 
 # the main job
 if cake-moe demo >/tmp/cake-demo.log 2>&1; then record demo "$(tail -1 /tmp/cake-demo.log)"; passed=$((passed + 1))
