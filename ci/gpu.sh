@@ -100,7 +100,8 @@ else record demo "FAILED: $(tail -1 /tmp/cake-demo.log)"; failed=$((failed + 1))
 cat /tmp/cake-demo.log >>"$OUT/misc.log"
 cake-moe info >>"$OUT/misc.log" 2>&1
 
-# benchmarks (the PERF.md grids)
+# benchmarks (the PERF.md grids); a warm machine keeps /tmp, so no earlier run's table is shown
+rm -f /tmp/bench_formats.md /tmp/bench_formats.json
 if cake-moe bench formats --out /tmp/bench_formats >>"$OUT/misc.log" 2>&1; then
   cp /tmp/bench_formats.json "$OUT/"; record bench-fmt "ok (bench_formats.json)"
 else record bench-fmt "FAILED (misc.log)"; fi
