@@ -102,8 +102,8 @@ cake-moe info >>"$OUT/misc.log" 2>&1
 
 # benchmarks (the PERF.md grids); a warm machine keeps /tmp, so no earlier run's table is shown
 rm -f /tmp/bench_formats.md /tmp/bench_formats.json
-if cake-moe bench formats --out /tmp/bench_formats >>"$OUT/misc.log" 2>&1; then
-  cp /tmp/bench_formats.json "$OUT/"; record bench-fmt "ok (bench_formats.json)"
+if cake-moe bench formats --out /tmp/bench_formats >>"$OUT/misc.log" 2>&1 \
+   && cp /tmp/bench_formats.json "$OUT/" 2>>"$OUT/misc.log"; then record bench-fmt "ok (bench_formats.json)"
 else record bench-fmt "FAILED (misc.log)"; fi
 # CAKE_BENCH_GG: 1 (default) the family-A grid with every tile timed, grid = the grid only, 0 = skip
 if [ "${CAKE_BENCH_GG:-1}" != 0 ]; then
