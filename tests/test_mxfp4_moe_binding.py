@@ -91,7 +91,7 @@ def test_plan_binding_call(fake_ext, packed, kind):
                         a["output"], None, None)   # positional weights: no largest scale codes
     assert kwargs == dict(num_tokens=5, hidden=H, inter=I, num_experts=E, num_local=E, local_offset=0, top_k=K,
                           gemm1_tile="n8_shortk", gemm2_tile="n8_shortk",   # H = 256, I = 128: both K short
-                          tile_sync=False)                                  # 5 * 2 / 8 = 1.25 routes per expert
+                          tile_sync=True)       # an sm_90 decode decision syncs at every load (1.25 routes per expert)
     assert isinstance(plan, Mxfp4MoEPlan)
     assert plan._plan.streams == [], "plan() enqueues nothing"
     assert plan.run() is a["output"] and plan._plan.streams == [1234]

@@ -526,30 +526,29 @@ def test_decide_refuses_an_sm90_tile_elsewhere_and_unknown_tiles():
         _decide.decide(64, *_TP8, tile="n16")
 
 
-@pytest.mark.parametrize("sm90", [False, True])
-def test_decide_tile_sync_rows(sm90):
-    """E=896, k=16: the per-tile GEMM1 -> GEMM2 sync up to T*k/E = 0.3 (T = 16), then off."""
-    synced = [t for t in range(1, 400) if _decide.decide(t, *_TP8, sm90=sm90).tile_sync]
+def test_decide_tile_sync_rows():
+    """E=896, k=16, not sm_90: the per-tile GEMM1 -> GEMM2 sync up to T*k/E = 0.3 (T = 16), then off."""
+    synced = [t for t in range(1, 400) if _decide.decide(t, *_TP8).tile_sync]
     assert synced == list(range(1, 17))
     assert "per token tile" in _decide.decide(1, *_TP8).reason
     assert not _decide.decide(17, *_TP8).tile_sync and "per token tile" not in _decide.decide(17, *_TP8).reason
 
 
+@pytest.mark.parametrize("narrow", [False, True])
 @pytest.mark.parametrize("layer", [_TP8, (8, 256, 7168, 2048), (8, 128, 4096, 1536), (8, 256, 7168, 256)])
-def test_decide_tile_sync_on_every_decode_load_where_memory_is_narrow(layer):
-    """An sm_90 device with narrow DRAM bandwidth per SM (an H100) syncs GEMM1 -> GEMM2 per token
-    tile on every BN 8 (decode) decision, and on none of the wgmma paths; a wide one (an H200)
-    keeps the 0.3-routes-per-expert limit, as does every other arch."""
+def test_decide_tile_sync_on_every_sm90_decode_load(layer, narrow):
+    """An sm_90 device, narrow DRAM bandwidth per SM (an H100) or wide (an H200), syncs GEMM1 ->
+    GEMM2 per token tile on every BN 8 (decode) decision and on none of the wgmma paths; every
+    other arch keeps the 0.3-routes-per-expert limit."""
     k, e = layer[0], layer[1]
-    rows = [(t, _decide.decide(t, *layer, sm90=True, narrow_memory=True)) for t in range(1, 2049)]
+    rows = [(t, _decide.decide(t, *layer, sm90=True, narrow_memory=narrow)) for t in range(1, 2049)]
     decode = [t for t, d in rows if d.block_n == 8]
     assert decode == list(range(1, len(decode) + 1)) and len(decode) > 16
     assert all(d.tile_sync == (d.block_n == 8) for _, d in rows)
     assert all("per token tile" in d.reason for _, d in rows if d.block_n == 8)
-    for kw in ({"sm90": True}, {}):
-        wide = [t for t in range(1, 2049) if _decide.decide(t, *layer, **kw).tile_sync]
-        assert wide == [t for t in range(1, 2049) if t * k / e <= _decide.TILE_SYNC_MAX_LOAD]
-    assert not _decide.decide(max(decode), *layer, sm90=True, narrow_memory=True, tile_sync=False).tile_sync
+    other = [t for t in range(1, 2049) if _decide.decide(t, *layer, narrow_memory=narrow).tile_sync]
+    assert other == [t for t in range(1, 2049) if t * k / e <= _decide.TILE_SYNC_MAX_LOAD]
+    assert not _decide.decide(max(decode), *layer, sm90=True, narrow_memory=narrow, tile_sync=False).tile_sync
 
 
 def test_decide_forced_tile_sync():

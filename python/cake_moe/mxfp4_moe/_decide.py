@@ -224,9 +224,13 @@ TILE_SYNC_MAX_LOAD = 0.3
 # (bench/results/2026-12-06_h100_mxfp4_moe_tile_sync_layers.md): four other layers (`cake-moe
 # bench mxfp4-moe --layer`) 1.2-17.4% faster at T = 16..128 and +0.1% at 256; the contract's ep8
 # 0-2.6% faster at T = 24..288, tp8 0.4-2.9% at T = 24..48, within 0.2% at 64..192 and
-# +0.5..+1.1% at 256 / 288 (two runs). The H200 keeps TILE_SYNC_MAX_LOAD until it is measured the
-# same way.
+# +0.5..+1.1% at 256 / 288 (two runs).
 SM90_NARROW_MEMORY_DECODE_SYNC = True
+# The same on a wide-memory sm_90 part. Measured on the H200, same run, forced on against off
+# (bench/results/2026-12-07_h200_mxfp4_moe_tile_sync_layers.md): the E256 k8 H7168 I2048 32-expert
+# rank 9.8 / 5.3 / 1.3 / 1.3% faster at T = 16 / 32 / 64 / 128; the contract's ep8 -0.5..+0.3% at
+# T = 24..256, tp8 -0.2..+1.1% at T = 24..32 (within the noise of one run).
+SM90_WIDE_MEMORY_DECODE_SYNC = True
 # moe::kMaxFewRoutes: up to this many routes the routing kernel takes its one-warp path.
 MAX_FEW_ROUTES = 32
 # moe::kRouteChunkMin: from 4x this many routes the routing runs over several CTAs, and a plan with
@@ -251,7 +255,7 @@ class PlanDecision:
     block_n: int
     forms: tuple[str, ...]
     tile: str = ""  # form suffix of the GEMMs whose K exceeds SHORT_K
-    tile_sync: bool = False  # GEMM2 waits per token tile for GEMM1 (TILE_SYNC_MAX_LOAD, SM90_NARROW_MEMORY_DECODE_SYNC)
+    tile_sync: bool = False  # GEMM2 waits per token tile for GEMM1 (TILE_SYNC_MAX_LOAD, SM90_*_DECODE_SYNC)
     alt_tile: str = ""  # the second wgmma tile form the device may run instead of ``tile``
 
 
@@ -380,14 +384,15 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     the device runs the sm_90a forms; ``narrow_memory``: its DRAM bandwidth per SM is narrow (an
     H100 SXM), which moves the sm_90 decode limit down (SM90_NARROW_MEMORY_DECODE_LOADS; a shard
     of at most SM90_NARROW_MEMORY_SHORT_DECODE_K takes the short shard's), the four-warp narrow
-    tiling's up (SM90_NARROW_MEMORY_NARROW4_ROUTES), syncs every decode decision
-    (SM90_NARROW_MEMORY_DECODE_SYNC) and a long shard's wg96x4 second form down to every wg64x4
+    tiling's up (SM90_NARROW_MEMORY_NARROW4_ROUTES) and a long shard's wg96x4 second form down to every wg64x4
     load (SM90_LONG_SHARD_WG96_LOADS), and past SM90_PAIR_MIN_LOAD binds the modeled pair
     (modeled_pair; SM90_PAIR_WIDE_MEMORY: elsewhere too). ``tile`` forces a tile form
     (benchmarks and tests); an sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile
     GEMM1 -> GEMM2 sync on or off (it never changes a bit of the result); True needs an mma.sync
     tile form (not one of SM90_TILES). ``tile_split``: a plan of two forms may bind the width per
-    expert (False under CAKE_MOE_TILE_SPLIT=0), which the modeled pairs need."""
+    expert (False under CAKE_MOE_TILE_SPLIT=0), which the modeled pairs need. Every sm_90 decode
+    decision syncs per tile (SM90_NARROW_MEMORY_DECODE_SYNC, SM90_WIDE_MEMORY_DECODE_SYNC); other
+    archs up to TILE_SYNC_MAX_LOAD."""
     refusal = token_count_refusal(num_tokens, top_k, hidden, inter)
     if refusal:
         return PlanDecision(False, refusal, "none", 0, ())
@@ -414,7 +419,8 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
         block_n = BLOCK_N_OF[tile]
     sync_ok = chosen not in SM90_TILES
     if tile_sync is None:
-        every_load = sm90 and narrow_memory and block_n == 8 and SM90_NARROW_MEMORY_DECODE_SYNC
+        every_load = sm90 and block_n == 8 and (SM90_NARROW_MEMORY_DECODE_SYNC if narrow_memory
+                                                else SM90_WIDE_MEMORY_DECODE_SYNC)
         tile_sync = sync_ok and (load <= TILE_SYNC_MAX_LOAD or every_load)
     elif not isinstance(tile_sync, bool):
         raise ValueError(f"tile_sync must be None, True or False, got {tile_sync!r}")
