@@ -229,7 +229,8 @@ SM90_NARROW_MEMORY_DECODE_SYNC = True
 # The same on a wide-memory sm_90 part. Measured on the H200, same run, forced on against off
 # (bench/results/2026-12-07_h200_mxfp4_moe_tile_sync_layers.md): the E256 k8 H7168 I2048 32-expert
 # rank 9.8 / 5.3 / 1.3 / 1.3% faster at T = 16 / 32 / 64 / 128; the contract's ep8 -0.5..+0.3% at
-# T = 24..256, tp8 -0.2..+1.1% at T = 24..32 (within the noise of one run).
+# T = 24..256, tp8 -0.2..+1.1% at T = 24..32 (within the noise of one run). Not timed there yet:
+# the H200's later decode rows (tp8 T = 64..560, ep8 T = 288..336).
 SM90_WIDE_MEMORY_DECODE_SYNC = True
 # moe::kMaxFewRoutes: up to this many routes the routing kernel takes its one-warp path.
 MAX_FEW_ROUTES = 32
