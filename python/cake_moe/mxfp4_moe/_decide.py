@@ -385,9 +385,9 @@ def decide(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     the device runs the sm_90a forms; ``narrow_memory``: its DRAM bandwidth per SM is narrow (an
     H100 SXM), which moves the sm_90 decode limit down (SM90_NARROW_MEMORY_DECODE_LOADS; a shard
     of at most SM90_NARROW_MEMORY_SHORT_DECODE_K takes the short shard's), the four-warp narrow
-    tiling's up (SM90_NARROW_MEMORY_NARROW4_ROUTES) and a long shard's wg96x4 second form down to every wg64x4
-    load (SM90_LONG_SHARD_WG96_LOADS), and past SM90_PAIR_MIN_LOAD binds the modeled pair
-    (modeled_pair; SM90_PAIR_WIDE_MEMORY: elsewhere too). ``tile`` forces a tile form
+    tiling's up (SM90_NARROW_MEMORY_NARROW4_ROUTES) and a long shard's wg96x4 second form down
+    to every wg64x4 load (SM90_LONG_SHARD_WG96_LOADS), and past SM90_PAIR_MIN_LOAD binds the
+    modeled pair (modeled_pair; SM90_PAIR_WIDE_MEMORY: elsewhere too). ``tile`` forces a tile form
     (benchmarks and tests); an sm_90a form needs ``sm90``. ``tile_sync`` forces the per-tile
     GEMM1 -> GEMM2 sync on or off (it never changes a bit of the result); True needs an mma.sync
     tile form (not one of SM90_TILES). ``tile_split``: a plan of two forms may bind the width per
