@@ -20,7 +20,8 @@ declare -a NAMES RESULTS
 # (summary.txt also says when each step ended, in seconds from the start: a run cut short by a
 # time limit tells what the next one needs)
 record() { NAMES+=("$1"); RESULTS+=("$2"); printf '%-10s %s [%d s]\n' "$1" "$2" "$(( $(date +%s) - t0 ))" >>"$OUT/summary.txt"; }
-rm -f "$OUT/summary.txt" "$OUT/token_errors.txt"
+# a warm machine keeps $OUT and /tmp: no table or log of an earlier run may pass for this one's
+rm -f "$OUT/summary.txt" "$OUT/token_errors.txt" "$OUT"/bench_*
 if [ -n "${CAKE_GPU_REQUIRE:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   case "$gpu" in
@@ -100,10 +101,8 @@ else record demo "FAILED: $(tail -1 /tmp/cake-demo.log)"; failed=$((failed + 1))
 cat /tmp/cake-demo.log >>"$OUT/misc.log"
 cake-moe info >>"$OUT/misc.log" 2>&1
 
-# benchmarks (the PERF.md grids); a warm machine keeps /tmp, so no earlier run's table is shown
-rm -f /tmp/bench_formats.md /tmp/bench_formats.json
-if cake-moe bench formats --out /tmp/bench_formats >>"$OUT/misc.log" 2>&1 \
-   && cp /tmp/bench_formats.json "$OUT/" 2>>"$OUT/misc.log"; then record bench-fmt "ok (bench_formats.json)"
+# benchmarks (the PERF.md grids)
+if cake-moe bench formats --out "$OUT/bench_formats" >>"$OUT/misc.log" 2>&1; then record bench-fmt "ok (bench_formats.md)"
 else record bench-fmt "FAILED (misc.log)"; fi
 # CAKE_BENCH_GG: 1 (default) the family-A grid with every tile timed, grid = the grid only, 0 = skip
 if [ "${CAKE_BENCH_GG:-1}" != 0 ]; then
@@ -128,7 +127,7 @@ if [ "${CAKE_BENCH_MOE:-1}" != 0 ]; then
 fi
 
 echo; echo "== device =="; head -1 "$OUT/misc.log"
-echo "== benchmark (formats) =="; tail -n +3 /tmp/bench_formats.md 2>/dev/null
+echo "== benchmark (formats) =="; tail -n +3 "$OUT/bench_formats.md" 2>/dev/null
 echo "== benchmark (grouped GEMM) =="; tail -4 "$OUT/bench_gg.md" 2>/dev/null
 echo "== benchmark (MXFP4 MoE) =="; tail -n +3 "$OUT/bench_moe.md" 2>/dev/null
 echo "== host us per call (grouped GEMM) =="; cat /tmp/host_overhead.log 2>/dev/null
