@@ -20,8 +20,10 @@ declare -a NAMES RESULTS
 # (summary.txt also says when each step ended, in seconds from the start: a run cut short by a
 # time limit tells what the next one needs)
 record() { NAMES+=("$1"); RESULTS+=("$2"); printf '%-10s %s [%d s]\n' "$1" "$2" "$(( $(date +%s) - t0 ))" >>"$OUT/summary.txt"; }
-# a warm machine keeps $OUT and /tmp: no table or log of an earlier run may pass for this one's
-rm -f "$OUT/summary.txt" "$OUT/token_errors.txt" "$OUT"/bench_*
+# a warm machine keeps $OUT and /tmp: no table, log or test report of an earlier run may pass for
+# this one's (a pytest that dies before writing its report must not be counted from the last one)
+rm -f "$OUT/summary.txt" "$OUT/token_errors.txt" "$OUT"/bench_* \
+  /tmp/cake-pytest.xml /tmp/cake-demo.log /tmp/host_overhead.log /tmp/host_moe.log
 if [ -n "${CAKE_GPU_REQUIRE:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   case "$gpu" in
@@ -112,7 +114,6 @@ if [ "${CAKE_BENCH_GG:-1}" != 0 ]; then
 fi
 # CAKE_BENCH_MOE: 1 (default) the family-B grid and the host-cost steps, 0 = skip them (a
 # tests-only run: the formats benchmark above stays as the smoke)
-rm -f /tmp/host_overhead.log /tmp/host_moe.log
 if [ "${CAKE_BENCH_MOE:-1}" != 0 ]; then
   if cake-moe bench mxfp4-moe --out "$OUT/bench_moe" >>"$OUT/misc.log" 2>&1; then record bench-moe "ok (bench_moe.md)"
   else record bench-moe "FAILED (misc.log)"; fi
