@@ -416,7 +416,8 @@ def call_plan(layer: Layer, a: dict, runner=None):
 # --- checks shared by the GPU test modules -----------------------------------------------------
 
 # Kernel and reference round the same FP32/FP64 values at the same points (MXFP8 intermediate,
-# BF16 route rows, BF16 output); they differ only by rare rounding flips (~5e-4 relative RMS).
+# BF16 route rows, BF16 output); they differ only by rare rounding flips (~5e-4 relative RMS;
+# the intermediate's flips on small outputs: TIE_BAND below).
 # A 2% perturbation gives ~2e-2: every comparison also asserts that it fails the budget.
 BUDGET = 5e-3
 # One token's row: a flip moves one FP8 intermediate element by one step (2^-3 .. 2^-4 of it),
@@ -517,22 +518,101 @@ def check_token_rows(case: Case, got: torch.Tensor, want: torch.Tensor, err: flo
     return int(big.sum())
 
 
-def check_output(case: Case, got: torch.Tensor, want: torch.Tensor) -> int:
+# The intermediate's rounding points. The kernels reach each FP32 intermediate value by their own
+# summation order and SiTU, within a few FP32 ulps of the reference's; where the exact value lies
+# within TIE_BAND (relative) of an MXFP8 rounding boundary, either neighbour is right. One such
+# element moves a small output by far more than BUDGET (seen: T = 1, one expert, I = 1280, the
+# value 68.0000038 at scale 2^-2 sits on the midpoint of 64 and 72; the kernels gave 64, the
+# reference 72, and the output moved by 8.5e-3). About 3e-4 of the elements fall in the band.
+# Outputs of more than TIE_TOKENS tokens average a tie away, and are not searched for them.
+TIE_BAND = 2.0 ** -16
+TIE_TOKENS = 64
+
+
+def _route_weights(case: Case) -> torch.Tensor:
+    """The FP64 weight of every route slot, from either route form."""
+    if case.topk_weights is None:
+        return ref.unpack_routes(case.topk_ids)[1].double()
+    return case.topk_weights.double()
+
+
+def intermediate_ties(case: Case, bank: dict[str, torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
+    """(token, the output's FP64 change [H]) for each way the kernels may legitimately round the
+    intermediate otherwise than the reference: an element within TIE_BAND of an MXFP8 rounding
+    boundary (to its other neighbour), or a block whose largest value lies that close to a
+    scale-code boundary (the whole block under the other code). Per route, on bank's device."""
+    g = case.geom
+    dev = bank["w1"].device
+    local = local_routes(g, route_ids(case)).to(dev)
+    weights = _route_weights(case).to(dev)
+    xd = fmt.dequantize_mx(case.x.to(dev), case.x_sf.to(dev), "mxfp8").double()
+    ties = []
+    for e in range(g.local):
+        sel = (local == e).nonzero(as_tuple=False)
+        if sel.numel() == 0:
+            continue
+        w1d = fmt.dequantize_mx(bank["w1"][e], bank["w1_scale"][e], "mxfp4").double()
+        w2d = fmt.dequantize_mx(bank["w2"][e], bank["w2_scale"][e], "mxfp4").double()
+        hid = xd[sel[:, 0]] @ w1d.T
+        act = ref.situ(hid[:, g.i_shard:], hid[:, :g.i_shard], float(case.beta[e]), float(case.linear_beta[e]))
+        base_q, base_sf = fmt.quantize_mx(act.float(), "mxfp8")
+        base = fmt.dequantize_mx(base_q, base_sf, "mxfp8").double()
+        for side in (1.0 - TIE_BAND, 1.0 + TIE_BAND):
+            q, sf = fmt.quantize_mx((act * side).float(), "mxfp8")
+            step = fmt.dequantize_mx(q, sf, "mxfp8").double() - base
+            moved = sf != base_sf  # [n, I/32]: the block's scale code itself moved
+            elements = (step != 0) & ~moved.repeat_interleave(32, dim=1)
+            units = [(r, slice(j, j + 1)) for r, j in elements.nonzero(as_tuple=False).tolist()]
+            units += [(r, slice(32 * b, 32 * b + 32)) for r, b in moved.nonzero(as_tuple=False).tolist()]
+            for r, cols in units:
+                delta = w2d[:, cols] @ step[r, cols] * weights[sel[r, 0], sel[r, 1]]
+                ties.append((int(sel[r, 0]), delta))
+    return ties
+
+
+def nearest_tie_reference(case: Case, got: torch.Tensor, want: torch.Tensor,
+                          bank: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """The reference (FP64) with each of intermediate_ties taken where it brings its token's
+    row nearer to ``got``, largest first; and how many were taken."""
+    adjusted = want.double().clone()
+    taken = 0
+    for tok, delta in sorted(intermediate_ties(case, bank), key=lambda u: -float(u[1].norm())):
+        row = got[tok].double().to(delta.device)
+        if (row - adjusted[tok] - delta).norm() < (row - adjusted[tok]).norm():
+            adjusted[tok] += delta
+            taken += 1
+    return adjusted, taken
+
+
+def check_output(case: Case, got: torch.Tensor, want: torch.Tensor,
+                 bank: dict[str, torch.Tensor] | None = None) -> int:
     """Every element written, tokens without a local route exactly +0, the whole output within
     BUDGET of the reference, each token's row within TOKEN_BUDGET and each one-expert group
     within EXPERT_BUDGET (check_token_rows; returns how many groups that held), and the budget
-    live (a 2% RMS perturbation of the output fails it)."""
+    live (a 2% RMS perturbation of the output fails it). Given the bank, an output over BUDGET
+    of at most TIE_TOKENS tokens is measured again against the reference with the intermediate's
+    ties rounded the kernels' way where that is nearer (nearest_tie_reference): one tie can move
+    a small output by more than BUDGET."""
     assert not got.isnan().any(), "an output element was not written (still NaN)"
     idle = (local_routes(case.geom, route_ids(case)) < 0).all(dim=1)
     assert not got[idle].view(torch.int16).any(), "a token without a local route is not exactly zero"
     err = rel_rms(got, want)
-    assert err < BUDGET, f"relative RMS {err:.2e} over budget {BUDGET:.0e}"
+    taken = 0
+    if err >= BUDGET and bank is not None and got.shape[0] <= TIE_TOKENS:
+        want, taken = nearest_tie_reference(case, got, want.to(bank["w1"].device), bank)
+        err = rel_rms(got, want)
+    assert err < BUDGET, f"relative RMS {err:.2e} over budget {BUDGET:.0e} ({taken} intermediate ties taken)"
     groups = check_token_rows(case, got, want, err)
     g = torch.Generator(device=got.device).manual_seed(0)
     noise = torch.randn(got.shape, generator=g, device=got.device) * 0.02 * got.float().square().mean().sqrt()
     assert rel_rms((got.float() + noise).to(torch.bfloat16), want) > BUDGET, "the budget does not catch 2%"
     return groups
 
+
+
+def check_reference(case: Case, got: torch.Tensor, bank: dict[str, torch.Tensor]) -> int:
+    """check_output against the FP64 reference on ``bank``, the intermediate's ties allowed."""
+    return check_output(case, got, reference(case, bank), bank=bank)
 
 SPLIT_FLAGS_AT = 4  # moe::kSplitFlagsAt: the split flags' first int32 in the tile list's header
 TILE_CHOICE_AT = 2  # moe::kTileChoiceAt: the GEMM pair the routing kernel chose (0: the first)

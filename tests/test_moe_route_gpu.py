@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from .conftest import poison_
-from .mxfp4_moe_cases import (LOOKAHEAD_CASES, SPLIT_FLAGS_AT, TILE_CHOICE_AT, Case, Geometry, check_output,
-                              few_routes_case, local_routes, make_case, reference, route_ids, routing_tables)
+from .mxfp4_moe_cases import (LOOKAHEAD_CASES, SPLIT_FLAGS_AT, TILE_CHOICE_AT, Case, Geometry, check_reference,
+                              few_routes_case, local_routes, make_case, route_ids, routing_tables)
 
 pytestmark = pytest.mark.gpu
 
@@ -65,7 +65,7 @@ def test_device_tile_choice(layers, t, counts, pair):
         choice = _tile_cost.device_tile_choice([n] * geom.local, d.tile, d.alt_tile)
         assert choice == (min if n == low else max)(pair, key=_tile_cost.BLOCK_N_OF.get)  # more routes: wider
         forced = layer.run(case, tile=choice)
-        check_output(case, forced, reference(case, layer.bank))
+        check_reference(case, forced, layer.bank)
         auto_plan, auto_out = layer.plan(case)
         poison_(auto_out)
         auto_plan.run()
@@ -139,7 +139,7 @@ def test_width_per_expert(layers, monkeypatch, name, t, n, want, pair):
     geom = layer.geom
     case = _case_with_local_counts(geom, t, n, seed=60 + n)
     forced = layer.run(case, tile="wg160x3")
-    check_output(case, forced, reference(case, layer.bank))
+    check_reference(case, forced, layer.bank)
     ws = layer.workspace(t)
     ws.fill_(0xA5)
     plan, out = layer.plan(case, workspace=ws)

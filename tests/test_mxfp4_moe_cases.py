@@ -11,9 +11,9 @@ import torch
 from cake_moe.bench.mxfp4_moe import W_SCALE_CODES
 from cake_moe.reference import moe as ref
 
-from .mxfp4_moe_cases import (CONTRACT, EXPERT_GROUP, GENERAL, REGIMES, SOLO_EXPERTS, SOLO_TOKENS, bad_slots,
-                              check_output, check_token_rows, local_routes, make_case, one_expert_groups,
-                              random_weights, reference, regime_applies, routes, without_slots)
+from .mxfp4_moe_cases import (CONTRACT, EXPERT_GROUP, GENERAL, REGIMES, SOLO_EXPERTS, SOLO_TOKENS, Geometry,
+                              bad_slots, check_output, check_token_rows, intermediate_ties, local_routes, make_case,
+                              one_expert_groups, random_weights, reference, regime_applies, routes, without_slots)
 
 GEOMS = {**CONTRACT, **GENERAL}
 
@@ -81,6 +81,29 @@ def test_expert_budget_catches_one_expert_off_by_two_percent(monkeypatch):
     with pytest.raises(AssertionError, match="one-expert tokens"):
         check_token_rows(case, off, want, 0.0)
 
+
+
+def test_an_intermediate_tie_may_round_either_way(monkeypatch):
+    """One token, one expert (two routes), I = 128: one intermediate element lies within
+    TIE_BAND of an MXFP8 rounding boundary. Rounded to its other neighbour on both routes, as
+    the kernels may, the output moves by ~2.4e-2: check_output refuses that without the bank
+    and accepts it with it; the same error turned onto other output columns is no tie and is
+    refused either way."""
+    monkeypatch.delenv("CAKE_TEST_TOKEN_ERRORS", raising=False)
+    geom = Geometry(hidden=256, intermediate=128, num_experts=4, top_k=2)
+    bank = random_weights(geom, seed=150, device="cpu")
+    case = make_case(geom, 1, "dup", seed=150, device="cpu")
+    want = reference(case, bank)
+    ties = intermediate_ties(case, bank)
+    assert [tok for tok, _ in ties] == [0, 0], "one element, on each of the token's two routes"
+    step = sum(delta for _, delta in ties)
+    flipped = (want.double() + step).to(torch.bfloat16)
+    with pytest.raises(AssertionError, match="over budget"):
+        check_output(case, flipped, want)
+    check_output(case, flipped, want, bank=bank)
+    elsewhere = (want.double() + step.roll(7)).to(torch.bfloat16)
+    with pytest.raises(AssertionError, match=r"over budget 5e-03 \(0 intermediate ties taken\)"):
+        check_output(case, elsewhere, want, bank=bank)
 
 def test_weights_are_codes_in_range():
     bank = random_weights(GENERAL["h512_e40_k5"], device="cpu")

@@ -21,8 +21,8 @@ from cake_moe.reference import moe as ref
 
 from .conftest import RANDOM_SEEDS
 from .mxfp4_moe_cases import (CONTRACT, GENERAL, REGIMES, SOLO_TOKENS, Geometry, Layer, bad_slots, check_output,
-                              local_routes, make_case, reference, regime_applies, route_ids, wide_scale_weights,
-                              without_slots)
+                              check_reference, local_routes, make_case, reference, regime_applies, route_ids,
+                              wide_scale_weights, without_slots)
 
 pytestmark = pytest.mark.gpu
 
@@ -49,7 +49,7 @@ def _check_regime(layer: Layer, regime: str, t: int, *, seed: int, form: str = "
     if regime == "remote":
         assert not got.view(torch.int16).any(), "routes to remote experts must give exact zeros"
         return
-    groups = check_output(case, got, reference(case, layer.bank))
+    groups = check_reference(case, got, layer.bank)
     assert groups > 0 or regime != "solo" or t < SOLO_TOKENS, "no expert was held to the per-expert budget"
     if regime == "oob":
         ids, w = (ref.unpack_routes(case.topk_ids) if form == "packed" else (case.topk_ids, case.topk_weights))
@@ -66,7 +66,7 @@ def _check_regime(layer: Layer, regime: str, t: int, *, seed: int, form: str = "
 def test_contract_geometry(layers, layout, t):
     layer = layers(layout)
     case = make_case(layer.geom, t, seed=t)
-    check_output(case, layer.run(case), reference(case, layer.bank))
+    check_reference(case, layer.run(case), layer.bank)
 
 
 @pytest.mark.parametrize("layout,t", [("ep8", 320), ("tp8", 512)])
@@ -88,7 +88,7 @@ def test_decode_limit_follows_the_memory_bandwidth(layers, layout, t):
     for runs_narrow, on in ((narrow, layer), (not narrow, other)):
         d = on.runner.decide(t)
         assert (d.path, d.tile) == (("mid", "wg32x4") if runs_narrow else ("decode", "n8")), (d, runs_narrow)
-        check_output(case, on.run(case), want)
+        check_output(case, on.run(case), want, bank=layer.bank)
 
 
 _CONTRACT_REGIMES = [(layout, regime, t) for layout in sorted(CONTRACT) for regime in REGIMES if regime != "balanced"
@@ -108,7 +108,7 @@ def test_contract_routing_regimes(layers, layout, regime, t):
 def test_general_shapes(layers, name, t):
     layer = layers(name)
     case = make_case(layer.geom, t, seed=t + 7)
-    check_output(case, layer.run(case), reference(case, layer.bank))
+    check_reference(case, layer.run(case), layer.bank)
 
 
 @pytest.mark.parametrize("name,t", [("i640_h256_e8_k2", 1), ("i640_h256_e8_k2", 17), ("ring_h256_i1024_e4_k2", 1),
@@ -136,7 +136,7 @@ def test_every_tile_form(layers, name, t, tile):
     layer = layers(name)
     case = make_case(layer.geom, t, "zipf", seed=t + 13)
     got = layer.run(case, tile=tile)
-    check_output(case, got, reference(case, layer.bank))
+    check_reference(case, got, layer.bank)
     assert torch.equal(layer.run(case, tile=tile), got), f"tile {tile}: a second plan changed the bits"
 
 
@@ -148,7 +148,7 @@ def test_scale_codes_above_128_every_tile_form(wide_scale_layer, t, tile):
     layer = wide_scale_layer
     case = make_case(layer.geom, t, seed=t + 29)
     got = layer.run(case, tile=tile)
-    check_output(case, got, reference(case, layer.bank))
+    check_reference(case, got, layer.bank)
 
 
 _GENERAL_REGIMES = [(name, regime, FORMS[i % len(FORMS)]) for name in sorted(GENERAL)
@@ -169,7 +169,7 @@ def test_route_weight_dtypes_and_packed_form(layers, name):
     for form in FORMS:
         case = make_case(layer.geom, 129, seed=5, weights_dtype=_FORM_DTYPE[form])
         outs[form] = layer.run(case)
-        check_output(case, outs[form], reference(case, layer.bank))
+        check_reference(case, outs[form], layer.bank)
     assert torch.equal(outs["packed"], outs["bf16"])
 
 
@@ -227,7 +227,7 @@ def test_random_layers(seed):
         if (local_routes(geom, route_ids(case)) < 0).all():  # no local route at all: nothing to perturb
             assert not got.view(torch.int16).any(), "a token without a local route is not exactly zero"
         else:
-            check_output(case, got, reference(case, layer.bank))
+            check_reference(case, got, layer.bank)
         assert torch.equal(layer.run(case, tile=tile, tile_sync=tile_sync), got), "a second run changed the bits"
     except AssertionError as err:
         raise AssertionError(f"{desc}: {err}") from None

@@ -10,7 +10,7 @@ import torch
 
 from .conftest import digest, host_never_waits, poison_
 from .fresh_interpreter import run_python
-from .mxfp4_moe_cases import call_plan, check_output, make_case, plan_args, reference
+from .mxfp4_moe_cases import call_plan, check_reference, make_case, plan_args
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +24,7 @@ def test_bitwise_repeatable_runs_and_streams(layers, name, t):
     plan.run()
     torch.cuda.synchronize()
     y0 = out.clone()
-    check_output(case, y0, reference(case, layer.bank))
+    check_reference(case, y0, layer.bank)
     for _ in range(3):
         poison_(out)
         plan.run()
@@ -77,7 +77,7 @@ def test_graph_replay_follows_new_values(layers, name, t):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, layer.run(new)), "graph replay differs from an eager run on the same values"
-    check_output(new, out, reference(new, layer.bank))
+    check_reference(new, out, layer.bank)
 
 
 _FIRST_CAPTURE_CASES = [("h512_e40_k5", 17), ("h384_ep_k8", 2048)]

@@ -10,8 +10,8 @@ import torch
 
 from .conftest import digest, poison_
 from .fresh_interpreter import run_python
-from .mxfp4_moe_cases import (CONTRACT, LOOKAHEAD_CASES, SPLIT_FLAGS_AT, Case, Layer, check_output, lookahead_case,
-                              make_case, reference, routing_tables)
+from .mxfp4_moe_cases import (CONTRACT, LOOKAHEAD_CASES, SPLIT_FLAGS_AT, Case, Layer, check_reference, lookahead_case,
+                              make_case, routing_tables)
 
 pytestmark = pytest.mark.gpu
 
@@ -31,7 +31,7 @@ def test_sm90_tile_forms_give_the_same_bits(layers, name, t):
     layer = layers(name)
     case = make_case(layer.geom, t, "zipf", seed=t + 17)
     outs = {tile: layer.run(case, tile=tile) for tile in SM90_TILE_FORMS}
-    check_output(case, outs["wg128x4"], reference(case, layer.bank))
+    check_reference(case, outs["wg128x4"], layer.bank)
     for tile, got in outs.items():
         assert torch.equal(got, outs["wg128x4"]), f"{tile}: other bits than wg128x4"
 
@@ -49,7 +49,7 @@ def test_largest_codes_change_no_bit(layers, wide_scale_layer, name, t, tile):
     assert bool(small.any()) and (name != "wide" or not bool(small.all()))
     case = make_case(layer.geom, t, seed=t + 37)
     got = layer.run(case, tile=tile)
-    check_output(case, got, reference(case, layer.bank))
+    check_reference(case, got, layer.bank)
     assert torch.equal(layer.run(case, tile=tile, positional=True), got), "the one-multiply path changed a bit"
 
 
@@ -73,7 +73,7 @@ def test_code_ring_changes_no_bit(layers, wide_scale_layer, monkeypatch, name, t
         monkeypatch.setenv("CAKE_MOE_CODE_RING", env)
         outs[env] = layer.run(case, tile=tile)
         assert torch.equal(layer.run(case, tile=tile), outs[env]), f"CAKE_MOE_CODE_RING={env!r}: a rerun changed a bit"
-    check_output(case, outs[""], reference(case, layer.bank))
+    check_reference(case, outs[""], layer.bank)
     assert torch.equal(outs[""], outs["0"]), "the code ring changed the bits"
 
 
@@ -102,7 +102,7 @@ def test_tile_sync_changes_no_bit(layers, name, t, tile):
     layer = layers(name)
     case = make_case(layer.geom, t, "zipf", seed=t + 21)
     synced = _tile_synced_runs(layer, case, tile, 3)
-    check_output(case, synced[0], reference(case, layer.bank))
+    check_reference(case, synced[0], layer.bank)
     assert all(torch.equal(y, synced[0]) for y in synced), "a repeated tile-synced run changed the bits"
     assert torch.equal(layer.run(case, tile=tile, tile_sync=False), synced[0]), "tile_sync changed the bits"
 
@@ -124,7 +124,7 @@ def test_gemm1_unit_queue_changes_no_bit(layers, monkeypatch, name, t, tile, cta
         got = _tile_synced_runs(layer, case, tile, 2)
         assert torch.equal(got[0], got[1]), f"CAKE_MOE_UNIT_QUEUE={env!r}: a repeated run changed the bits"
         outs[env] = got[0]
-    check_output(case, outs["0"], reference(case, layer.bank))
+    check_reference(case, outs["0"], layer.bank)
     assert torch.equal(outs[str(ctas)], outs["0"]), f"a grid of {ctas} GEMM1 CTAs changed the bits"
     assert torch.equal(outs[""], outs["0"]), "the resident-CTA grid changed the bits"
 
@@ -188,7 +188,7 @@ def test_gemm1_k_halves(layers, monkeypatch, name, t, tile, tail, ctas):
     for _, flags in runs.values():
         assert int((flags == 2 + (1 << 16)).sum()) == split and int((flags != 0).sum()) == split, flags[:split + 2]
     outs = {env: out for env, (out, _) in runs.items()}
-    check_output(case, outs["0"], reference(case, layer.bank))
+    check_reference(case, outs["0"], layer.bank)
     assert torch.equal(outs[str(ctas)], outs["0"]), f"a grid of {ctas} GEMM1 CTAs changed the bits"
     assert torch.equal(outs[""], outs["0"]), "the resident-CTA grid changed the bits"
 
@@ -220,12 +220,12 @@ def test_gemm1_k_halves_short_first_wave(layers, monkeypatch, name, regime, t, t
     for _, flags in runs.values():
         assert int((flags[:units] == 2 + (1 << 16)).sum()) == units and int((flags != 0).sum()) == units, flags[:units + 2]
     outs = {env: out for env, (out, _) in runs.items()}
-    check_output(case, outs[""], reference(case, layer.bank))
+    check_reference(case, outs[""], layer.bank)
     assert torch.equal(outs[str(ctas)], outs[""]), f"a grid of {ctas} GEMM1 CTAs changed the bits"
     assert torch.equal(outs["0"], outs[""]), "one CTA per piece changed the bits"
     monkeypatch.setenv("CAKE_MOE_SPLIT_ALL_MAX", "0")
     whole = layer.run(case, tile=tile, tile_sync=True)
-    check_output(case, whole, reference(case, layer.bank))
+    check_reference(case, whole, layer.bank)
 
 
 @pytest.mark.parametrize("name,regime,t,tile,packed", LOOKAHEAD_CASES)
@@ -238,7 +238,7 @@ def test_gemm1_lookahead_regimes(layers, name, regime, t, tile, packed):
     if regime == "remote":
         assert not got.view(torch.int16).any(), "routes to remote experts must give exact zeros"
     else:
-        check_output(case, got, reference(case, layer.bank))
+        check_reference(case, got, layer.bank)
 
 
 def test_gemm1_lookahead_reload_changes_no_bit(layers):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .mxfp4_moe_cases import call_plan, check_output, make_case, plan_args, reference
+from .mxfp4_moe_cases import call_plan, check_reference, make_case, plan_args
 
 pytestmark = pytest.mark.gpu
 
@@ -41,7 +41,7 @@ def test_debug_mode_refuses_out_of_range_ids(layers, monkeypatch):
     with pytest.raises(ValueError, match="(?i)outside"):
         layer.run(make_case(layer.geom, 17, "oob", seed=51))
     case = make_case(layer.geom, 17, seed=52)
-    check_output(case, layer.run(case), reference(case, layer.bank))
+    check_reference(case, layer.run(case), layer.bank)
 
 
 def test_debug_mode_refuses_an_unordered_run_on_a_shared_workspace(layers, monkeypatch):
@@ -67,12 +67,12 @@ def test_debug_mode_refuses_an_unordered_run_on_a_shared_workspace(layers, monke
         plan_b.run()
     torch.cuda.synchronize()
     assert out_b.isnan().all(), "a refused run wrote its output"
-    check_output(first, out_a, reference(first, layer.bank))
+    check_reference(first, out_a, layer.bank)
     with torch.cuda.stream(side):
         plan_a.run()
     torch.cuda.current_stream().wait_stream(side)   # ordered: accepted
     plan_b.run()
-    check_output(second, out_b, reference(second, layer.bank))
+    check_reference(second, out_b, layer.bank)
 
 
 def _output_in_workspace(a: dict) -> None:
