@@ -553,8 +553,7 @@ def intermediate_ties(case: Case, bank: dict[str, torch.Tensor]) -> list[tuple[i
             continue
         w1d = fmt.dequantize_mx(bank["w1"][e], bank["w1_scale"][e], "mxfp4").double()
         w2d = fmt.dequantize_mx(bank["w2"][e], bank["w2_scale"][e], "mxfp4").double()
-        hid = xd[sel[:, 0]] @ w1d.T
-        act = ref.situ(hid[:, g.i_shard:], hid[:, :g.i_shard], float(case.beta[e]), float(case.linear_beta[e]))
+        act = ref.situ_intermediate(xd[sel[:, 0]], w1d, float(case.beta[e]), float(case.linear_beta[e]))
         base_q, base_sf = fmt.quantize_mx(act.float(), "mxfp8")
         base = fmt.dequantize_mx(base_q, base_sf, "mxfp8").double()
         for side in (1.0 - TIE_BAND, 1.0 + TIE_BAND):
@@ -609,10 +608,10 @@ def check_output(case: Case, got: torch.Tensor, want: torch.Tensor,
     return groups
 
 
-
 def check_reference(case: Case, got: torch.Tensor, bank: dict[str, torch.Tensor]) -> int:
     """check_output against the FP64 reference on ``bank``, the intermediate's ties allowed."""
     return check_output(case, got, reference(case, bank), bank=bank)
+
 
 SPLIT_FLAGS_AT = 4  # moe::kSplitFlagsAt: the split flags' first int32 in the tile list's header
 TILE_CHOICE_AT = 2  # moe::kTileChoiceAt: the GEMM pair the routing kernel chose (0: the first)

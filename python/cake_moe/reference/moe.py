@@ -89,6 +89,14 @@ def finalize(rows: torch.Tensor, weights: torch.Tensor, valid: torch.Tensor) -> 
     return acc.to(torch.bfloat16)
 
 
+def situ_intermediate(x: torch.Tensor, w1: torch.Tensor, beta, linear_beta) -> torch.Tensor:
+    """SiTU of one expert's FC1 for rows x [n, H] and the dequantized w1 [2I, H] (rows: up then
+    gate), in x's precision: the value that is rounded to FP32 and requantized to MXFP8."""
+    hid = x @ w1.T
+    i = w1.shape[0] // 2
+    return situ(hid[:, i:], hid[:, :i], beta, linear_beta)
+
+
 def mxfp4_situ_moe(x: torch.Tensor, x_sf: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor | None,
                    w1: torch.Tensor, w1_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, *,
                    beta: torch.Tensor, linear_beta: torch.Tensor, num_experts: int,
@@ -105,7 +113,6 @@ def mxfp4_situ_moe(x: torch.Tensor, x_sf: torch.Tensor, topk_ids: torch.Tensor, 
         topk_ids, topk_weights = unpack_routes(topk_ids)
     num_local = w1.shape[0] if num_local_experts is None else num_local_experts
     t, h = x.shape
-    i_shard = w1.shape[1] // 2
     xd = fmt.dequantize_mx(x.view(torch.uint8).view(torch.float8_e4m3fn), x_sf, "mxfp8").double()
     local = local_slot_experts(topk_ids, num_experts, num_local, local_expert_offset)
     k = topk_ids.shape[1]
@@ -116,9 +123,7 @@ def mxfp4_situ_moe(x: torch.Tensor, x_sf: torch.Tensor, topk_ids: torch.Tensor, 
             continue
         w1d = fmt.dequantize_mx(w1[e], w1_scale[e], "mxfp4").double()   # [2I, H]
         w2d = fmt.dequantize_mx(w2[e], w2_scale[e], "mxfp4").double()   # [H, I]
-        hid = xd[sel[:, 0]] @ w1d.T                                       # [n, 2I]
-        up, gate = hid[:, :i_shard], hid[:, i_shard:]
-        act = situ(gate, up, float(beta[e]), float(linear_beta[e])).float()   # the kernels' FP32 value
+        act = situ_intermediate(xd[sel[:, 0]], w1d, float(beta[e]), float(linear_beta[e])).float()
         aq, asf = fmt.quantize_mx(act, "mxfp8")                           # MXFP8 requant, round-up
         ad = fmt.dequantize_mx(aq, asf, "mxfp8").double()
         rows[sel[:, 0], sel[:, 1]] = (ad @ w2d.T).to(torch.bfloat16)      # one rounding per route row
