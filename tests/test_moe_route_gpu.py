@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from .conftest import poison_
-from .mxfp4_moe_cases import (LOOKAHEAD_CASES, SPLIT_FLAGS_AT, TILE_CHOICE_AT, Case, Geometry, check_reference,
-                              few_routes_case, local_routes, make_case, route_ids, routing_tables)
+from .mxfp4_moe_cases import LOOKAHEAD_CASES, Case, Geometry, few_routes_case, local_routes, make_case, route_ids
+from .mxfp4_moe_checks import SPLIT_FLAGS_AT, TILE_CHOICE_AT, check_reference, routing_tables
 
 pytestmark = pytest.mark.gpu
 

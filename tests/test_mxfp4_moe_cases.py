@@ -11,9 +11,9 @@ import torch
 from cake_moe.bench.mxfp4_moe import W_SCALE_CODES
 from cake_moe.reference import moe as ref
 
-from .mxfp4_moe_cases import (CONTRACT, EXPERT_GROUP, GENERAL, REGIMES, SOLO_EXPERTS, SOLO_TOKENS, Geometry,
-                              bad_slots, check_output, check_token_rows, intermediate_ties, local_routes, make_case,
-                              one_expert_groups, random_weights, reference, regime_applies, routes, without_slots)
+from .mxfp4_moe_cases import (CONTRACT, GENERAL, REGIMES, SOLO_EXPERTS, SOLO_TOKENS, Geometry, bad_slots, local_routes,
+                              make_case, random_weights, reference, regime_applies, routes, without_slots)
+from .mxfp4_moe_checks import EXPERT_GROUP, check_output, check_token_rows, intermediate_ties, one_expert_groups
 
 GEOMS = {**CONTRACT, **GENERAL}
 

@@ -20,9 +20,9 @@ import torch
 from cake_moe.reference import moe as ref
 
 from .conftest import RANDOM_SEEDS
-from .mxfp4_moe_cases import (CONTRACT, GENERAL, REGIMES, SOLO_TOKENS, Geometry, Layer, bad_slots, check_output,
-                              check_reference, local_routes, make_case, reference, regime_applies, route_ids,
-                              wide_scale_weights, without_slots)
+from .mxfp4_moe_cases import (CONTRACT, GENERAL, REGIMES, SOLO_TOKENS, Geometry, Layer, bad_slots, local_routes,
+                              make_case, reference, regime_applies, route_ids, wide_scale_weights, without_slots)
+from .mxfp4_moe_checks import check_output, check_reference
 
 pytestmark = pytest.mark.gpu
 

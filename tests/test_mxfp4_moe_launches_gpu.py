@@ -10,7 +10,8 @@ import torch
 
 from .conftest import digest, host_never_waits, poison_
 from .fresh_interpreter import run_python
-from .mxfp4_moe_cases import call_plan, check_reference, make_case, plan_args
+from .mxfp4_moe_cases import call_plan, make_case, plan_args
+from .mxfp4_moe_checks import check_reference
 
 pytestmark = pytest.mark.gpu
 

@@ -10,8 +10,8 @@ import torch
 
 from .conftest import digest, poison_
 from .fresh_interpreter import run_python
-from .mxfp4_moe_cases import (CONTRACT, LOOKAHEAD_CASES, SPLIT_FLAGS_AT, Case, Layer, check_reference, lookahead_case,
-                              make_case, routing_tables)
+from .mxfp4_moe_cases import CONTRACT, LOOKAHEAD_CASES, Case, Layer, lookahead_case, make_case
+from .mxfp4_moe_checks import SPLIT_FLAGS_AT, check_reference, routing_tables
 
 pytestmark = pytest.mark.gpu
 

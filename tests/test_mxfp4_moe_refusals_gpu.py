@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .mxfp4_moe_cases import call_plan, check_reference, make_case, plan_args
+from .mxfp4_moe_cases import call_plan, make_case, plan_args
+from .mxfp4_moe_checks import check_reference
 
 pytestmark = pytest.mark.gpu
 
