@@ -1,6 +1,7 @@
-"""CPU checks of the family-B test data (tests/mxfp4_moe_cases.py): the routing regimes have the
-properties the GPU tests rely on, and making out-of-range slots inert leaves the FP64
-reference's output unchanged bit for bit (what the GPU tests then demand of the kernels)."""
+"""CPU checks of the family-B test data (tests/mxfp4_moe_cases.py) and of the GPU modules' output
+checks (tests/mxfp4_moe_checks.py): the routing regimes have the properties the GPU tests rely
+on, making out-of-range slots inert leaves the FP64 reference's output unchanged bit for bit
+(what the GPU tests then demand of the kernels), and the budgets catch what they are for."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from cake_moe.bench.mxfp4_moe import W_SCALE_CODES
+from cake_moe.reference import formats as fmt
 from cake_moe.reference import moe as ref
 
 from .mxfp4_moe_cases import (CONTRACT, GENERAL, REGIMES, SOLO_EXPERTS, SOLO_TOKENS, Geometry, bad_slots, local_routes,
@@ -104,6 +106,31 @@ def test_an_intermediate_tie_may_round_either_way(monkeypatch):
     elsewhere = (want.double() + step.roll(7)).to(torch.bfloat16)
     with pytest.raises(AssertionError, match=r"over budget 5e-03 \(0 intermediate ties taken\)"):
         check_output(case, elsewhere, want, bank=bank)
+
+def test_intermediate_ties_find_elements_and_scale_codes(monkeypatch):
+    """intermediate_ties on an intermediate made by hand (one token, one route, I = 128), each
+    change worked out here: in block 0 the largest value, 112 = 448 * 2^-2, sits on a scale-code
+    boundary, so a hair more moves the code from 2^-2 to 2^-1 and the subnormal 3 * 2^-11 becomes
+    2^-9 (every other value of the block is exact at both codes); in block 1, 68 at scale 1 is the
+    midpoint of 64 and 72 (ties to even: 64, a hair more: 72). Nothing else is a tie."""
+    geom = Geometry(hidden=128, intermediate=128, num_experts=2, top_k=1)
+    bank = random_weights(geom, seed=7, device="cpu")
+    case = make_case(geom, 1, seed=7, device="cpu")
+    act = torch.ones(1, 128, dtype=torch.float64)
+    act[0, :32] = 2.0 ** -8
+    act[0, 0], act[0, 5] = 112.0, 3 * 2.0 ** -11
+    act[0, 32], act[0, 40] = 300.0, 68.0
+    monkeypatch.setattr(ref, "situ_intermediate", lambda x, w1, beta, linear_beta: act.expand(x.shape[0], -1))
+    ties = intermediate_ties(case, bank)
+    expert = int(local_routes(geom, case.topk_ids)[0, 0])
+    w2 = fmt.dequantize_mx(bank["w2"][expert], bank["w2_scale"][expert], "mxfp4").double()
+    weight = float(case.topk_weights[0, 0])
+    want = [w2[:, 5] * 2.0 ** -11 * weight, w2[:, 40] * 8.0 * weight]
+    assert [tok for tok, _ in ties] == [0, 0]
+    got = sorted((delta for _, delta in ties), key=lambda d: float(d.abs().sum()))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=0)
+
 
 def test_weights_are_codes_in_range():
     bank = random_weights(GENERAL["h512_e40_k5"], device="cpu")
