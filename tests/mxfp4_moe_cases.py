@@ -288,6 +288,11 @@ def route_ids(case: Case) -> torch.Tensor:
     return case.topk_ids >> 16 if case.topk_weights is None else case.topk_ids
 
 
+def route_weights(case: Case) -> torch.Tensor:
+    """The weight of every route slot, from either route form."""
+    return ref.unpack_routes(case.topk_ids)[1] if case.topk_weights is None else case.topk_weights
+
+
 # --- one problem -----------------------------------------------------------------------------
 
 @dataclass

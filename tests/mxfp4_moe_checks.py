@@ -13,7 +13,7 @@ from cake_moe.reference import formats as fmt
 from cake_moe.reference import moe as ref
 from cake_moe.reference.grouped_gemm import rel_rms, rel_rms_rows
 
-from .mxfp4_moe_cases import Case, Geometry, local_routes, reference, route_ids
+from .mxfp4_moe_cases import Case, Geometry, local_routes, reference, route_ids, route_weights
 
 # Kernel and reference round the same FP32/FP64 values at the same points (MXFP8 intermediate,
 # BF16 route rows, BF16 output); they differ only by rare rounding flips (~5e-4 relative RMS;
@@ -124,13 +124,6 @@ TIE_BAND = 2.0 ** -16
 TIE_TOKENS = 64
 
 
-def _route_weights(case: Case) -> torch.Tensor:
-    """The FP64 weight of every route slot, from either route form."""
-    if case.topk_weights is None:
-        return ref.unpack_routes(case.topk_ids)[1].double()
-    return case.topk_weights.double()
-
-
 def intermediate_ties(case: Case, bank: dict[str, torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
     """(token, the output's FP64 change [H]) for each way the kernels may legitimately round the
     intermediate otherwise than the reference: an element within TIE_BAND of an MXFP8 rounding
@@ -139,7 +132,7 @@ def intermediate_ties(case: Case, bank: dict[str, torch.Tensor]) -> list[tuple[i
     g = case.geom
     dev = bank["w1"].device
     local = local_routes(g, route_ids(case)).to(dev)
-    weights = _route_weights(case).to(dev)
+    weights = route_weights(case).double().to(dev)
     xd = fmt.dequantize_mx(case.x.to(dev), case.x_sf.to(dev), "mxfp8").double()
     ties = []
     for e in range(g.local):
