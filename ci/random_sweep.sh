@@ -43,7 +43,7 @@ while (( a < end )); do
   last=$(( SECONDS - t0 ))
   summary=$(printf '%s\n' "$out" | tail -n 1)
   echo "| $a:$b | $summary | $last s |" | tee -a "$log"
-  printf '%s\n' "$out" | grep '^FAILED' | tee -a "$log"
+  printf '%s\n' "$out" | grep '^FAILED' | sed 's/^/|  | /; s/$/ |  |/' | tee -a "$log"  # rows of the table
   # All skipped (no GPU) is not a pass.
   (( rc == 0 )) && [[ $summary == *" passed"* ]] || status=1
   a=$b

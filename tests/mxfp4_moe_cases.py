@@ -285,7 +285,7 @@ def local_routes(geom: Geometry, ids: torch.Tensor) -> torch.Tensor:
 
 def route_ids(case: Case) -> torch.Tensor:
     """The expert id of every route slot, from either route form."""
-    return case.topk_ids >> 16 if case.topk_weights is None else case.topk_ids
+    return ref.unpack_routes(case.topk_ids)[0] if case.topk_weights is None else case.topk_ids
 
 
 def route_weights(case: Case) -> torch.Tensor:

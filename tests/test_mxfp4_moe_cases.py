@@ -84,7 +84,6 @@ def test_expert_budget_catches_one_expert_off_by_two_percent(monkeypatch):
         check_token_rows(case, off, want, 0.0)
 
 
-
 def test_an_intermediate_tie_may_round_either_way(monkeypatch):
     """One token, one expert (two routes), I = 128: one intermediate element lies within
     TIE_BAND of an MXFP8 rounding boundary. Rounded to its other neighbour on both routes, as
@@ -106,6 +105,7 @@ def test_an_intermediate_tie_may_round_either_way(monkeypatch):
     elsewhere = (want.double() + step.roll(7)).to(torch.bfloat16)
     with pytest.raises(AssertionError, match=r"over budget 5e-03 \(0 intermediate ties taken\)"):
         check_output(case, elsewhere, want, bank=bank)
+
 
 def test_intermediate_ties_find_elements_and_scale_codes(monkeypatch):
     """intermediate_ties on an intermediate made by hand (one token, one route, I = 128), each
