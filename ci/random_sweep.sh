@@ -22,6 +22,7 @@ done
 cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python3}
 log=${OUT:-/tmp}/sweep.md
+mkdir -p "$(dirname "$log")" || exit 1
 modules=(tests/test_mxfp4_moe_gpu.py tests/test_grouped_gemm_gpu.py)
 echo "| seeds | pytest summary | time |" | tee -a "$log"
 echo "|---|---|---|" | tee -a "$log"
