@@ -206,20 +206,23 @@ TILE_CHOICE_AT = 2  # moe::kTileChoiceAt: the GEMM pair the routing kernel chose
 
 
 def routing_tables(ws: torch.Tensor, geom: Geometry, t: int) -> dict[str, torch.Tensor]:
-    """The routing kernel's outputs in a plan's workspace: its first five segments (offsets,
-    row_token, route_row, tile list, tile_done) and its last (the second tile list of the width
-    per expert; mxfp4_moe._wrapper._workspace_segments)."""
-    from cake_moe.mxfp4_moe._wrapper import _TILE_HEADER_INTS, _workspace_segments
-    sizes = _workspace_segments(t, geom.hidden, geom.i_shard, geom.local, geom.top_k)
-    starts = [sum((n + 255) // 256 * 256 for n in sizes[:i]) for i in range(len(sizes))]
-    seg = [ws[starts[i]:starts[i] + sizes[i]].view(torch.int32).cpu() for i in (0, 1, 2, 3, 4, len(sizes) - 1)]
+    """The routing kernel's outputs in a plan's workspace: its segments offsets, row_token,
+    route_row, tiles, tile_done and alt_tiles (the second tile list of the width per expert),
+    where mxfp4_moe._wrapper._workspace_offsets places them."""
+    from cake_moe.mxfp4_moe._wrapper import _SEGMENT_NAMES, _TILE_HEADER_INTS, _workspace_offsets, _workspace_segments
+    args = (t, geom.hidden, geom.i_shard, geom.local, geom.top_k)
+    size = dict(zip(_SEGMENT_NAMES, _workspace_segments(*args), strict=True))
+    at = _workspace_offsets(*args)
+    seg = {name: ws[at[name]:at[name] + size[name]].view(torch.int32).cpu()
+           for name in ("offsets", "row_token", "route_row", "tiles", "tile_done", "alt_tiles")}
 
     def tile_list(words: torch.Tensor) -> tuple[int, torch.Tensor]:
         count = int(words[0])
         return count, words[_TILE_HEADER_INTS:_TILE_HEADER_INTS + 2 * count].view(-1, 2)
 
-    count, tiles = tile_list(seg[3])
-    alt_count, alt_tiles = tile_list(seg[5])
-    return {"offsets": seg[0], "row_token": seg[1], "route_row": seg[2], "tile_count": count, "tiles": tiles,
-            "header": seg[3][1:_TILE_HEADER_INTS], "tile_done": seg[4][:count],
-            "alt_tile_count": alt_count, "alt_tiles": alt_tiles, "alt_header": seg[5][1:_TILE_HEADER_INTS]}
+    count, tiles = tile_list(seg["tiles"])
+    alt_count, alt_tiles = tile_list(seg["alt_tiles"])
+    return {"offsets": seg["offsets"], "row_token": seg["row_token"], "route_row": seg["route_row"],
+            "tile_count": count, "tiles": tiles, "header": seg["tiles"][1:_TILE_HEADER_INTS],
+            "tile_done": seg["tile_done"][:count], "alt_tile_count": alt_count, "alt_tiles": alt_tiles,
+            "alt_header": seg["alt_tiles"][1:_TILE_HEADER_INTS]}
