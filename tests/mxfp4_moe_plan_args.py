@@ -10,6 +10,9 @@ from cake_moe.reference import moe as ref
 from .mxfp4_moe_cases import byte_bank
 
 E, K, H, I = 8, 2, 256, 128          # small geometry for plan() checks
+# a one-byte dtype that x_sf must not have: torch's own E8M0 where it has one (a scale tensor a
+# user may well hold), another one-byte dtype on the releases before it
+WRONG_SCALE_DTYPE = getattr(torch, "float8_e8m0fnu", torch.int8)
 
 
 def aligned_bytes(n: int, align: int = 256) -> torch.Tensor:

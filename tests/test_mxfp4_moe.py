@@ -13,7 +13,8 @@ from cake_moe.mxfp4_moe import CakeMxfp4MoEWrapper, prepare_cake_mxfp4_weights
 from cake_moe.mxfp4_moe import _wrapper
 
 from .mxfp4_moe_cases import CONTRACT_ARGS as CONTRACT, EP8_ARGS as EP8, TP8_ARGS as TP8, byte_bank
-from .mxfp4_moe_plan_args import E, H, I, MISSING, aligned_bytes, call, cpu_wrapper_args, plan_args
+from .mxfp4_moe_plan_args import (E, H, I, MISSING, WRONG_SCALE_DTYPE, aligned_bytes, call, cpu_wrapper_args,
+                                  plan_args)
 
 
 # --- workspace -------------------------------------------------------------------------------
@@ -176,7 +177,7 @@ _BAD_PLAN = {
     "x non-contiguous": (_with("x", lambda x: x.view(torch.uint8).t().contiguous().t().view(torch.float8_e4m3fn)),
                          "x must be contiguous"),
     "x_sf shape": (_with("x_sf", lambda s: s[:, :4].contiguous()), "x_sf must have shape"),
-    "x_sf dtype": (_with("x_sf", lambda s: s.view(torch.float8_e8m0fnu)), "x_sf must have dtype"),
+    "x_sf dtype": (_with("x_sf", lambda s: s.view(WRONG_SCALE_DTYPE)), "x_sf must have dtype"),
     "topk_ids dtype": (_with("topk_ids", lambda t: t.long()), "topk_ids must have dtype"),
     "topk_ids top_k": (_with("topk_ids", lambda t: t[:, :1].contiguous()), "topk_ids must have shape"),
     "topk_weights dtype": (_with("topk_weights", lambda t: t.half()), "topk_weights must have dtype"),

@@ -12,7 +12,7 @@ from cake_moe.mxfp4_moe import _kept_plans, _wrapper
 from cake_moe.reference import moe as ref
 
 from .mxfp4_moe_cases import byte_bank
-from .mxfp4_moe_plan_args import E, H, I, K, aligned_bytes, call, cpu_wrapper_args
+from .mxfp4_moe_plan_args import E, H, I, K, WRONG_SCALE_DTYPE, aligned_bytes, call, cpu_wrapper_args
 
 
 # --- the binding contract, against a stand-in extension --------------------------------------
@@ -264,7 +264,7 @@ def test_plan_keys_every_argument_its_checks_read(kept_plans, monkeypatch):
         call(w, few, tile_sync=0)
     with pytest.raises(ValueError, match="tile must be one of"):
         call(w, few, tile=["n8"])
-    for name, dtype in (("x_sf", torch.float8_e8m0fnu), ("topk_weights", torch.float16), ("beta", torch.int32)):
+    for name, dtype in (("x_sf", WRONG_SCALE_DTYPE), ("topk_weights", torch.float16), ("beta", torch.int32)):
         with pytest.raises(ValueError, match=f"{name} must have dtype"):
             call(w, dict(a, **{name: a[name].view(dtype)}))
     prepared = prepare_cake_mxfp4_weights(*byte_bank(E, H, I))

@@ -14,6 +14,7 @@ would take minutes. Later families add their layers here.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -237,10 +238,11 @@ def main(tokens: int | None = None) -> int:
             f"dw {errs[2]:.1e} {'ok' if ok else 'OVER BUDGET'}; fwd/dgrad/wgrad prepared "
             + "/".join(f"{m * 1e3:.0f}" for m in prepared) + " us, one-shot "
             + "/".join(f"{m * 1e3:.0f}" for m in one_shot) + " us")
-    if hasattr(torch, "_grouped_mm"):
-        peer = [timing.time_cuda(lambda: torch._grouped_mm(gx, gw.transpose(-2, -1), offs=goffs)),
-                timing.time_cuda(lambda: torch._grouped_mm(ggy, gw, offs=goffs)),
-                timing.time_cuda(lambda: torch._grouped_mm(ggy.t(), gx, offs=goffs))]
+    mm = timing.torch_grouped_mm()
+    if mm is not None:
+        peer = [timing.time_cuda(functools.partial(mm, gx, gw.transpose(-2, -1), offs=goffs)),
+                timing.time_cuda(functools.partial(mm, ggy, gw, offs=goffs)),
+                timing.time_cuda(functools.partial(mm, ggy.t(), gx, offs=goffs))]
         line += "; torch._grouped_mm " + "/".join(f"{m * 1e3:.0f}" for m in peer) + " us"
     print(line)
     ok, line = _moe_gpu()

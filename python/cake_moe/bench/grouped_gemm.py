@@ -108,17 +108,17 @@ def op_callables(op: str, x, w, g, offs):
     product (None when this torch has none)."""
     if op == "fwd":
         make = lambda f: gg.prepare_grouped_gemm_fwd(x, w, offs, form=f)  # noqa: E731
-        peer = lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)  # noqa: E731
+        operands = (x, w.transpose(-2, -1))
     elif op == "dgrad":
         make = lambda f: gg.prepare_grouped_gemm_dgrad(g, w, offs, form=f)  # noqa: E731
-        peer = lambda: torch._grouped_mm(g, w, offs=offs)  # noqa: E731
+        operands = (g, w)
     elif op == "wgrad":
-        gt = g.t()
         make = lambda f: gg.prepare_grouped_gemm_wgrad(g, x, offs, variant="det", form=f)  # noqa: E731
-        peer = lambda: torch._grouped_mm(gt, x, offs=offs)  # noqa: E731
+        operands = (g.t(), x)
     else:
         raise ValueError(f"op must be fwd, dgrad or wgrad, got {op!r}")
-    return make, (peer if hasattr(torch, "_grouped_mm") else None)
+    mm = timing.torch_grouped_mm()
+    return make, (None if mm is None else functools.partial(mm, *operands, offs=offs))
 
 
 def _sweep_fns(op, makes: list) -> dict:

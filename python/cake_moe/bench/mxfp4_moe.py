@@ -148,9 +148,12 @@ def naive_layer(x, x_sf, topk_ids, topk_weights, w13, w2, beta, linear_beta, *, 
     offs = counts[:l].cumsum(0).to(torch.int32)
     tok = order // k
     expert = key[order].clamp(max=l - 1)
-    hid = torch._grouped_mm(xb[tok], w13.transpose(-2, -1), offs=offs)
+    mm = timing.torch_grouped_mm()
+    if mm is None:
+        raise NotImplementedError("the naive layer needs torch._grouped_mm, which this torch lacks")
+    hid = mm(xb[tok], w13.transpose(-2, -1), offs=offs)
     act = ref.situ(hid[:, i:].float(), hid[:, :i].float(), beta[expert, None], linear_beta[expert, None])
-    y = torch._grouped_mm(act.to(torch.bfloat16), w2.transpose(-2, -1), offs=offs)
+    y = mm(act.to(torch.bfloat16), w2.transpose(-2, -1), offs=offs)
     keep = valid[order]
     wt = torch.where(keep, topk_weights.flatten()[order].float(), 0.0)
     contrib = torch.where(keep[:, None], y.float() * wt[:, None], 0.0)  # rows past the groups are garbage
@@ -283,7 +286,7 @@ def _row(layout: str, t: int, runner, prepared, bank16, beta, lbeta, gen, copy_b
         ran = sorted({p.last_tile() for p in plans})
         row["tile"] = "/".join(ran) + "*"
     naive_ms, naive_eager_ms, diff = float("nan"), float("nan"), None
-    if hasattr(torch, "_grouped_mm"):
+    if timing.torch_grouped_mm() is not None:
         try:
             naive_ms = _time(timing.cycling(naive), t, calls)
         except RuntimeError:  # a torch whose grouped mm cannot be captured: time it eagerly

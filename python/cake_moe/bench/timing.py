@@ -10,6 +10,12 @@ from collections.abc import Callable
 import torch
 
 
+def torch_grouped_mm() -> Callable[..., torch.Tensor] | None:
+    """``torch._grouped_mm``, the peer the benchmarks and the demo time, or None where this torch
+    has none (older releases): they then say so instead of timing it."""
+    return getattr(torch, "_grouped_mm", None)
+
+
 def cycling(fns: list[Callable[[], object]]) -> Callable[[], object]:
     """One callable that calls ``fns`` in turn, each call the next one's (input sets or routings
     rotated through a timed loop, so no call reads what the call before left in the L2)."""
