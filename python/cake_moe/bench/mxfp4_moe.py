@@ -134,6 +134,9 @@ def naive_layer(x, x_sf, topk_ids, topk_weights, w13, w2, beta, linear_beta, *, 
     """The layer a PyTorch user would write (BF16 weights w13 [L, 2I, H], w2 [L, H, I]). It
     never synchronises with the host (non-local routes sort into a trailing group that the
     grouped GEMMs skip), so it can be captured in a CUDA graph like ours."""
+    mm = timing.torch_grouped_mm()
+    if mm is None:
+        raise NotImplementedError("the naive layer needs torch._grouped_mm, which this torch lacks")
     t, h = x.shape
     l, i = w13.shape[0], w13.shape[1] // 2
     k = topk_ids.shape[1]
@@ -148,9 +151,6 @@ def naive_layer(x, x_sf, topk_ids, topk_weights, w13, w2, beta, linear_beta, *, 
     offs = counts[:l].cumsum(0).to(torch.int32)
     tok = order // k
     expert = key[order].clamp(max=l - 1)
-    mm = timing.torch_grouped_mm()
-    if mm is None:
-        raise NotImplementedError("the naive layer needs torch._grouped_mm, which this torch lacks")
     hid = mm(xb[tok], w13.transpose(-2, -1), offs=offs)
     act = ref.situ(hid[:, i:].float(), hid[:, :i].float(), beta[expert, None], linear_beta[expert, None])
     y = mm(act.to(torch.bfloat16), w2.transpose(-2, -1), offs=offs)
