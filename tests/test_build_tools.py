@@ -201,6 +201,9 @@ def test_tile_rule_mirror_chooses_what_the_recorded_runs_chose():
     after = results / "2026-12-06_h100_grouped_gemm_layers_fwd_sweep_seed1_7722882.json"
     before = results / "2026-12-06_h100_grouped_gemm_layers_sweep_ee4a31b.json"
     grid = results / "2026-12-05_h100_grouped_gemm_sweep_c3216f4.json"
+    # the sdist leaves bench/results out but these (pyproject.toml, sdist.include)
+    sdist_rules = (root / "pyproject.toml").read_text()
+    assert all(f'"bench/results/{run.name}"' in sdist_rules for run in (after, before, grid))
 
     def tool(name, *args):
         return subprocess.run([sys.executable, str(root / "ci" / name), *map(str, args), "--narrow-memory"],
