@@ -14,7 +14,6 @@ would take minutes. Later families add their layers here.
 """
 from __future__ import annotations
 
-import functools
 import math
 import time
 
@@ -238,12 +237,10 @@ def main(tokens: int | None = None) -> int:
             f"dw {errs[2]:.1e} {'ok' if ok else 'OVER BUDGET'}; fwd/dgrad/wgrad prepared "
             + "/".join(f"{m * 1e3:.0f}" for m in prepared) + " us, one-shot "
             + "/".join(f"{m * 1e3:.0f}" for m in one_shot) + " us")
-    mm = timing.torch_grouped_mm()
-    if mm is not None:
-        peer = [timing.time_cuda(functools.partial(mm, gx, gw.transpose(-2, -1), offs=goffs)),
-                timing.time_cuda(functools.partial(mm, ggy, gw, offs=goffs)),
-                timing.time_cuda(functools.partial(mm, ggy.t(), gx, offs=goffs))]
-        line += "; torch._grouped_mm " + "/".join(f"{m * 1e3:.0f}" for m in peer) + " us"
+    from .bench.grouped_gemm import op_callables  # torch._grouped_mm on each op's operands
+    peers = [op_callables(op, gx, gw, ggy, goffs)[1] for op in ("fwd", "dgrad", "wgrad")]
+    if all(peers):
+        line += "; torch._grouped_mm " + "/".join(f"{timing.time_cuda(p) * 1e3:.0f}" for p in peers) + " us"
     print(line)
     ok, line = _moe_gpu()
     failures += not ok
