@@ -80,8 +80,13 @@ def test_check_grouped_dims():
             cake_moe.check_grouped_dims(*bad)
     limit = cake_moe.max_grouped_rows(4096, 4096, 16)
     cake_moe.check_grouped_dims(4096, 4096, num_groups=16, max_rows=limit)
-    with pytest.raises(ValueError, match="exceed"):
+    with pytest.raises(ValueError, match=r"exceed .* \(E=16\)"):
         cake_moe.check_grouped_dims(4096, 4096, num_groups=16, max_rows=limit + 1)
+    # without num_groups the bound is E = 0's, and the message says so
+    assert cake_moe.max_grouped_rows(4096, 4096) > limit
+    cake_moe.check_grouped_dims(4096, 4096, max_rows=limit + 1)
+    with pytest.raises(ValueError, match=r"no num_groups given, so E=0; each group lowers it by \d+\)"):
+        cake_moe.check_grouped_dims(4096, 4096, max_rows=cake_moe.max_grouped_rows(4096, 4096) + 1)
     with pytest.raises(ValueError, match="max_rows must be >= 0"):
         cake_moe.check_grouped_dims(8, 8, max_rows=-1)
     # max_grouped_rows checks its arguments as check_grouped_dims does
