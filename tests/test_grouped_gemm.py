@@ -85,7 +85,7 @@ def test_check_grouped_dims():
     # without num_groups the bound is E = 0's, and the message says so
     assert cake_moe.max_grouped_rows(4096, 4096) > limit
     cake_moe.check_grouped_dims(4096, 4096, max_rows=limit + 1)
-    with pytest.raises(ValueError, match=r"no num_groups given, so E=0; each group lowers it by \d+\)"):
+    with pytest.raises(ValueError, match=r"no num_groups given, so E=0; each group lowers the bound by \d+ rows\)"):
         cake_moe.check_grouped_dims(4096, 4096, max_rows=cake_moe.max_grouped_rows(4096, 4096) + 1)
     with pytest.raises(ValueError, match="max_rows must be >= 0"):
         cake_moe.check_grouped_dims(8, 8, max_rows=-1)

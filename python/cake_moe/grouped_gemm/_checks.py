@@ -59,7 +59,7 @@ def check_grouped_dims(n: int, k: int, *, num_groups: int | None = None, max_row
             raise ValueError(f"max_rows must be >= 0, got {max_rows}")
         limit = _max_rows(n, k, e)
         if max_rows > limit:
-            groups = f"E={e}" if num_groups is not None else f"no num_groups given, so E=0; each group lowers it by {_MIN_TILE}"
+            groups = f"E={e}" if num_groups is not None else f"no num_groups given, so E=0; each group lowers the bound by {_MIN_TILE} rows"
             raise ValueError(f"{max_rows} rows exceed the {limit} rows served for N={n}, K={k} ({groups})")
 
 
